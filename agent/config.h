@@ -1,0 +1,90 @@
+/*
+ * config.h: the agent's configuration, loaded from YAML by a strict, table-driven
+ * loader. One table (config.c) drives parsing, validation, defaults, the dump of the
+ * effective config and the documentation test.
+ */
+#ifndef AGENT_CONFIG_H
+#define AGENT_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define CONFIG_NAME_MAX 64
+#define CONFIG_PATH_MAX 108 /* sun_path */
+#define CONFIG_MAX_IDS 32
+#define CONFIG_MAX_GROUPS 64
+#define CONFIG_MAX_DEVICES 16
+#define CONFIG_MAX_PEERS 64
+#define CONFIG_ADDR_MAX 128
+#define CONFIG_DEFAULT_SOCKET "/tmp/coll-agent.sock"
+
+enum config_backend { CONFIG_BACKEND_HOST = 0, CONFIG_BACKEND_NCCL, CONFIG_BACKEND_AUTO };
+enum config_discovery { CONFIG_DISCOVERY_STATIC = 0 };
+
+struct group_config {
+    char name[CONFIG_NAME_MAX];
+    int backend;
+    int members;
+    int local_slots;
+    char devices[CONFIG_MAX_DEVICES][CONFIG_NAME_MAX];
+    int ndevices;
+    int op_timeout_ms;
+    int join_timeout_ms;
+    int line, column; /* where the group was declared, for messages */
+};
+
+struct config {
+    char source[256];
+    struct {
+        char socket[CONFIG_PATH_MAX];
+        int socket_mode;
+        long long allowed_uids[CONFIG_MAX_IDS];
+        int nallowed_uids;
+        long long allowed_gids[CONFIG_MAX_IDS];
+        int nallowed_gids;
+        int log_level;
+        int log_format;
+        int spin_us;
+        int max_sessions;
+        int handshake_timeout_ms;
+    } agent;
+    struct {
+        int index;
+        char name[CONFIG_NAME_MAX];
+    } node;
+    struct {
+        int mode;
+        char peers[CONFIG_MAX_PEERS][CONFIG_ADDR_MAX];
+        int npeers;
+    } discovery;
+    struct group_config groups[CONFIG_MAX_GROUPS];
+    int ngroups;
+};
+
+/* A new config holding every default. Caller owns it; NULL when out of memory. */
+struct config *config_new(void);
+void config_free(struct config **c);
+
+/*
+ * Load YAML text into c (which must come from config_new). name is used in messages
+ * ("file:line:col: key.path: problem"). Returns 0, or -1 with *err set to one line per
+ * problem (malloc'd, caller frees). Unset ${VAR} references are errors.
+ */
+int config_load_string(struct config *c, const char *text, size_t len, const char *name,
+                       char **err);
+int config_load_file(struct config *c, const char *path, char **err);
+
+/* Write the effective config as YAML. */
+void config_dump(const struct config *c, FILE *out);
+
+/* The embedded default config (config/default.yaml). */
+extern const char config_default_yaml[];
+
+/* Every documented key path ("agent.socket", "groups[].timeouts.op_ms", ...), for the
+ * documentation test; NULL-terminated, static. */
+const char *const *config_key_paths(void);
+
+const char *config_backend_name(int backend);
+struct group_config *config_find_group(struct config *c, const char *name);
+
+#endif

@@ -1,0 +1,325 @@
+/*
+ * group.c: slots, epochs and op matching.
+ *
+ * Every slot's collectives are numbered in submission order within an epoch; round
+ * n gathers op n of every slot. Rounds are created in order (a slot posts n before
+ * n+1), so the oldest pending round has the earliest deadline, and rounds finish in
+ * order. The window of rounds equals the ring size: a session never has more ops in
+ * flight than that.
+ */
+#include "group.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buffer.h"
+#include "coll/coll.h"
+#include "log.h"
+
+#define WMASK (WIRE_RING_ENTRIES - 1u)
+#define NS_PER_MS 1000000LL
+
+int group_init(struct group *g, const struct group_config *cfg, int node_index,
+               group_complete_fn complete)
+{
+    memset(g, 0, sizeof(*g));
+    g->cfg = cfg;
+    g->complete = complete;
+    g->nslots = cfg->local_slots;
+    g->nodes = cfg->members;
+    g->node_index = node_index;
+    g->size = g->nodes * g->nslots;
+    g->epoch = 1;
+    g->slots = calloc((size_t)g->nslots, sizeof(*g->slots));
+    size_t nops = (size_t)WIRE_RING_ENTRIES * (size_t)g->nslots;
+    struct op *ops = calloc(nops, sizeof(struct op));
+    uint8_t *present = calloc(nops, 1);
+    g->p2p_pool = calloc(nops, sizeof(struct op));
+    if (!g->slots || !ops || !present || !g->p2p_pool) {
+        free(ops);
+        free(present);
+        snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
+        return -1;
+    }
+    for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
+        g->rounds[i].ops = ops + (size_t)i * (size_t)g->nslots;
+        g->rounds[i].present = present + (size_t)i * (size_t)g->nslots;
+    }
+    for (size_t i = 0; i < nops; i++) {
+        g->p2p_pool[i].next = g->p2p_free;
+        g->p2p_free = &g->p2p_pool[i];
+    }
+    g->be = backend_choose(cfg->backend, g->backend_why, sizeof(g->backend_why));
+    if (g->be) g->be_ctx = g->be->ctx_new();
+    log_msg(g->be ? LOG_INFO : LOG_ERROR, "group.backend", "group=%s backend=%s reason=\"%s\"",
+            cfg->name, g->be ? g->be->name : "none", g->backend_why);
+    if (g->be && !g->be_ctx && g->be != &backend_nccl) {
+        g->be = NULL;
+        snprintf(g->backend_why, sizeof(g->backend_why), "backend state: out of memory");
+    }
+    return g->be ? 0 : -1;
+}
+
+void group_fini(struct group *g)
+{
+    if (!g->slots) return;
+    if (g->be) g->be->ctx_free(g->be_ctx);
+    free(g->rounds[0].ops);
+    free(g->rounds[0].present);
+    free(g->p2p_pool);
+    free(g->slots);
+    memset(g, 0, sizeof(*g));
+}
+
+int group_attach(struct group *g, struct session *s, int slot)
+{
+    if (!g->be) return -COLL_ERR_UNSUPPORTED;
+    if (slot >= g->nslots) return -COLL_ERR_INVALID;
+    if (slot < 0) {
+        for (slot = 0; slot < g->nslots && g->slots[slot].s; slot++)
+            ;
+        if (slot == g->nslots) return -COLL_ERR_BUSY;
+    }
+    if (g->slots[slot].s) return -COLL_ERR_BUSY;
+    g->slots[slot].s = s;
+    g->slots[slot].epoch = g->epoch;
+    g->slots[slot].next_seq = 0;
+    g->attached++;
+    log_msg(LOG_INFO, "group.attach", "group=%s slot=%d epoch=%u attached=%d/%d", g->cfg->name,
+            slot, g->epoch, g->attached, g->nslots);
+    return slot;
+}
+
+void group_detach(struct group *g, int slot)
+{
+    if (slot < 0 || slot >= g->nslots || !g->slots[slot].s) return;
+    uint32_t e = g->slots[slot].epoch;
+    g->slots[slot].s = NULL;
+    g->attached--;
+    log_msg(LOG_INFO, "group.detach", "group=%s slot=%d epoch=%u attached=%d/%d", g->cfg->name,
+            slot, e, g->attached, g->nslots);
+    if (e == g->epoch) group_break(g, COLL_ERR_PEER_LOST, "a participant left");
+}
+
+static void finish_op(struct group *g, struct op *op, int status)
+{
+    if (status == COLL_OK)
+        g->ops_done++;
+    else
+        g->ops_failed++;
+    g->complete(op, status);
+}
+
+void group_break(struct group *g, int err, const char *why)
+{
+    int failed = 0;
+    for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
+        struct round *r = &g->rounds[i];
+        if (!r->arrived) continue;
+        for (int k = 0; k < g->nslots; k++) {
+            if (!r->present[k]) continue;
+            r->present[k] = 0;
+            finish_op(g, &r->ops[k], r->status ? r->status : err);
+            failed++;
+        }
+        r->arrived = 0;
+    }
+    while (g->p2p_head) {
+        struct op *op = g->p2p_head;
+        g->p2p_head = op->next;
+        finish_op(g, op, err);
+        op->next = g->p2p_free;
+        g->p2p_free = op;
+        failed++;
+    }
+    g->p2p_tail = NULL;
+    uint32_t old = g->epoch;
+    g->epoch++;
+    g->lo_seq = 0;
+    for (int k = 0; k < g->nslots; k++)
+        g->slots[k].next_seq = 0;
+    log_msg(failed && err != COLL_ERR_SHUTDOWN ? LOG_WARN : LOG_INFO, "group.epoch",
+            "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"", g->cfg->name,
+            old, g->epoch, coll_strerror(err), failed, why);
+}
+
+static int is_reducing(unsigned kind)
+{
+    return kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE ||
+           kind == WIRE_OP_REDUCE_SCATTER;
+}
+
+static int is_rooted(unsigned kind)
+{
+    return kind == WIRE_OP_BROADCAST || kind == WIRE_OP_REDUCE;
+}
+
+static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
+{
+    if (a->kind != b->kind) return 0;
+    if (a->kind == WIRE_OP_BARRIER) return 1;
+    if (a->dtype != b->dtype || a->count != b->count) return 0;
+    if (is_reducing(a->kind) && a->redop != b->redop) return 0;
+    if (is_rooted(a->kind) && a->peer != b->peer) return 0;
+    return 1;
+}
+
+static void describe(const struct wire_sqe *s, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s %s count=%llu op=%s root=%d", wire_kind_name(s->kind),
+             coll_dtype_name((coll_dtype)s->dtype), (unsigned long long)s->count,
+             coll_redop_name((coll_redop)s->redop), s->peer);
+}
+
+static void run_round(struct group *g, struct round *r)
+{
+    void *send[64], *recv[64];
+    int status = r->status;
+    const struct wire_sqe *s = &r->ops[0].sqe;
+    if (status == COLL_OK) {
+        if (g->nslots > 64) {
+            status = COLL_ERR_UNSUPPORTED;
+        } else {
+            for (int k = 0; k < g->nslots; k++) {
+                send[k] = r->ops[k].send;
+                recv[k] = r->ops[k].recv;
+            }
+            struct backend_task t = {.kind = s->kind,
+                                     .dtype = s->dtype,
+                                     .redop = s->redop,
+                                     .root = s->peer,
+                                     .count = s->count,
+                                     .nranks = g->nslots,
+                                     .send = send,
+                                     .recv = recv};
+            status = g->be->run(g->be_ctx, &t);
+        }
+    }
+    for (int k = 0; k < g->nslots; k++) {
+        r->present[k] = 0;
+        finish_op(g, &r->ops[k], status);
+    }
+    r->arrived = 0;
+    g->lo_seq++;
+}
+
+static void submit_collective(struct group *g, int slot, struct op *op)
+{
+    uint64_t seq = g->slots[slot].next_seq++;
+    struct round *r = &g->rounds[seq & WMASK];
+    if (r->arrived == 0) {
+        r->seq = seq;
+        r->status = COLL_OK;
+        r->deadline_ns = op->deadline_ns;
+    } else if (r->seq != seq || r->present[slot]) {
+        /* cannot happen while sessions respect the in-flight limit the agent enforces */
+        log_msg(LOG_ERROR, "group.window", "group=%s slot=%d seq=%llu busy_with=%llu",
+                g->cfg->name, slot, (unsigned long long)seq, (unsigned long long)r->seq);
+        finish_op(g, op, COLL_ERR_INTERNAL);
+        return;
+    }
+    if (r->arrived > 0 && r->status == COLL_OK) {
+        int first = 0;
+        while (!r->present[first])
+            first++;
+        if (!agree(&r->ops[first].sqe, &op->sqe)) {
+            char a[128], b[128];
+            describe(&r->ops[first].sqe, a, sizeof(a));
+            describe(&op->sqe, b, sizeof(b));
+            log_msg(LOG_WARN, "group.mismatch",
+                    "group=%s epoch=%u seq=%llu rank=%d op=\"%s\" rank=%d op=\"%s\"",
+                    g->cfg->name, g->epoch, (unsigned long long)seq, r->ops[first].rank, a,
+                    op->rank, b);
+            r->status = COLL_ERR_MISMATCH;
+        }
+    }
+    r->ops[slot] = *op;
+    r->present[slot] = 1;
+    r->arrived++;
+    if (r->arrived == g->nslots) run_round(g, r);
+}
+
+static void submit_p2p(struct group *g, struct op *op)
+{
+    int is_send = op->sqe.kind == WIRE_OP_SEND;
+    struct op **pp = &g->p2p_head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct op *o = *pp;
+        int o_send = o->sqe.kind == WIRE_OP_SEND;
+        if (o_send == is_send || o->rank != op->sqe.peer || o->sqe.peer != op->rank) continue;
+        /* matched: unlink, move the data, complete both */
+        *pp = o->next;
+        if (g->p2p_tail == o) g->p2p_tail = prev;
+        struct op *snd = is_send ? op : o, *rcv = is_send ? o : op;
+        int status = COLL_OK;
+        if (snd->sqe.count != rcv->sqe.count || snd->sqe.dtype != rcv->sqe.dtype) {
+            char a[128], b[128];
+            describe(&snd->sqe, a, sizeof(a));
+            describe(&rcv->sqe, b, sizeof(b));
+            log_msg(LOG_WARN, "group.mismatch", "group=%s send=\"%s\" recv=\"%s\"", g->cfg->name,
+                    a, b);
+            status = COLL_ERR_MISMATCH;
+        } else {
+            void *s[1] = {snd->send}, *d[1] = {rcv->recv};
+            struct backend_task t = {.kind = WIRE_OP_SEND,
+                                     .dtype = snd->sqe.dtype,
+                                     .count = snd->sqe.count,
+                                     .nranks = 1,
+                                     .send = s,
+                                     .recv = d};
+            status = g->be->run(g->be_ctx, &t);
+        }
+        finish_op(g, snd, status);
+        finish_op(g, rcv, status);
+        if (o != op) {
+            o->next = g->p2p_free;
+            g->p2p_free = o;
+        }
+        return;
+    }
+    struct op *q = g->p2p_free;
+    if (!q) {
+        finish_op(g, op, COLL_ERR_LIMIT);
+        return;
+    }
+    g->p2p_free = q->next;
+    *q = *op;
+    q->next = NULL;
+    if (g->p2p_tail)
+        g->p2p_tail->next = q;
+    else
+        g->p2p_head = q;
+    g->p2p_tail = q;
+}
+
+void group_submit(struct group *g, int slot, struct op *op)
+{
+    if (op->sqe.kind == WIRE_OP_SEND || op->sqe.kind == WIRE_OP_RECV)
+        submit_p2p(g, op);
+    else
+        submit_collective(g, slot, op);
+}
+
+int64_t group_check_timeouts(struct group *g, int64_t now)
+{
+    struct round *r = &g->rounds[g->lo_seq & WMASK];
+    if (r->arrived && r->deadline_ns <= now) {
+        char why[160];
+        snprintf(why, sizeof(why), "op %llu waited %d ms for %d of %d participants",
+                 (unsigned long long)r->seq, g->cfg->op_timeout_ms, g->nslots - r->arrived,
+                 g->nslots);
+        group_break(g, COLL_ERR_TIMEOUT, why);
+    } else if (g->p2p_head && g->p2p_head->deadline_ns <= now) {
+        char why[160];
+        snprintf(why, sizeof(why), "%s from rank %d to rank %d found no partner in %d ms",
+                 wire_kind_name(g->p2p_head->sqe.kind), g->p2p_head->rank, g->p2p_head->sqe.peer,
+                 g->cfg->op_timeout_ms);
+        group_break(g, COLL_ERR_TIMEOUT, why);
+    }
+    int64_t next = INT64_MAX;
+    r = &g->rounds[g->lo_seq & WMASK];
+    if (r->arrived) next = r->deadline_ns;
+    if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
+    return next;
+}

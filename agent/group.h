@@ -1,0 +1,90 @@
+/*
+ * group.h: a group as this agent sees it: its local slots and who holds them, the
+ * epoch, and the matching of the n-th op of every slot into one collective (and of
+ * sends with receives). A matched op runs on the group's backend; disagreement,
+ * a participant that leaves, and ops that outlive the group's op timeout end in an
+ * error for every participant, never a hang.
+ */
+#ifndef AGENT_GROUP_H
+#define AGENT_GROUP_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "wire.h"
+
+struct session;
+struct buffer;
+
+/* A submitted op, as the agent holds it until completion. */
+struct op {
+    struct session *s;
+    struct wire_sqe sqe; /* snapshot taken from the ring */
+    struct buffer *sb, *rb; /* references held while in flight */
+    void *send, *recv;      /* resolved addresses (NULL if unused) */
+    int rank;
+    int64_t deadline_ns;
+    struct op *next; /* p2p queue */
+};
+
+/* Completion sink: called once for every op the group finishes or fails; it must
+ * drop the op's buffer references. */
+typedef void (*group_complete_fn)(struct op *op, int status);
+
+struct group_slot {
+    struct session *s; /* NULL: free */
+    uint32_t epoch;    /* epoch the holder opened */
+    uint64_t next_seq; /* collectives submitted in this epoch */
+};
+
+struct round {
+    uint64_t seq;
+    int arrived;
+    int status;
+    int64_t deadline_ns;
+    struct op *ops;      /* [nslots] */
+    uint8_t *present;    /* [nslots] */
+};
+
+struct group {
+    const struct group_config *cfg;
+    const struct backend_ops *be;
+    void *be_ctx;
+    char backend_why[192];
+    int nslots, size, node_index, nodes;
+    uint32_t epoch;
+    int attached;
+    struct group_slot *slots;
+    uint64_t lo_seq; /* lowest round not yet finished */
+    struct round rounds[WIRE_RING_ENTRIES];
+    struct op *p2p_head, *p2p_tail, *p2p_free;
+    struct op *p2p_pool;
+    group_complete_fn complete;
+    uint64_t ops_done, ops_failed;
+};
+
+/* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
+ * g->backend_why) when the configured backend cannot run here; the group then
+ * exists but refuses to be opened. */
+int group_init(struct group *g, const struct group_config *cfg, int node_index,
+               group_complete_fn complete);
+void group_fini(struct group *g);
+
+/* Give slot (or the lowest free one for -1) to s. Returns the slot or a negative
+ * coll_err. */
+int group_attach(struct group *g, struct session *s, int slot);
+/* s gives its slot back. If it was a member of the current epoch the group breaks:
+ * every pending op fails with COLL_ERR_PEER_LOST and the epoch moves on. */
+void group_detach(struct group *g, int slot);
+
+/* Queue op (rank and buffers resolved) from slot; it completes through the
+ * complete callback, possibly before this returns. */
+void group_submit(struct group *g, int slot, struct op *op);
+
+/* Fail every pending op with err and move to the next epoch. */
+void group_break(struct group *g, int err, const char *why);
+/* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
+int64_t group_check_timeouts(struct group *g, int64_t now_ns);
+
+#endif

@@ -1,0 +1,362 @@
+/*
+ * ipc_server.c: the engine loop. Spin-then-sleep: while ops arrive it polls the
+ * rings without system calls (looking at the sockets every CTL_POLL_NS); after
+ * spin_us without work it marks every session "agent sleeping", looks at the rings
+ * once more, and sleeps in epoll until a doorbell, a socket, a signal or the
+ * nearest deadline.
+ */
+#include "ipc_server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "log.h"
+#include "ring.h"
+#include "session.h"
+
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_SOCKET, EV_DOORBELL };
+
+#define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
+#define TIMER_CHECK_NS 1000000LL
+
+static struct session_ev ev_listen = {.kind = EV_LISTEN};
+static struct session_ev ev_signal = {.kind = EV_SIGNAL};
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+struct group *server_find_group(struct server *srv, const char *name)
+{
+    for (int i = 0; i < srv->ngroups; i++)
+        if (strcmp(srv->groups[i].cfg->name, name) == 0) return &srv->groups[i];
+    return NULL;
+}
+
+/* Bind the socket; a path that a live agent still answers on is an error. */
+static int bind_socket(struct server *srv)
+{
+    const char *path = srv->cfg->agent.socket;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) goto fail;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        if (errno != EADDRINUSE) goto fail;
+        int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        int live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (probe >= 0) close(probe);
+        if (live) {
+            log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"another agent is serving it\"",
+                    path);
+            close(fd);
+            return -1;
+        }
+        unlink(path); /* stale, from an agent that died */
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) goto fail;
+    }
+    if (chmod(path, (mode_t)srv->cfg->agent.socket_mode) < 0) goto fail;
+    if (listen(fd, 128) < 0) goto fail;
+    srv->lfd = fd;
+    return 0;
+fail:
+    log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"%s\"", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+int server_init(struct server *srv, struct config *cfg)
+{
+    memset(srv, 0, sizeof(*srv));
+    srv->cfg = cfg;
+    srv->lfd = srv->epfd = srv->sigfd = -1;
+    srv->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
+    srv->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
+    if (!srv->groups) return -1;
+    for (int i = 0; i < cfg->ngroups; i++) {
+        /* a group whose backend cannot run stays listed and refuses opens with why */
+        group_init(&srv->groups[i], &cfg->groups[i], cfg->node.index, session_complete);
+        srv->ngroups++;
+    }
+    srv->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (srv->epfd < 0) return -1;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    srv->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (srv->sigfd < 0) return -1;
+    if (bind_socket(srv) < 0) return -1;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ev_listen};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &ev) < 0) return -1;
+    ev.data.ptr = &ev_signal;
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sigfd, &ev) < 0) return -1;
+    log_msg(LOG_INFO, "agent.listening", "socket=%s mode=0%o groups=%d spin_us=%d node=%d",
+            cfg->agent.socket, cfg->agent.socket_mode, cfg->ngroups, cfg->agent.spin_us,
+            cfg->node.index);
+    return 0;
+}
+
+static void drop_session(struct server *srv, struct session *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        srv->sessions = s->next;
+    if (s->next) s->next->prev = s->prev;
+    srv->nsessions--;
+    srv->stats.sessions_dropped++;
+    session_destroy(&s);
+}
+
+static int allowed(const struct config *cfg, uid_t uid, gid_t gid)
+{
+    int nu = cfg->agent.nallowed_uids, ng = cfg->agent.nallowed_gids;
+    if (nu == 0 && ng == 0) return uid == geteuid() || uid == 0;
+    for (int i = 0; i < nu; i++)
+        if ((long long)uid == cfg->agent.allowed_uids[i]) return 1;
+    for (int i = 0; i < ng; i++)
+        if ((long long)gid == cfg->agent.allowed_gids[i]) return 1;
+    return 0;
+}
+
+static void reject(int fd, int code, const char *msg)
+{
+    union wire_msg m;
+    wire_init(&m, WIRE_ERROR, 0);
+    m.error.code = code;
+    snprintf(m.error.msg, sizeof(m.error.msg), "%s", msg);
+    ssize_t n = send(fd, &m, m.h.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+    close(fd);
+}
+
+static void on_accept(struct server *srv)
+{
+    for (;;) {
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                log_msg(LOG_WARN, "agent.accept", "error=\"%s\"", strerror(errno));
+            return;
+        }
+        struct ucred cr;
+        socklen_t len = sizeof(cr);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+            reject(fd, COLL_ERR_SYSTEM, "cannot read peer credentials");
+            continue;
+        }
+        if (!allowed(srv->cfg, cr.uid, cr.gid)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg),
+                     "uid %u gid %u is not allowed (agent.allowed_uids / agent.allowed_gids)",
+                     (unsigned)cr.uid, (unsigned)cr.gid);
+            log_msg(LOG_WARN, "session.denied", "pid=%d uid=%u gid=%u", (int)cr.pid,
+                    (unsigned)cr.uid, (unsigned)cr.gid);
+            reject(fd, COLL_ERR_DENIED, msg);
+            continue;
+        }
+        if (srv->nsessions >= srv->cfg->agent.max_sessions) {
+            log_msg(LOG_WARN, "session.limit", "pid=%d max_sessions=%d", (int)cr.pid,
+                    srv->cfg->agent.max_sessions);
+            reject(fd, COLL_ERR_LIMIT, "the agent serves its maximum number of sessions");
+            continue;
+        }
+        struct session *s = session_new(srv, fd, cr.pid, cr.uid, cr.gid);
+        if (!s) {
+            reject(fd, COLL_ERR_NOMEM, "agent out of memory");
+            continue;
+        }
+        s->ev_sock.kind = EV_SOCKET;
+        s->ev_bell.kind = EV_DOORBELL;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_sock};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+            session_destroy(&s);
+            continue;
+        }
+        s->next = srv->sessions;
+        if (s->next) s->next->prev = s;
+        srv->sessions = s;
+        srv->nsessions++;
+        srv->stats.sessions_opened++;
+    }
+}
+
+/* Drain every ring; returns the number of ops taken. */
+static int poll_rings(struct server *srv)
+{
+    int total = 0;
+    struct session *s = srv->sessions, *next;
+    for (; s; s = next) {
+        next = s->next;
+        int n = session_poll(s);
+        if (n < 0)
+            drop_session(srv, s);
+        else
+            total += n;
+    }
+    srv->stats.ops += (uint64_t)total;
+    return total;
+}
+
+/* Handshake and op deadlines; returns the nearest one still ahead. */
+static int64_t check_deadlines(struct server *srv, int64_t now)
+{
+    int64_t next = INT64_MAX;
+    for (int i = 0; i < srv->ngroups; i++) {
+        if (!srv->groups[i].be) continue;
+        int64_t d = group_check_timeouts(&srv->groups[i], now);
+        if (d < next) next = d;
+    }
+    struct session *s = srv->sessions, *nx;
+    for (; s; s = nx) {
+        nx = s->next;
+        if (s->state != SESSION_HANDSHAKE) continue;
+        if (s->handshake_deadline_ns <= now) {
+            log_msg(LOG_WARN, "session.handshake_timeout", "session=%llu pid=%d timeout_ms=%d",
+                    (unsigned long long)s->id, (int)s->pid,
+                    srv->cfg->agent.handshake_timeout_ms);
+            session_send_error(s, 0, COLL_ERR_TIMEOUT, "no HELLO in time");
+            drop_session(srv, s);
+        } else if (s->handshake_deadline_ns < next) {
+            next = s->handshake_deadline_ns;
+        }
+    }
+    return next;
+}
+
+static void handle_events(struct server *srv, struct epoll_event *evs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct session_ev *e = evs[i].data.ptr;
+        if (e->kind == EV_LISTEN) {
+            on_accept(srv);
+        } else if (e->kind == EV_SIGNAL) {
+            struct signalfd_siginfo si;
+            while (read(srv->sigfd, &si, sizeof(si)) == sizeof(si)) {
+                log_msg(LOG_INFO, "agent.signal", "signal=%s",
+                        si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+                srv->stop = 1;
+            }
+        } else {
+            /* a session dropped earlier in this batch may still be named in evs[] */
+            struct session *s = e->s;
+            int live = 0;
+            for (struct session *t = srv->sessions; t && !live; t = t->next)
+                live = t == s;
+            if (!live) continue;
+            if (e->kind == EV_DOORBELL) {
+                uint64_t v;
+                ssize_t r = read(s->efd_agent, &v, sizeof(v));
+                (void)r;
+            } else if (session_on_message(s) < 0) {
+                drop_session(srv, s);
+            }
+        }
+    }
+}
+
+static void set_sleeping(struct server *srv, uint32_t v)
+{
+    for (struct session *s = srv->sessions; s; s = s->next)
+        if (s->state == SESSION_READY)
+            atomic_store_explicit(&s->shm->agent_sleeping.v, v, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+static int pending_submissions(struct server *srv)
+{
+    for (struct session *s = srv->sessions; s; s = s->next)
+        if (s->state == SESSION_READY && ring_load_acquire(&s->shm->sq_tail) != s->sq_head)
+            return 1;
+    return 0;
+}
+
+int server_run(struct server *srv)
+{
+    struct epoll_event evs[64];
+    int64_t now = now_ns();
+    int64_t last_work = now, next_ctl = now, next_timer = now;
+    int64_t next_deadline = INT64_MAX;
+    while (!srv->stop) {
+        if (poll_rings(srv) > 0) last_work = now_ns();
+        now = now_ns();
+        if (now >= next_timer || now >= next_deadline) {
+            next_deadline = check_deadlines(srv, now);
+            next_timer = now + TIMER_CHECK_NS;
+        }
+        if (now - last_work < srv->spin_ns) {
+            if (now >= next_ctl) {
+                int n = epoll_wait(srv->epfd, evs, 64, 0);
+                if (n > 0) handle_events(srv, evs, n);
+                next_ctl = now + CTL_POLL_NS;
+            }
+            ring_cpu_relax();
+            continue;
+        }
+        /* go to sleep: announce it, then look once more (see ring.h) */
+        set_sleeping(srv, 1);
+        if (pending_submissions(srv)) {
+            set_sleeping(srv, 0);
+            continue;
+        }
+        next_deadline = check_deadlines(srv, now);
+        int timeout = -1;
+        if (next_deadline != INT64_MAX) {
+            int64_t left = next_deadline - now;
+            timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+        }
+        srv->stats.sleeps++;
+        int n = epoll_wait(srv->epfd, evs, 64, timeout);
+        set_sleeping(srv, 0);
+        if (n < 0 && errno != EINTR) {
+            log_msg(LOG_ERROR, "agent.epoll", "error=\"%s\"", strerror(errno));
+            return -1;
+        }
+        if (n > 0) handle_events(srv, evs, n);
+        last_work = now_ns();
+        next_timer = 0;
+    }
+    return 0;
+}
+
+void server_fini(struct server *srv)
+{
+    /* ops in flight fail with SHUTDOWN (completions reach the clients), then the
+     * sessions are told and closed */
+    for (int i = 0; i < srv->ngroups; i++)
+        if (srv->groups[i].be) group_break(&srv->groups[i], COLL_ERR_SHUTDOWN, "agent stopping");
+    while (srv->sessions) {
+        struct session *s = srv->sessions;
+        if (s->state == SESSION_READY)
+            session_send_error(s, 0, COLL_ERR_SHUTDOWN, "the agent is shutting down");
+        drop_session(srv, s);
+    }
+    for (int i = 0; i < srv->ngroups; i++)
+        group_fini(&srv->groups[i]);
+    free(srv->groups);
+    srv->groups = NULL;
+    if (srv->lfd >= 0) {
+        close(srv->lfd);
+        unlink(srv->cfg->agent.socket);
+    }
+    if (srv->sigfd >= 0) close(srv->sigfd);
+    if (srv->epfd >= 0) close(srv->epfd);
+    log_msg(LOG_INFO, "agent.stopped", "sessions_opened=%llu ops=%llu sleeps=%llu",
+            (unsigned long long)srv->stats.sessions_opened, (unsigned long long)srv->stats.ops,
+            (unsigned long long)srv->stats.sleeps);
+}

@@ -1,0 +1,28 @@
+/*
+ * reduce.h: element-wise reduction kernels of the host backend, for every dtype and
+ * reduction of the public API.
+ */
+#ifndef AGENT_REDUCE_H
+#define AGENT_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Elements per call that reduce_n handles in one pass; callers chunk larger work. */
+#define REDUCE_CHUNK 4096
+
+/*
+ * dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < n (n <= REDUCE_CHUNK), with avg
+ * dividing the sum by avg_div. dst may equal srcs[0] but no other source. float16 and
+ * bfloat16 are reduced in float32 and rounded once. Never fails for valid dtype/op.
+ */
+void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
+              uint32_t avg_div);
+
+/* Conversions used by the kernels and by tests (round to nearest even). */
+float reduce_half_to_float(uint16_t h);
+uint16_t reduce_float_to_half(float f);
+float reduce_bf16_to_float(uint16_t b);
+uint16_t reduce_float_to_bf16(float f);
+
+#endif

@@ -1,0 +1,463 @@
+/*
+ * session.c: control messages and the submission ring of one client. Everything
+ * the client wrote is copied out of shared memory before it is checked, and every
+ * check that fails is a protocol violation that ends this session only.
+ */
+#include "session.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "buffer.h"
+#include "coll/coll.h"
+#include "ipc_server.h"
+#include "log.h"
+#include "ring.h"
+
+#define NS_PER_MS 1000000LL
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid)
+{
+    struct session *s = calloc(1, sizeof(*s));
+    if (!s) return NULL;
+    s->srv = srv;
+    s->fd = fd;
+    s->efd_agent = s->efd_client = -1;
+    s->pid = pid;
+    s->uid = uid;
+    s->gid = gid;
+    s->id = ++srv->next_session_id;
+    s->handshake_deadline_ns = now_ns() + srv->cfg->agent.handshake_timeout_ms * NS_PER_MS;
+    s->ev_sock.s = s;
+    s->ev_bell.s = s;
+    return s;
+}
+
+void session_destroy(struct session **sp)
+{
+    if (!sp || !*sp) return;
+    struct session *s = *sp;
+    *sp = NULL;
+    s->state = SESSION_DEAD; /* completions from here on are dropped */
+    for (int h = 0; h < SESSION_MAX_HANDLES; h++) {
+        if (s->handles[h].g) {
+            group_detach(s->handles[h].g, s->handles[h].slot);
+            s->handles[h].g = NULL;
+        }
+    }
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        buffer_unref(&s->bufs[i]);
+    free(s->bufs);
+    if (s->shm) munmap(s->shm, s->shm_size);
+    if (s->efd_agent >= 0) close(s->efd_agent);
+    if (s->efd_client >= 0) close(s->efd_client);
+    if (s->fd >= 0) close(s->fd);
+    free(s);
+}
+
+/* ---- replies ------------------------------------------------------------------ */
+
+static int send_reply(struct session *s, const union wire_msg *m, const int *fds, int nfds)
+{
+    struct iovec iov = {.iov_base = (void *)m, .iov_len = m->h.len};
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        memset(&u, 0, sizeof(u));
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    }
+    ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n == (ssize_t)m->h.len ? 0 : -1;
+}
+
+void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg)
+{
+    union wire_msg m;
+    wire_init(&m, WIRE_ERROR, req_id);
+    m.error.code = code;
+    snprintf(m.error.msg, sizeof(m.error.msg), "%s", msg);
+    send_reply(s, &m, NULL, 0);
+}
+
+/* A request the client may retry or correct: answer with an error, keep the session. */
+static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt, ...)
+{
+    char msg[WIRE_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_msg(LOG_INFO, "session.refuse", "session=%llu pid=%d error=\"%s\" detail=\"%s\"",
+            (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg);
+    session_send_error(s, req_id, code, msg);
+    return 0;
+}
+
+/* A protocol violation: log once, tell the client, and have the server drop it. */
+static int violation(struct session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int violation(struct session *s, const char *fmt, ...)
+{
+    char msg[WIRE_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_msg(LOG_WARN, "session.protocol_error", "session=%llu pid=%d client=\"%s\" detail=\"%s\"",
+            (unsigned long long)s->id, (int)s->pid, s->client, msg);
+    session_send_error(s, 0, COLL_ERR_PROTOCOL, msg);
+    return -1;
+}
+
+/* ---- handshake ---------------------------------------------------------------- */
+
+static int on_hello(struct session *s, const struct wire_hello *h)
+{
+    snprintf(s->client, sizeof(s->client), "%s", h->client);
+    int memfd = memfd_create("coll-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd < 0) return violation(s, "agent cannot create the rings: %s", strerror(errno));
+    s->shm_size = sizeof(struct wire_shm);
+    int err = 0;
+    if (ftruncate(memfd, (off_t)s->shm_size) < 0 ||
+        fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+        err = errno;
+    if (!err) {
+        s->shm = mmap(NULL, s->shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+        if (s->shm == MAP_FAILED) {
+            s->shm = NULL;
+            err = errno;
+        }
+    }
+    s->efd_agent = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->efd_client = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!err && (s->efd_agent < 0 || s->efd_client < 0)) err = errno;
+    if (err) {
+        close(memfd);
+        return violation(s, "agent cannot set up the session: %s", strerror(err));
+    }
+    s->shm->magic = WIRE_MAGIC;
+    s->shm->version = WIRE_VERSION;
+    s->shm->entries = WIRE_RING_ENTRIES;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_bell};
+    if (epoll_ctl(s->srv->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
+        close(memfd);
+        return violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
+    }
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO_OK, h->h.req_id);
+    m.hello_ok.session_id = s->id;
+    m.hello_ok.shm_size = s->shm_size;
+    m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
+    snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
+    int fds[3] = {memfd, s->efd_agent, s->efd_client};
+    int rc = send_reply(s, &m, fds, 3);
+    close(memfd);
+    if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
+    s->state = SESSION_READY;
+    log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\"",
+            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid,
+            s->client);
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+static int on_group_open(struct session *s, const struct wire_group_open *o)
+{
+    struct group *g = server_find_group(s->srv, o->name);
+    if (!g) return refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND, "no group named '%s'", o->name);
+    if (!g->be)
+        return refuse(s, o->h.req_id, COLL_ERR_UNSUPPORTED, "group '%s' cannot run here: %s",
+                      o->name, g->backend_why);
+    int h = 0;
+    while (h < SESSION_MAX_HANDLES && s->handles[h].g)
+        h++;
+    if (h == SESSION_MAX_HANDLES)
+        return refuse(s, o->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
+                      SESSION_MAX_HANDLES);
+    if (o->slot < -1 || o->slot >= g->nslots)
+        return refuse(s, o->h.req_id, COLL_ERR_INVALID, "slot %d: group '%s' has slots 0..%d",
+                      o->slot, o->name, g->nslots - 1);
+    int slot = group_attach(g, s, o->slot);
+    if (slot < 0)
+        return refuse(s, o->h.req_id, -slot, "group '%s': %s", o->name,
+                      o->slot < 0 ? "every slot is taken" : "slot is taken");
+    s->handles[h] = (struct session_handle){.g = g, .slot = slot, .epoch = g->epoch};
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_OPEN_OK, o->h.req_id);
+    m.group_open_ok.handle = (uint32_t)h;
+    m.group_open_ok.epoch = g->epoch;
+    m.group_open_ok.rank = (uint32_t)(g->node_index * g->nslots + slot);
+    m.group_open_ok.size = (uint32_t)g->size;
+    m.group_open_ok.local_slot = (uint32_t)slot;
+    m.group_open_ok.local_slots = (uint32_t)g->nslots;
+    m.group_open_ok.node_index = (uint32_t)g->node_index;
+    m.group_open_ok.nodes = (uint32_t)g->nodes;
+    snprintf(m.group_open_ok.backend, sizeof(m.group_open_ok.backend), "%s", g->be->name);
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+static int on_group_close(struct session *s, const struct wire_group_close *c)
+{
+    if (c->handle >= SESSION_MAX_HANDLES || !s->handles[c->handle].g)
+        return refuse(s, c->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                      c->handle);
+    struct session_handle *h = &s->handles[c->handle];
+    group_detach(h->g, h->slot);
+    h->g = NULL;
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_CLOSE_OK, c->h.req_id);
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
+{
+    if (r->device != -1)
+        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
+                      "device %d: GPU buffers need the NCCL backend", r->device);
+    uint32_t i = 0;
+    while (i < s->nbufs && s->bufs[i])
+        i++;
+    if (i == s->nbufs) {
+        if (s->nbufs == SESSION_MAX_BUFFERS)
+            return refuse(s, r->h.req_id, COLL_ERR_LIMIT, "a session shares at most %d buffers",
+                          SESSION_MAX_BUFFERS);
+        uint32_t cap = s->nbufs ? s->nbufs * 2 : 16;
+        if (cap > SESSION_MAX_BUFFERS) cap = SESSION_MAX_BUFFERS;
+        struct buffer **nb = realloc(s->bufs, cap * sizeof(*nb));
+        if (!nb) return refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory");
+        memset(nb + s->nbufs, 0, (cap - s->nbufs) * sizeof(*nb));
+        s->bufs = nb;
+        s->nbufs = cap;
+    }
+    char why[160];
+    int code = 0;
+    struct buffer *b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
+    if (!b) return refuse(s, r->h.req_id, code, "%s", why);
+    s->bufs[i] = b;
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG_OK, r->h.req_id);
+    m.mem_reg_ok.buf_id = i + 1;
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+static int on_mem_release(struct session *s, const struct wire_mem_release *r)
+{
+    uint32_t i = r->buf_id - 1;
+    if (r->buf_id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i])
+        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "no buffer with id %u", r->buf_id);
+    if (s->bufs[i]->refs > 1)
+        return refuse(s, r->h.req_id, COLL_ERR_BUSY, "buffer %u is used by %u ops in flight",
+                      r->buf_id, s->bufs[i]->refs - 1);
+    buffer_unref(&s->bufs[i]);
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_RELEASE_OK, r->h.req_id);
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+int session_on_message(struct session *s)
+{
+    char buf[WIRE_MAX_MSG];
+    union {
+        char b[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)};
+    ssize_t n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (n <= 0) {
+        log_msg(LOG_INFO, "session.closed", "session=%llu pid=%d inflight=%u",
+                (unsigned long long)s->id, (int)s->pid, s->inflight);
+        return -1;
+    }
+    int fds[4], nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < cnt; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
+            if (nfds < 4)
+                fds[nfds++] = f;
+            else
+                close(f);
+        }
+    }
+    int rc;
+    union wire_msg m;
+    char err[160];
+    unsigned version = 0;
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        rc = violation(s, "message larger than %d bytes or with too many descriptors",
+                       WIRE_MAX_MSG);
+    } else if (wire_decode(buf, (size_t)n, &m, &version, err, sizeof(err)) < 0) {
+        rc = violation(s, "%s", err);
+    } else if (s->state == SESSION_HANDSHAKE && m.h.type != WIRE_HELLO) {
+        rc = violation(s, "expected HELLO first, got message type %u", m.h.type);
+    } else if (s->state != SESSION_HANDSHAKE && m.h.type == WIRE_HELLO) {
+        rc = violation(s, "second HELLO");
+    } else if ((m.h.type == WIRE_MEM_REG) != (nfds == 1)) {
+        rc = violation(s, "message type %u carried %d descriptors", m.h.type, nfds);
+    } else {
+        switch (m.h.type) {
+        case WIRE_HELLO:
+            rc = on_hello(s, &m.hello);
+            break;
+        case WIRE_GROUP_OPEN:
+            rc = on_group_open(s, &m.group_open);
+            break;
+        case WIRE_GROUP_CLOSE:
+            rc = on_group_close(s, &m.group_close);
+            break;
+        case WIRE_MEM_REG:
+            rc = on_mem_reg(s, &m.mem_reg, fds[0]);
+            break;
+        case WIRE_MEM_RELEASE:
+            rc = on_mem_release(s, &m.mem_release);
+            break;
+        default:
+            rc = violation(s, "message type %u is not a request", m.h.type);
+            break;
+        }
+    }
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    return rc;
+}
+
+/* ---- ops ---------------------------------------------------------------------------- */
+
+void session_complete(struct op *op, int status)
+{
+    struct session *s = op->s;
+    buffer_unref(&op->sb);
+    buffer_unref(&op->rb);
+    if (s->state == SESSION_DEAD) return;
+    struct wire_shm *shm = s->shm;
+    shm->cq[s->cq_tail & RING_MASK] = (struct wire_cqe){.tag = op->sqe.tag, .status = status};
+    s->cq_tail++;
+    s->inflight--;
+    ring_store_release(&shm->cq_tail, s->cq_tail);
+    if (ring_peer_sleeping(&shm->client_sleeping)) {
+        uint64_t one = 1;
+        ssize_t w = write(s->efd_client, &one, sizeof(one));
+        (void)w;
+    }
+}
+
+/* Resolve one side of an op to an address, holding a reference. */
+static int resolve(struct session *s, const char *what, uint32_t id, uint64_t off, uint64_t elems,
+                   size_t es, int used, struct buffer **bp, void **pp)
+{
+    *bp = NULL;
+    *pp = NULL;
+    if (!used || elems == 0) return 0;
+    uint32_t i = id - 1;
+    if (id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i])
+        return violation(s, "%s buffer id %u is not registered", what, id);
+    struct buffer *b = s->bufs[i];
+    if (elems > UINT64_MAX / es || off > b->size || elems * es > b->size - off)
+        return violation(s, "%s range [%llu, +%llu elements) exceeds buffer %u of %zu bytes", what,
+                         (unsigned long long)off, (unsigned long long)elems, id, b->size);
+    *bp = buffer_ref(b);
+    *pp = (char *)b->map + off;
+    return 0;
+}
+
+static int handle_sqe(struct session *s, const struct wire_sqe *q)
+{
+    char err[128];
+    if (wire_sqe_check(q, err, sizeof(err)) < 0) return violation(s, "bad op: %s", err);
+    if (q->group >= SESSION_MAX_HANDLES || !s->handles[q->group].g)
+        return violation(s, "op for group handle %u, which is not open", q->group);
+    struct session_handle *h = &s->handles[q->group];
+    struct group *g = h->g;
+    struct op op = {.s = s, .sqe = *q};
+    s->ops_submitted++;
+    if (q->epoch != h->epoch || h->epoch != g->epoch) {
+        session_complete(&op, COLL_ERR_EPOCH);
+        return 0;
+    }
+    op.rank = g->node_index * g->nslots + h->slot;
+    unsigned k = q->kind;
+    int needs_peer = k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND ||
+                     k == WIRE_OP_RECV;
+    if (needs_peer && (q->peer < 0 || q->peer >= g->size))
+        return violation(s, "%s names rank %d; the group has %d", wire_kind_name(k), q->peer,
+                         g->size);
+    int send_used = k != WIRE_OP_RECV && k != WIRE_OP_BARRIER &&
+                    !(k == WIRE_OP_BROADCAST && op.rank != q->peer);
+    int recv_used = k != WIRE_OP_SEND && k != WIRE_OP_BARRIER &&
+                    !(k == WIRE_OP_REDUCE && op.rank != q->peer);
+    uint64_t se, re;
+    if (wire_sqe_extent(q, 0, (uint32_t)g->size, &se) < 0 ||
+        wire_sqe_extent(q, 1, (uint32_t)g->size, &re) < 0)
+        return violation(s, "op count %llu overflows", (unsigned long long)q->count);
+    size_t es = coll_dtype_size((coll_dtype)q->dtype);
+    if (resolve(s, "send", q->send_buf, q->send_off, se, es, send_used, &op.sb, &op.send) < 0)
+        return -1;
+    if (resolve(s, "recv", q->recv_buf, q->recv_off, re, es, recv_used, &op.rb, &op.recv) < 0) {
+        buffer_unref(&op.sb);
+        return -1;
+    }
+    op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
+    group_submit(g, h->slot, &op);
+    return 0;
+}
+
+int session_poll(struct session *s)
+{
+    if (s->state != SESSION_READY) return 0;
+    struct wire_shm *shm = s->shm;
+    uint32_t tail = ring_load_acquire(&shm->sq_tail);
+    if (tail == s->sq_head) return 0;
+    if (tail - s->sq_head > WIRE_RING_ENTRIES)
+        return violation(s, "submission index %u is %u entries ahead of %u", tail,
+                         tail - s->sq_head, s->sq_head);
+    uint32_t cq_head = ring_load_acquire(&shm->cq_head);
+    if (s->cq_tail - cq_head > WIRE_RING_ENTRIES)
+        return violation(s, "completion index %u is out of range", cq_head);
+    int n = 0;
+    while (s->sq_head != tail) {
+        /* every op taken must find room for its completion */
+        if (s->inflight + (s->cq_tail - cq_head) >= WIRE_RING_ENTRIES) break;
+        struct wire_sqe q;
+        memcpy(&q, &shm->sq[s->sq_head & RING_MASK], sizeof(q));
+        atomic_signal_fence(memory_order_seq_cst); /* use the copy, never re-read shm */
+        s->sq_head++;
+        ring_store_release(&shm->sq_head, s->sq_head);
+        s->inflight++;
+        n++;
+        if (handle_sqe(s, &q) < 0) return -1;
+    }
+    return n;
+}

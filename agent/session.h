@@ -1,0 +1,74 @@
+/*
+ * session.h: one connected application process. Owns its socket, its shared rings
+ * and doorbells, the buffers it shared and the group slots it holds; everything is
+ * released when the socket closes, even with ops in flight.
+ */
+#ifndef AGENT_SESSION_H
+#define AGENT_SESSION_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "group.h"
+#include "wire.h"
+
+struct server;
+struct buffer;
+
+#define SESSION_MAX_HANDLES 64
+#define SESSION_MAX_BUFFERS 4096
+
+enum session_state { SESSION_HANDSHAKE = 0, SESSION_READY, SESSION_DEAD };
+
+/* What the server's epoll hands back: which fd of which session fired. */
+struct session_ev {
+    int kind; /* EV_SOCKET or EV_DOORBELL (ipc_server.c) */
+    struct session *s;
+};
+
+struct session_handle {
+    struct group *g; /* NULL: free */
+    int slot;
+    uint32_t epoch;
+};
+
+struct session {
+    struct server *srv;
+    struct session *next, *prev;
+    enum session_state state;
+    uint64_t id;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    char client[WIRE_NAME_MAX];
+    int fd, efd_agent, efd_client;
+    struct wire_shm *shm;
+    size_t shm_size;
+    uint32_t sq_head, cq_tail; /* authoritative copies of the indices this side owns */
+    uint32_t inflight;         /* taken from the sq, completion not yet posted */
+    int64_t handshake_deadline_ns;
+    struct session_ev ev_sock, ev_bell;
+    struct session_handle handles[SESSION_MAX_HANDLES];
+    struct buffer **bufs; /* index = id - 1 */
+    uint32_t nbufs;
+    uint64_t ops_submitted;
+};
+
+/* A session for an accepted, credential-checked socket (takes fd). NULL on OOM. */
+struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid);
+/* Release everything: slots (breaking their groups' epochs), buffers, rings, fds.
+ * Completions for this session are discarded from here on. Sets *s to NULL. */
+void session_destroy(struct session **s);
+
+/* The socket is readable: handle one control message. Returns 0, or -1 when the
+ * session must be destroyed (hang-up or protocol violation, already logged). */
+int session_on_message(struct session *s);
+/* Take new ops from the submission ring. Returns how many, or -1 when the session
+ * broke the ring protocol and must be destroyed (logged). */
+int session_poll(struct session *s);
+/* Post the completion of op (group callback). */
+void session_complete(struct op *op, int status);
+/* Tell the client why it is being dropped (best effort, never blocks). */
+void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
+
+#endif

@@ -1,0 +1,349 @@
+/*
+ * coll_bench.c: collective benchmark through the agent, in the style of nccl-tests.
+ *
+ *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
+ *              [-p PROCS] [-g GROUP] [-s SOCKET] [-G GAP_US] [-c 0|1]
+ *
+ * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
+ * per size: bytes, count, time per op in us (mean), algbw and busbw in GB/s, wrong
+ * elements, then the median and 90th percentile of single-op round trips. -G sleeps
+ * GAP_US between iterations, so the agent is idle (asleep) when each op arrives.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static const char *const op_names[] = {"allreduce", "broadcast", "reduce", "allgather",
+                                       "reduce_scatter", "alltoall", "barrier", NULL};
+
+struct opts {
+    size_t minb, maxb;
+    double factor;
+    int op, dtype, iters, warmup, procs, check;
+    long gap_us;
+    const char *group, *sock;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Fill for checking: small integers, exact in every dtype. */
+static void fill(void *p, size_t count, int dt, int rank)
+{
+    for (size_t i = 0; i < count; i++) {
+        int v = (rank + 1 + (int)(i % 3)) % 4;
+        switch (dt) {
+        case COLL_INT8:
+        case COLL_UINT8:
+            ((uint8_t *)p)[i] = (uint8_t)v;
+            break;
+        case COLL_INT32:
+        case COLL_UINT32:
+            ((uint32_t *)p)[i] = (uint32_t)v;
+            break;
+        case COLL_INT64:
+        case COLL_UINT64:
+            ((uint64_t *)p)[i] = (uint64_t)v;
+            break;
+        case COLL_FLOAT32:
+            ((float *)p)[i] = (float)v;
+            break;
+        case COLL_FLOAT64:
+            ((double *)p)[i] = (double)v;
+            break;
+        default: /* float16 / bfloat16: 0..3 in half and bfloat bit patterns */
+            ((uint16_t *)p)[i] =
+                dt == COLL_FLOAT16 ? (uint16_t)(v ? 0x3c00 + (v == 2 ? 0x400 : v == 3 ? 0x600 : 0) : 0)
+                                   : (uint16_t)(v ? 0x3f80 + (v == 2 ? 0x80 : v == 3 ? 0xc0 : 0) : 0);
+            break;
+        }
+    }
+}
+
+static double get(const void *p, size_t i, int dt)
+{
+    switch (dt) {
+    case COLL_INT8:
+        return ((const int8_t *)p)[i];
+    case COLL_UINT8:
+        return ((const uint8_t *)p)[i];
+    case COLL_INT32:
+        return ((const int32_t *)p)[i];
+    case COLL_UINT32:
+        return ((const uint32_t *)p)[i];
+    case COLL_INT64:
+        return (double)((const int64_t *)p)[i];
+    case COLL_UINT64:
+        return (double)((const uint64_t *)p)[i];
+    case COLL_FLOAT32:
+        return ((const float *)p)[i];
+    case COLL_FLOAT64:
+        return ((const double *)p)[i];
+    default: {
+        uint16_t h = ((const uint16_t *)p)[i];
+        uint32_t bits;
+        if (dt == COLL_BFLOAT16) {
+            bits = (uint32_t)h << 16;
+        } else { /* normal halves only (the fill uses 0..3 and sums stay small) */
+            if (!h) return 0;
+            bits = ((uint32_t)(h & 0x8000) << 16) | ((((h >> 10) & 0x1f) + 112u) << 23) |
+                   ((uint32_t)(h & 0x3ff) << 13);
+        }
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    }
+}
+
+static int submit(const struct opts *o, coll_group *g, void *s, void *r, size_t count,
+                  coll_request *req)
+{
+    switch (o->op) {
+    case 0:
+        return coll_allreduce(g, s, r, count, o->dtype, COLL_SUM, NULL, req);
+    case 1:
+        return coll_broadcast(g, s, r, count, o->dtype, 0, NULL, req);
+    case 2:
+        return coll_reduce(g, s, r, count, o->dtype, COLL_SUM, 0, NULL, req);
+    case 3:
+        return coll_allgather(g, s, r, count, o->dtype, NULL, req);
+    case 4:
+        return coll_reduce_scatter(g, s, r, count, o->dtype, COLL_SUM, NULL, req);
+    case 5:
+        return coll_alltoall(g, s, r, count, o->dtype, NULL, req);
+    default:
+        return coll_barrier(g, NULL, req);
+    }
+}
+
+/* Wrong elements of this rank's result, for inputs from fill(). */
+static long check(const struct opts *o, const void *r, size_t count, int rank, int n)
+{
+    long wrong = 0;
+    size_t total = o->op == 3 || o->op == 5 ? count * (size_t)n : count;
+    if (o->op == 2 && rank != 0) return 0;
+    if (o->op == 6) return 0;
+    for (size_t i = 0; i < total; i++) {
+        double want = 0;
+        size_t idx = i;
+        switch (o->op) {
+        case 0:
+        case 2:
+        case 4:
+            if (o->op == 4) idx = i + (size_t)rank * count;
+            for (int k = 0; k < n; k++)
+                want += (k + 1 + (int)(idx % 3)) % 4;
+            break;
+        case 1:
+            want = (1 + (int)(i % 3)) % 4;
+            break;
+        case 3:
+            want = (int)(i / count) + 1 + (int)((i % count) % 3);
+            want = (int)want % 4;
+            break;
+        case 5: {
+            size_t j = i / count, e = (size_t)rank * count + i % count;
+            want = (int)(j + 1 + e % 3) % 4;
+            break;
+        }
+        }
+        if (fabs(get(r, i, o->dtype) - want) > 1e-6) wrong++;
+    }
+    return wrong;
+}
+
+static int run_rank(const struct opts *o)
+{
+    coll_conn *c;
+    coll_group *g;
+    coll_err e = coll_connect(&c, o->sock, 5000);
+    if (e) {
+        fprintf(stderr, "coll-bench: connect: %s (%s)\n", coll_strerror(e), coll_last_error());
+        return 1;
+    }
+    e = coll_group_open(&g, c, o->group, COLL_SLOT_ANY);
+    if (e) {
+        fprintf(stderr, "coll-bench: open %s: %s (%s)\n", o->group, coll_strerror(e),
+                coll_last_error());
+        return 1;
+    }
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    int rank = info.rank, n = info.size;
+    size_t es = coll_dtype_size(o->dtype);
+    size_t maxc = o->maxb / es ? o->maxb / es : 1;
+    coll_buffer *sb, *rb;
+    if (coll_mem_alloc(&sb, c, maxc * es * (size_t)n, COLL_DEVICE_HOST) ||
+        coll_mem_alloc(&rb, c, maxc * es * (size_t)n, COLL_DEVICE_HOST)) {
+        fprintf(stderr, "coll-bench: buffers: %s\n", coll_last_error());
+        return 1;
+    }
+    void *s = coll_mem_ptr(sb), *r = coll_mem_ptr(rb);
+    if (rank == 0) {
+        printf("# coll-bench: op %s dtype %s ranks %d backend %s iters %d warmup %d gap_us %ld\n",
+               op_names[o->op], coll_dtype_name(o->dtype), n, info.backend, o->iters, o->warmup,
+               o->gap_us);
+        printf("%12s %12s %10s %10s %10s %8s %10s %10s\n", "bytes", "count", "time(us)",
+               "algbw", "busbw", "#wrong", "p50(us)", "p90(us)");
+    }
+    double *lat = calloc((size_t)o->iters, sizeof(double));
+    int rc = 0;
+    for (size_t bytes = o->minb; bytes <= o->maxb;) {
+        size_t count = bytes / es;
+        if (o->op == 6) count = 0;
+        coll_request req;
+        fill(s, count * (size_t)n, o->dtype, rank);
+        for (int i = 0; i < o->warmup; i++) {
+            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+        }
+        if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
+        double total = 0;
+        for (int i = 0; i < o->iters; i++) {
+            if (o->gap_us) usleep((useconds_t)o->gap_us);
+            double t0 = now_us();
+            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+            lat[i] = now_us() - t0;
+            total += lat[i];
+        }
+        long wrong = 0;
+        if (o->check) {
+            memset(r, 0, count * es * (size_t)n);
+            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+            wrong = check(o, r, count, rank, n);
+        }
+        if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
+        qsort(lat, (size_t)o->iters, sizeof(double), cmp_double);
+        double t = total / o->iters;
+        double algbw = (double)(count * es) / t / 1e3;
+        double f = 1;
+        if (o->op == 0) f = 2.0 * (n - 1) / n;
+        if (o->op == 3 || o->op == 4 || o->op == 5) f = (double)(n - 1) / n;
+        if (o->op == 3 || o->op == 4 || o->op == 5) algbw *= n; /* nccl-tests: total bytes */
+        if (rank == 0)
+            printf("%12zu %12zu %10.2f %10.3f %10.3f %8ld %10.2f %10.2f\n", count * es, count, t,
+                   algbw, algbw * f, wrong, lat[o->iters / 2], lat[(o->iters * 9) / 10]);
+        fflush(stdout);
+        if (wrong) rc = 1;
+        size_t next = (size_t)((double)bytes * o->factor);
+        bytes = next > bytes ? next : bytes + 1;
+    }
+    free(lat);
+    coll_mem_release(&sb);
+    coll_mem_release(&rb);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    fflush(stdout);
+    return rc;
+fail:
+    fprintf(stderr, "coll-bench rank %d: %s\n", rank, coll_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {.minb = 8,
+                     .maxb = 8,
+                     .factor = 2,
+                     .op = 0,
+                     .dtype = COLL_FLOAT32,
+                     .iters = 1000,
+                     .warmup = 50,
+                     .procs = 1,
+                     .check = 1,
+                     .group = "demo"};
+    int c;
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:h")) != -1) {
+        switch (c) {
+        case 'b':
+            o.minb = strtoull(optarg, NULL, 0);
+            break;
+        case 'e':
+            o.maxb = strtoull(optarg, NULL, 0);
+            break;
+        case 'f':
+            o.factor = atof(optarg);
+            break;
+        case 'o':
+            o.op = -1;
+            for (int i = 0; op_names[i]; i++)
+                if (!strcmp(optarg, op_names[i])) o.op = i;
+            if (o.op < 0) {
+                fprintf(stderr, "coll-bench: unknown op %s\n", optarg);
+                return 2;
+            }
+            break;
+        case 'd':
+            o.dtype = -1;
+            for (int i = 0; i < COLL_DTYPE_COUNT; i++)
+                if (!strcmp(optarg, coll_dtype_name(i))) o.dtype = i;
+            if (o.dtype < 0) {
+                fprintf(stderr, "coll-bench: unknown dtype %s\n", optarg);
+                return 2;
+            }
+            break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
+        case 'p':
+            o.procs = atoi(optarg);
+            break;
+        case 'g':
+            o.group = optarg;
+            break;
+        case 's':
+            o.sock = optarg;
+            break;
+        case 'G':
+            o.gap_us = atol(optarg);
+            break;
+        case 'c':
+            o.check = atoi(optarg);
+            break;
+        default:
+            fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
+                            "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
+                            "[-G GAP_US] [-c 0|1]\n");
+            return 2;
+        }
+    }
+    if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||
+        o.factor <= 1) {
+        fprintf(stderr, "coll-bench: bad arguments\n");
+        return 2;
+    }
+    if (o.procs == 1) return run_rank(&o);
+    pid_t pids[64];
+    for (int i = 0; i < o.procs; i++) {
+        fflush(stdout);
+        pids[i] = fork();
+        if (pids[i] == 0) _exit(run_rank(&o));
+    }
+    int bad = 0;
+    for (int i = 0; i < o.procs; i++) {
+        int st;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) bad++;
+    }
+    return bad ? 1 : 0;
+}

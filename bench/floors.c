@@ -1,0 +1,107 @@
+/*
+ * floors.c: the reference round trips between two bare processes, to set the
+ * agent's latency against.
+ *
+ *   coll-floors [-n ITERS] [-G GAP_US]
+ *
+ * shm_spin: both sides spin on a word in shared memory.
+ * eventfd:  both sides sleep in read(2) on an eventfd and wake the other by write(2).
+ * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
+ * CPUs have gone idle when each round trip starts. Prints p50 / p10 / p90 in us.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(const char *name, double *lat, int n, long gap)
+{
+    qsort(lat, (size_t)n, sizeof(double), cmp);
+    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f\n", name, gap,
+           lat[n / 2], lat[n / 10], lat[(n * 9) / 10]);
+}
+
+int main(int argc, char **argv)
+{
+    int n = 2000;
+    long gap = 0;
+    int c;
+    while ((c = getopt(argc, argv, "n:G:")) != -1) {
+        if (c == 'n')
+            n = atoi(optarg);
+        else if (c == 'G')
+            gap = atol(optarg);
+        else {
+            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US]\n");
+            return 2;
+        }
+    }
+    if (n < 10) n = 10;
+    double *lat = calloc((size_t)n, sizeof(double));
+    _Atomic uint32_t *w =
+        mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (!lat || w == MAP_FAILED) return 1;
+
+    /* shared-memory spin */
+    atomic_store(w, 0);
+    pid_t p = fork();
+    if (p == 0) {
+        for (uint32_t i = 0; i < (uint32_t)n; i++) {
+            while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 1)
+                ;
+            atomic_store_explicit(w, 2 * i + 2, memory_order_release);
+        }
+        _exit(0);
+    }
+    for (uint32_t i = 0; i < (uint32_t)n; i++) {
+        if (gap) usleep((useconds_t)gap);
+        double t0 = now_us();
+        atomic_store_explicit(w, 2 * i + 1, memory_order_release);
+        while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 2)
+            ;
+        lat[i] = now_us() - t0;
+    }
+    waitpid(p, NULL, 0);
+    report("shm_spin", lat, n, gap);
+
+    /* eventfd, both sides asleep */
+    int a = eventfd(0, EFD_CLOEXEC), b = eventfd(0, EFD_CLOEXEC);
+    p = fork();
+    if (p == 0) {
+        uint64_t v;
+        for (int i = 0; i < n; i++) {
+            if (read(a, &v, 8) != 8) _exit(1);
+            v = 1;
+            if (write(b, &v, 8) != 8) _exit(1);
+        }
+        _exit(0);
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t v = 1;
+        if (gap) usleep((useconds_t)gap);
+        double t0 = now_us();
+        if (write(a, &v, 8) != 8 || read(b, &v, 8) != 8) return 1;
+        lat[i] = now_us() - t0;
+    }
+    waitpid(p, NULL, 0);
+    report("eventfd", lat, n, gap);
+    return 0;
+}

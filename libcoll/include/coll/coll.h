@@ -1,0 +1,238 @@
+/*
+ * coll.h: the whole public API of libcoll, the client library of coll-agent.
+ *
+ * An application connects to its pod's agent, opens the groups it takes part in,
+ * shares buffers with the agent and submits collectives that complete
+ * asynchronously. Every call returns a coll_err; results come back through a
+ * leading out-pointer. On failure coll_last_error() gives a one-line detail for
+ * the calling thread.
+ *
+ * Threads: a coll_conn and everything opened through it may be used from several
+ * threads; submissions and completions serialise on a per-connection lock. Handles
+ * must not be used after the call that destroys them.
+ *
+ * Buffers: an op reads and writes memory that libcoll shared with the agent
+ * (coll_mem_alloc / coll_mem_register_fd). The caller must neither modify an op's
+ * input nor read its output before the op completes; libcoll refuses to release a
+ * buffer while an op that uses it is in flight.
+ */
+#ifndef COLL_COLL_H
+#define COLL_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define COLL_API __attribute__((visibility("default")))
+#else
+#define COLL_API
+#endif
+
+#define COLL_VERSION_MAJOR 0
+#define COLL_VERSION_MINOR 2
+#define COLL_VERSION_PATCH 0
+
+/*
+ * Errors. X(name, value, retryable, message). Retryable errors mean the group
+ * changed under the caller (a member left, the agent restarted): close the group
+ * (or connection), open it again and resubmit.
+ */
+#define COLL_ERRORS(X)                                                                         \
+    X(COLL_OK, 0, 0, "success")                                                                \
+    X(COLL_ERR_INVALID, 1, 0, "invalid argument")                                              \
+    X(COLL_ERR_NOMEM, 2, 0, "out of memory")                                                   \
+    X(COLL_ERR_SYSTEM, 3, 0, "system call failed")                                             \
+    X(COLL_ERR_CONNECT, 4, 1, "cannot connect to the agent")                                   \
+    X(COLL_ERR_PROTOCOL, 5, 0, "protocol error between libcoll and the agent")                 \
+    X(COLL_ERR_DENIED, 6, 0, "permission denied by the agent")                                 \
+    X(COLL_ERR_NOT_FOUND, 7, 0, "no such group")                                               \
+    X(COLL_ERR_BUSY, 8, 0, "resource busy")                                                    \
+    X(COLL_ERR_TIMEOUT, 9, 1, "timed out")                                                     \
+    X(COLL_ERR_MISMATCH, 10, 1, "participants disagree on the operation")                      \
+    X(COLL_ERR_PEER_LOST, 11, 1, "a participant of the group left")                            \
+    X(COLL_ERR_EPOCH, 12, 1, "the group was re-formed; reopen it")                             \
+    X(COLL_ERR_AGENT_LOST, 13, 1, "the connection to the agent was lost")                      \
+    X(COLL_ERR_SHUTDOWN, 14, 1, "the agent is shutting down")                                  \
+    X(COLL_ERR_UNSUPPORTED, 15, 0, "not supported by this group's backend")                    \
+    X(COLL_ERR_LIMIT, 16, 0, "a limit was reached")                                            \
+    X(COLL_ERR_INTERNAL, 17, 0, "internal error")
+
+typedef enum coll_err {
+#define COLL_X_ENUM(name, value, retry, msg) name = value,
+    COLL_ERRORS(COLL_X_ENUM)
+#undef COLL_X_ENUM
+} coll_err;
+
+/* Static English text for err; never NULL. Thread-safe. */
+COLL_API const char *coll_strerror(coll_err err);
+/* 1 if a failed op or open may succeed after reopening the group or connection. */
+COLL_API int coll_err_retryable(coll_err err);
+/* Detail of the last failure of a coll_* call on this thread ("" if none). The string
+ * belongs to libcoll and stays valid until the thread's next coll_* call. */
+COLL_API const char *coll_last_error(void);
+/* Version of the library as "major.minor.patch". Static string. */
+COLL_API const char *coll_version(void);
+
+typedef enum coll_dtype {
+    COLL_INT8 = 0,
+    COLL_UINT8,
+    COLL_INT32,
+    COLL_UINT32,
+    COLL_INT64,
+    COLL_UINT64,
+    COLL_FLOAT16,
+    COLL_BFLOAT16,
+    COLL_FLOAT32,
+    COLL_FLOAT64,
+    COLL_DTYPE_COUNT
+} coll_dtype;
+
+/* Reductions. COLL_AVG is the sum divided by the group size (integer division for
+ * integer types). float16 and bfloat16 are reduced in float32 and rounded once. */
+typedef enum coll_redop {
+    COLL_SUM = 0,
+    COLL_PROD,
+    COLL_MIN,
+    COLL_MAX,
+    COLL_AVG,
+    COLL_REDOP_COUNT
+} coll_redop;
+
+/* Bytes per element of dt, 0 for an invalid dt. */
+COLL_API size_t coll_dtype_size(coll_dtype dt);
+/* "float32", "sum", ...; "?" when out of range. Static strings. */
+COLL_API const char *coll_dtype_name(coll_dtype dt);
+COLL_API const char *coll_redop_name(coll_redop op);
+
+typedef struct coll_conn coll_conn;
+typedef struct coll_group coll_group;
+typedef struct coll_buffer coll_buffer;
+
+/* A submitted operation. A value handle: copying it is fine; it is consumed by the
+ * coll_wait / coll_test / coll_wait_all call that reports its completion. */
+typedef struct coll_request {
+    uint64_t id;
+} coll_request;
+
+/* ---- connection ------------------------------------------------------------ */
+
+/* Connect to the agent listening on socket_path (NULL: $COLL_AGENT_SOCKET, else the
+ * agent's default path) and complete the handshake. Blocks for at most timeout_ms
+ * (<= 0: 10 s). On success *out is a new connection the caller owns.
+ * Errors: CONNECT (no agent), DENIED (uid/gid not allowed), PROTOCOL (version). */
+COLL_API coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms);
+/* Close the connection and release every group, buffer and request opened through
+ * it; ops still in flight are abandoned (the agent fails them for the other
+ * participants). Sets *conn to NULL; NULL or *conn == NULL is a no-op. Does not block
+ * on the agent. */
+COLL_API void coll_disconnect(coll_conn **conn);
+
+/* ---- groups ----------------------------------------------------------------- */
+
+#define COLL_SLOT_ANY (-1)
+
+typedef struct coll_group_info {
+    int rank;            /* this participant's rank in the group */
+    int size;            /* number of ranks: nodes x local slots */
+    int local_slot;      /* this participant's slot on its node */
+    int local_slots;     /* slots per node */
+    int node_index;      /* index of this pod in the group */
+    int nodes;           /* pods in the group */
+    uint32_t epoch;      /* bumped every time the group re-forms */
+    char backend[16];    /* "host" or "nccl": what the agent chose */
+    char name[64];       /* the group's name */
+} coll_group_info;
+
+/* Take a local slot of the group called name (slot COLL_SLOT_ANY: the lowest free
+ * one). Blocks for one round trip to the agent (at most the connect timeout). On
+ * success *out is a new group handle owned by the caller.
+ * Errors: NOT_FOUND, BUSY (slot taken or none free), INVALID, AGENT_LOST. */
+COLL_API coll_err coll_group_open(coll_group **out, coll_conn *conn, const char *name, int slot);
+/* Copy the group's description into *out. Does not block. */
+COLL_API coll_err coll_group_info_get(const coll_group *group, coll_group_info *out);
+/* Give the slot back and free the handle; sets *group to NULL. The group's other
+ * participants see COLL_ERR_PEER_LOST for ops in flight and must reopen. Blocks for
+ * one round trip at most. */
+COLL_API void coll_group_close(coll_group **group);
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+#define COLL_DEVICE_HOST (-1)
+
+/* Allocate size bytes shared with the agent (device COLL_DEVICE_HOST: host memory in a
+ * sealed memfd), mapped read-write in this process and zero-filled. Blocks for one
+ * round trip. The caller owns *out and frees it with coll_mem_release.
+ * Errors: INVALID, NOMEM, UNSUPPORTED (device buffers need the GPU backend), LIMIT. */
+COLL_API coll_err coll_mem_alloc(coll_buffer **out, coll_conn *conn, size_t size, int device);
+/* Share host memory the caller already holds as a file descriptor (memfd or shm),
+ * size bytes from offset 0. libcoll maps it and duplicates fd; the caller keeps fd.
+ * The fd must be sealed against shrinking (F_SEAL_SHRINK), so the agent never faults
+ * on it. Blocks for one round trip. The caller owns *out. */
+COLL_API coll_err coll_mem_register_fd(coll_buffer **out, coll_conn *conn, int fd, size_t size);
+/* Address of the buffer in this process; valid until the buffer is released. */
+COLL_API void *coll_mem_ptr(const coll_buffer *buf);
+COLL_API size_t coll_mem_size(const coll_buffer *buf);
+/* Unshare and unmap the buffer; sets *buf to NULL. Returns BUSY (and keeps the buffer)
+ * while an op that uses it is in flight. Blocks for one round trip. */
+COLL_API coll_err coll_mem_release(coll_buffer **buf);
+
+/* ---- operations ------------------------------------------------------------- */
+/*
+ * Every op is non-blocking: it validates its arguments, queues the op for the agent
+ * and returns a request in *req. Pointers must lie inside buffers shared through the
+ * same connection (a count of 0 allows NULL). In-place use means send == recv (for
+ * allgather send == recv + rank * count, for reduce_scatter recv == send + rank * count).
+ * The n-th op of every rank of a group is matched with the n-th op of the others;
+ * they must agree on kind, dtype, count, reduction and root, or every rank gets
+ * COLL_ERR_MISMATCH. send/recv pair in order per (sender, receiver).
+ * stream: a CUDA stream for device buffers, NULL for host buffers.
+ * Errors at submission: INVALID, EPOCH, LIMIT (too many ops in flight), AGENT_LOST.
+ */
+COLL_API coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count,
+                                 coll_dtype dt, coll_redop op, void *stream, coll_request *req);
+/* root's send is copied into every rank's recv (send is read on root only). */
+COLL_API coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t count,
+                                 coll_dtype dt, int root, void *stream, coll_request *req);
+/* The reduction lands in root's recv only. */
+COLL_API coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count,
+                              coll_dtype dt, coll_redop op, int root, void *stream,
+                              coll_request *req);
+/* recv (size * sendcount elements) holds every rank's send, in rank order. */
+COLL_API coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t sendcount,
+                                 coll_dtype dt, void *stream, coll_request *req);
+/* send holds size * recvcount elements; rank r receives the reduction of block r. */
+COLL_API coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv,
+                                      size_t recvcount, coll_dtype dt, coll_redop op, void *stream,
+                                      coll_request *req);
+/* Block j of rank i's send (count elements each) lands in block i of rank j's recv. */
+COLL_API coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count,
+                                coll_dtype dt, void *stream, coll_request *req);
+COLL_API coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
+                            void *stream, coll_request *req);
+COLL_API coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
+                            void *stream, coll_request *req);
+COLL_API coll_err coll_barrier(coll_group *g, void *stream, coll_request *req);
+
+/* ---- completion ------------------------------------------------------------- */
+
+/* Block until req completes or timeout_ms passes (< 0: no limit, though the agent fails
+ * every op within its group's op timeout and a lost agent is noticed at once).
+ * Returns the op's own result; TIMEOUT leaves req pending, anything else consumes it.
+ * Spins briefly, then sleeps without using CPU. */
+COLL_API coll_err coll_wait(coll_conn *conn, coll_request req, int timeout_ms);
+/* Non-blocking: *done = 1 and the op's result if req completed (req is consumed),
+ * *done = 0 and COLL_OK otherwise. */
+COLL_API coll_err coll_test(coll_conn *conn, coll_request req, int *done);
+/* Wait for all n requests; returns COLL_OK or the first failure in array order. Every
+ * completed request is consumed, even after a failure; on TIMEOUT the others stay
+ * pending. */
+COLL_API coll_err coll_wait_all(coll_conn *conn, coll_request *reqs, size_t n, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

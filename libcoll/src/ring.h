@@ -1,0 +1,46 @@
+/*
+ * ring.h: the memory-ordering rules of the shared rings, in one place for both
+ * sides. A producer fills an entry, then publishes the index with release; a
+ * consumer loads the index with acquire, then reads entries. Before deciding whether
+ * to ring a doorbell the producer issues a full fence and loads the other side's
+ * sleeping word; before sleeping the consumer stores that word, fences, and looks at
+ * the ring once more. One of the two always sees the other (Dekker), so no wake-up
+ * is lost.
+ */
+#ifndef COLL_RING_H
+#define COLL_RING_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+#define RING_MASK (WIRE_RING_ENTRIES - 1u)
+
+static inline void ring_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint32_t ring_load_acquire(struct wire_ring_idx *i)
+{
+    return atomic_load_explicit(&i->v, memory_order_acquire);
+}
+
+static inline void ring_store_release(struct wire_ring_idx *i, uint32_t v)
+{
+    atomic_store_explicit(&i->v, v, memory_order_release);
+}
+
+/* After publishing: does the other side need its doorbell rung? */
+static inline int ring_peer_sleeping(struct wire_ring_idx *sleeping)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    return atomic_load_explicit(&sleeping->v, memory_order_relaxed) != 0;
+}
+
+#endif

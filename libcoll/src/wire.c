@@ -1,0 +1,174 @@
+/*
+ * wire.c: encoders and strict decoders of the local plane (see wire.h).
+ */
+#include "wire.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "coll/coll.h"
+
+_Static_assert(sizeof(struct wire_hdr) == 16, "header is frozen across versions");
+_Static_assert(sizeof(struct wire_sqe) == 64, "sqe is one cache line");
+_Static_assert(sizeof(struct wire_cqe) == 16, "cqe size");
+_Static_assert(sizeof(union wire_msg) <= WIRE_MAX_MSG, "messages fit WIRE_MAX_MSG");
+_Static_assert((WIRE_RING_ENTRIES & (WIRE_RING_ENTRIES - 1)) == 0, "ring size is a power of 2");
+
+static const size_t type_size[WIRE_TYPE_END] = {
+    [WIRE_HELLO] = sizeof(struct wire_hello),
+    [WIRE_HELLO_OK] = sizeof(struct wire_hello_ok),
+    [WIRE_ERROR] = sizeof(struct wire_error),
+    [WIRE_GROUP_OPEN] = sizeof(struct wire_group_open),
+    [WIRE_GROUP_OPEN_OK] = sizeof(struct wire_group_open_ok),
+    [WIRE_GROUP_CLOSE] = sizeof(struct wire_group_close),
+    [WIRE_GROUP_CLOSE_OK] = sizeof(struct wire_hdr),
+    [WIRE_MEM_REG] = sizeof(struct wire_mem_reg),
+    [WIRE_MEM_REG_OK] = sizeof(struct wire_mem_reg_ok),
+    [WIRE_MEM_RELEASE] = sizeof(struct wire_mem_release),
+    [WIRE_MEM_RELEASE_OK] = sizeof(struct wire_hdr),
+};
+
+size_t wire_size(unsigned t)
+{
+    return t < WIRE_TYPE_END ? type_size[t] : 0;
+}
+
+void wire_init(union wire_msg *m, enum wire_type type, uint32_t req_id)
+{
+    memset(m, 0, sizeof(*m));
+    m->h.magic = WIRE_MAGIC;
+    m->h.version = WIRE_VERSION;
+    m->h.type = (uint16_t)type;
+    m->h.len = (uint32_t)wire_size(type);
+    m->h.req_id = req_id;
+}
+
+static int terminated(const char *s, size_t cap)
+{
+    return memchr(s, '\0', cap) != NULL;
+}
+
+int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *version_out, char *err,
+                size_t errlen)
+{
+    struct wire_hdr h;
+    if (version_out) *version_out = 0;
+    if (n < sizeof(h)) {
+        snprintf(err, errlen, "message of %zu bytes is shorter than the %zu-byte header", n,
+                 sizeof(h));
+        return -1;
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != WIRE_MAGIC) {
+        snprintf(err, errlen, "bad magic 0x%08x (expected 0x%08x)", h.magic, WIRE_MAGIC);
+        return -1;
+    }
+    if (version_out) *version_out = h.version;
+    if (h.version != WIRE_VERSION) {
+        snprintf(err, errlen, "protocol version %u is not supported (this side speaks %u)",
+                 h.version, WIRE_VERSION);
+        return -1;
+    }
+    size_t want = wire_size(h.type);
+    if (want == 0) {
+        snprintf(err, errlen, "unknown message type %u", h.type);
+        return -1;
+    }
+    if (h.len != n || n != want) {
+        snprintf(err, errlen, "message type %u: length field %u, received %zu, expected %zu",
+                 h.type, h.len, n, want);
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    memcpy(out, buf, n);
+    switch (h.type) {
+    case WIRE_HELLO:
+        if (!terminated(out->hello.client, sizeof(out->hello.client))) goto unterminated;
+        break;
+    case WIRE_HELLO_OK:
+        if (!terminated(out->hello_ok.agent_version, sizeof(out->hello_ok.agent_version)))
+            goto unterminated;
+        break;
+    case WIRE_ERROR:
+        if (!terminated(out->error.msg, sizeof(out->error.msg))) goto unterminated;
+        break;
+    case WIRE_GROUP_OPEN:
+        if (!terminated(out->group_open.name, sizeof(out->group_open.name))) goto unterminated;
+        break;
+    case WIRE_GROUP_OPEN_OK:
+        if (!terminated(out->group_open_ok.backend, sizeof(out->group_open_ok.backend)))
+            goto unterminated;
+        break;
+    default:
+        break;
+    }
+    return 0;
+unterminated:
+    snprintf(err, errlen, "message type %u: string field is not NUL-terminated", h.type);
+    return -1;
+}
+
+static const char *const kind_names[WIRE_OP_KIND_COUNT] = {
+    "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+    "alltoall",  "send",      "recv",   "barrier",
+};
+
+const char *wire_kind_name(unsigned kind)
+{
+    return kind < WIRE_OP_KIND_COUNT ? kind_names[kind] : "?";
+}
+
+int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
+{
+    if (s->kind >= WIRE_OP_KIND_COUNT) {
+        snprintf(err, errlen, "op kind %u out of range", s->kind);
+        return -1;
+    }
+    if (s->dtype >= COLL_DTYPE_COUNT) {
+        snprintf(err, errlen, "dtype %u out of range", s->dtype);
+        return -1;
+    }
+    if (s->redop >= COLL_REDOP_COUNT) {
+        snprintf(err, errlen, "reduction %u out of range", s->redop);
+        return -1;
+    }
+    if (s->flags != 0 || s->reserved != 0) {
+        snprintf(err, errlen, "reserved fields are not zero");
+        return -1;
+    }
+    if (s->kind == WIRE_OP_BARRIER && s->count != 0) {
+        snprintf(err, errlen, "barrier with count %llu", (unsigned long long)s->count);
+        return -1;
+    }
+    return 0;
+}
+
+int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems)
+{
+    uint64_t mult = 1;
+    switch (s->kind) {
+    case WIRE_OP_ALLGATHER:
+        mult = recv_side ? size : 1;
+        break;
+    case WIRE_OP_REDUCE_SCATTER:
+        mult = recv_side ? 1 : size;
+        break;
+    case WIRE_OP_ALLTOALL:
+        mult = size;
+        break;
+    case WIRE_OP_SEND:
+        mult = recv_side ? 0 : 1;
+        break;
+    case WIRE_OP_RECV:
+        mult = recv_side ? 1 : 0;
+        break;
+    case WIRE_OP_BARRIER:
+        mult = 0;
+        break;
+    default:
+        break;
+    }
+    if (mult && s->count > UINT64_MAX / mult) return -1;
+    *elems = s->count * mult;
+    return 0;
+}

@@ -1,0 +1,215 @@
+/*
+ * wire.h: the local plane's formats, shared by libcoll and the agent.
+ *
+ * Control messages travel over a SOCK_SEQPACKET socket: a fixed 16-byte header that
+ * never changes between protocol versions, then a fixed-size body per type. Ops and
+ * completions travel through two single-producer rings in a shared-memory region
+ * the agent creates per session. Everything a peer sends is checked by the decoders
+ * here before use: a message that fails is a protocol error for that session only.
+ */
+#ifndef COLL_WIRE_H
+#define COLL_WIRE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
+#define WIRE_VERSION 1
+#define WIRE_NAME_MAX 64
+#define WIRE_ERRMSG_MAX 192
+#define WIRE_MAX_MSG 512 /* no control message is larger */
+#define WIRE_RING_ENTRIES 256 /* ops in flight per session */
+
+enum wire_type {
+    WIRE_HELLO = 1,       /* client -> agent */
+    WIRE_HELLO_OK,        /* agent -> client, with fds: shm, agent doorbell, client doorbell */
+    WIRE_ERROR,           /* agent -> client: the request failed */
+    WIRE_GROUP_OPEN,      /* client -> agent */
+    WIRE_GROUP_OPEN_OK,   /* agent -> client */
+    WIRE_GROUP_CLOSE,     /* client -> agent */
+    WIRE_GROUP_CLOSE_OK,  /* agent -> client */
+    WIRE_MEM_REG,         /* client -> agent, with fd */
+    WIRE_MEM_REG_OK,      /* agent -> client */
+    WIRE_MEM_RELEASE,     /* client -> agent */
+    WIRE_MEM_RELEASE_OK,  /* agent -> client */
+    WIRE_TYPE_END
+};
+
+struct wire_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint32_t len; /* whole message, header included */
+    uint32_t req_id; /* echoed by the reply */
+};
+
+struct wire_hello {
+    struct wire_hdr h;
+    uint32_t pid;
+    uint32_t flags;
+    char client[WIRE_NAME_MAX]; /* free-form name for logs */
+};
+
+struct wire_hello_ok {
+    struct wire_hdr h;
+    uint64_t session_id;
+    uint64_t shm_size;
+    uint32_t ring_entries;
+    uint32_t flags;
+    char agent_version[32];
+};
+
+struct wire_error {
+    struct wire_hdr h;
+    int32_t code; /* coll_err */
+    uint32_t pad;
+    char msg[WIRE_ERRMSG_MAX];
+};
+
+struct wire_group_open {
+    struct wire_hdr h;
+    int32_t slot; /* -1: any */
+    uint32_t pad;
+    char name[WIRE_NAME_MAX];
+};
+
+struct wire_group_open_ok {
+    struct wire_hdr h;
+    uint32_t handle;
+    uint32_t epoch;
+    uint32_t rank, size, local_slot, local_slots, node_index, nodes;
+    char backend[16];
+};
+
+struct wire_group_close {
+    struct wire_hdr h;
+    uint32_t handle;
+    uint32_t pad;
+};
+
+struct wire_mem_reg {
+    struct wire_hdr h;
+    uint64_t size;
+    int32_t device; /* -1: host memfd */
+    uint32_t pad;
+};
+
+struct wire_mem_reg_ok {
+    struct wire_hdr h;
+    uint32_t buf_id;
+    uint32_t pad;
+};
+
+struct wire_mem_release {
+    struct wire_hdr h;
+    uint32_t buf_id;
+    uint32_t pad;
+};
+
+/* Any control message, decoded. */
+union wire_msg {
+    struct wire_hdr h;
+    struct wire_hello hello;
+    struct wire_hello_ok hello_ok;
+    struct wire_error error;
+    struct wire_group_open group_open;
+    struct wire_group_open_ok group_open_ok;
+    struct wire_group_close group_close;
+    struct wire_mem_reg mem_reg;
+    struct wire_mem_reg_ok mem_reg_ok;
+    struct wire_mem_release mem_release;
+};
+
+/* Fill the header of m for type (its length comes from the type). */
+void wire_init(union wire_msg *m, enum wire_type type, uint32_t req_id);
+/* Size of a message of type t, 0 if t is unknown. */
+size_t wire_size(unsigned t);
+/*
+ * Check n received bytes and copy them into *out. Returns 0, or -1 with a one-line
+ * reason in err: short or oversized message, bad magic, other version (version_out
+ * then holds the peer's, so the caller can say so), unknown type, length field that
+ * disagrees with the type or with n, unterminated string.
+ */
+int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *version_out, char *err,
+                size_t errlen);
+
+/* ---- ops ------------------------------------------------------------------- */
+
+enum wire_kind {
+    WIRE_OP_ALLREDUCE = 0,
+    WIRE_OP_BROADCAST,
+    WIRE_OP_REDUCE,
+    WIRE_OP_ALLGATHER,
+    WIRE_OP_REDUCE_SCATTER,
+    WIRE_OP_ALLTOALL,
+    WIRE_OP_SEND,
+    WIRE_OP_RECV,
+    WIRE_OP_BARRIER,
+    WIRE_OP_KIND_COUNT
+};
+
+const char *wire_kind_name(unsigned kind);
+
+#define WIRE_BUF_NONE 0u
+
+/* One submitted op; 64 bytes. */
+struct wire_sqe {
+    uint64_t tag; /* the request id, echoed in the completion */
+    uint64_t count;
+    uint64_t send_off, recv_off;
+    uint32_t group; /* handle from GROUP_OPEN_OK */
+    uint32_t epoch;
+    uint32_t send_buf, recv_buf; /* ids from MEM_REG_OK, WIRE_BUF_NONE if unused */
+    uint8_t kind, dtype, redop, flags;
+    int32_t peer; /* root (broadcast, reduce) or peer rank (send, recv) */
+    uint64_t reserved;
+};
+
+struct wire_cqe {
+    uint64_t tag;
+    int32_t status; /* coll_err */
+    uint32_t pad;
+};
+
+/*
+ * Range check of the fields of a snapshot of an sqe that need no session state:
+ * kind, dtype, redop, flags, reserved. Returns 0 or -1 with a reason.
+ */
+int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
+/* Number of elements an op moves through buf: send side or recv side, for a group of
+ * size ranks; sets *elems. Returns -1 on overflow. */
+int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems);
+
+/* ---- shared-memory rings ----------------------------------------------------- */
+
+#define WIRE_CACHELINE 64
+
+struct wire_ring_idx {
+    _Atomic uint32_t v;
+    char pad[WIRE_CACHELINE - sizeof(uint32_t)];
+};
+
+/*
+ * The region the agent creates per session. sq: client produces (tail), agent
+ * consumes (head). cq: agent produces, client consumes. The sleeping flags say that
+ * a side may be asleep on its doorbell, so the other side must ring it after
+ * publishing (a store, a full fence, then the load of the flag: see wire_ring.h).
+ */
+struct wire_shm {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t entries;
+    uint32_t pad0;
+    char pad1[WIRE_CACHELINE - 16];
+    struct wire_ring_idx agent_sleeping;
+    struct wire_ring_idx client_sleeping;
+    struct wire_ring_idx sq_head;
+    struct wire_ring_idx sq_tail;
+    struct wire_ring_idx cq_head;
+    struct wire_ring_idx cq_tail;
+    struct wire_sqe sq[WIRE_RING_ENTRIES];
+    struct wire_cqe cq[WIRE_RING_ENTRIES];
+};
+
+#endif
