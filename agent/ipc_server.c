@@ -25,13 +25,11 @@
 #include "ring.h"
 #include "session.h"
 
-enum { EV_LISTEN = 1, EV_SIGNAL, EV_SOCKET, EV_DOORBELL };
-
 #define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
 
-static struct session_ev ev_listen = {.kind = EV_LISTEN};
-static struct session_ev ev_signal = {.kind = EV_SIGNAL};
+/* epoll tags: the address tells what fired (see owner_of) */
+static struct session_ev ev_listen, ev_signal;
 
 static int64_t now_ns(void)
 {
@@ -145,6 +143,38 @@ static void reject(int fd, int code, const char *msg)
     close(fd);
 }
 
+static void add_session(struct server *srv, struct session *s)
+{
+    s->next = srv->sessions;
+    if (s->next) s->next->prev = s;
+    srv->sessions = s;
+    srv->nsessions++;
+}
+
+/* Refuse a client: send why, then keep the socket (reading and discarding) until the
+ * client hangs up or the handshake deadline passes. Closing at once would reset the
+ * connection if the client's HELLO is already queued, and the client would never
+ * read the reason. Past a bound on lingering sockets, close at once. */
+static void refuse_client(struct server *srv, int fd, struct ucred *cr, int code, const char *msg)
+{
+    int closing = 0;
+    for (struct session *t = srv->sessions; t; t = t->next)
+        closing += t->state == SESSION_CLOSING;
+    struct session *s = closing < 64 ? session_new(srv, fd, cr->pid, cr->uid, cr->gid) : NULL;
+    if (!s) {
+        reject(fd, code, msg);
+        return;
+    }
+    session_send_error(s, 0, code, msg);
+    s->state = SESSION_CLOSING;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_sock};
+    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        session_destroy(&s);
+        return;
+    }
+    add_session(srv, s);
+}
+
 static void on_accept(struct server *srv)
 {
     for (;;) {
@@ -167,13 +197,14 @@ static void on_accept(struct server *srv)
                      (unsigned)cr.uid, (unsigned)cr.gid);
             log_msg(LOG_WARN, "session.denied", "pid=%d uid=%u gid=%u", (int)cr.pid,
                     (unsigned)cr.uid, (unsigned)cr.gid);
-            reject(fd, COLL_ERR_DENIED, msg);
+            refuse_client(srv, fd, &cr, COLL_ERR_DENIED, msg);
             continue;
         }
         if (srv->nsessions >= srv->cfg->agent.max_sessions) {
             log_msg(LOG_WARN, "session.limit", "pid=%d max_sessions=%d", (int)cr.pid,
                     srv->cfg->agent.max_sessions);
-            reject(fd, COLL_ERR_LIMIT, "the agent serves its maximum number of sessions");
+            refuse_client(srv, fd, &cr, COLL_ERR_LIMIT,
+                          "the agent serves its maximum number of sessions");
             continue;
         }
         struct session *s = session_new(srv, fd, cr.pid, cr.uid, cr.gid);
@@ -181,17 +212,12 @@ static void on_accept(struct server *srv)
             reject(fd, COLL_ERR_NOMEM, "agent out of memory");
             continue;
         }
-        s->ev_sock.kind = EV_SOCKET;
-        s->ev_bell.kind = EV_DOORBELL;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_sock};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             session_destroy(&s);
             continue;
         }
-        s->next = srv->sessions;
-        if (s->next) s->next->prev = s;
-        srv->sessions = s;
-        srv->nsessions++;
+        add_session(srv, s);
         srv->stats.sessions_opened++;
     }
 }
@@ -225,8 +251,10 @@ static int64_t check_deadlines(struct server *srv, int64_t now)
     struct session *s = srv->sessions, *nx;
     for (; s; s = nx) {
         nx = s->next;
-        if (s->state != SESSION_HANDSHAKE) continue;
-        if (s->handshake_deadline_ns <= now) {
+        if (s->state != SESSION_HANDSHAKE && s->state != SESSION_CLOSING) continue;
+        if (s->state == SESSION_CLOSING && s->handshake_deadline_ns <= now) {
+            drop_session(srv, s);
+        } else if (s->handshake_deadline_ns <= now) {
             log_msg(LOG_WARN, "session.handshake_timeout", "session=%llu pid=%d timeout_ms=%d",
                     (unsigned long long)s->id, (int)s->pid,
                     srv->cfg->agent.handshake_timeout_ms);
@@ -239,13 +267,22 @@ static int64_t check_deadlines(struct server *srv, int64_t now)
     return next;
 }
 
+/* The live session that owns event tag e, or NULL. Never dereferences e: a session
+ * dropped earlier in the same batch may still be named in the events. */
+static struct session *owner_of(struct server *srv, const struct session_ev *e)
+{
+    for (struct session *t = srv->sessions; t; t = t->next)
+        if (e == &t->ev_sock || e == &t->ev_bell) return t;
+    return NULL;
+}
+
 static void handle_events(struct server *srv, struct epoll_event *evs, int n)
 {
     for (int i = 0; i < n; i++) {
         struct session_ev *e = evs[i].data.ptr;
-        if (e->kind == EV_LISTEN) {
+        if (e == &ev_listen) {
             on_accept(srv);
-        } else if (e->kind == EV_SIGNAL) {
+        } else if (e == &ev_signal) {
             struct signalfd_siginfo si;
             while (read(srv->sigfd, &si, sizeof(si)) == sizeof(si)) {
                 log_msg(LOG_INFO, "agent.signal", "signal=%s",
@@ -253,13 +290,9 @@ static void handle_events(struct server *srv, struct epoll_event *evs, int n)
                 srv->stop = 1;
             }
         } else {
-            /* a session dropped earlier in this batch may still be named in evs[] */
-            struct session *s = e->s;
-            int live = 0;
-            for (struct session *t = srv->sessions; t && !live; t = t->next)
-                live = t == s;
-            if (!live) continue;
-            if (e->kind == EV_DOORBELL) {
+            struct session *s = owner_of(srv, e);
+            if (!s) continue;
+            if (e == &s->ev_bell) {
                 uint64_t v;
                 ssize_t r = read(s->efd_agent, &v, sizeof(v));
                 (void)r;

@@ -66,6 +66,10 @@ void session_destroy(struct session **sp)
         buffer_unref(&s->bufs[i]);
     free(s->bufs);
     if (s->shm) munmap(s->shm, s->shm_size);
+    /* the client holds duplicates of the doorbell: closing ours alone would leave it
+     * in the epoll set, so remove it first */
+    if (s->efd_agent >= 0) epoll_ctl(s->srv->epfd, EPOLL_CTL_DEL, s->efd_agent, NULL);
+    if (s->fd >= 0) epoll_ctl(s->srv->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     if (s->efd_agent >= 0) close(s->efd_agent);
     if (s->efd_client >= 0) close(s->efd_client);
     if (s->fd >= 0) close(s->fd);
@@ -294,6 +298,17 @@ int session_on_message(struct session *s)
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)};
     ssize_t n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (s->state == SESSION_CLOSING) { /* refused: discard until the client hangs up */
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n > 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
+            int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < cnt; i++) {
+                int f;
+                memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
+                close(f);
+            }
+        }
+        return n > 0 ? 0 : -1;
+    }
     if (n <= 0) {
         log_msg(LOG_INFO, "session.closed", "session=%llu pid=%d inflight=%u",
                 (unsigned long long)s->id, (int)s->pid, s->inflight);

@@ -18,11 +18,12 @@ struct buffer;
 #define SESSION_MAX_HANDLES 64
 #define SESSION_MAX_BUFFERS 4096
 
-enum session_state { SESSION_HANDSHAKE = 0, SESSION_READY, SESSION_DEAD };
+/* CLOSING: refused at accept; kept until the client hangs up or the handshake deadline
+ * passes, so that the refusal is read before the socket resets. */
+enum session_state { SESSION_HANDSHAKE = 0, SESSION_READY, SESSION_CLOSING, SESSION_DEAD };
 
-/* What the server's epoll hands back: which fd of which session fired. */
+/* An epoll tag; the server tells the socket from the doorbell by the tag's address. */
 struct session_ev {
-    int kind; /* EV_SOCKET or EV_DOORBELL (ipc_server.c) */
     struct session *s;
 };
 

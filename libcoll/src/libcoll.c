@@ -222,6 +222,16 @@ static coll_err rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply
     if (c->lost) return fail(c->lost, "agent connection lost: %s", c->lost_msg);
     m->h.req_id = ++c->rpc_id;
     if (send_msg(c->fd, m, pass_fd) < 0) {
+        /* an agent that refuses us (credentials, limits) says why, then hangs up */
+        int e = errno;
+        char buf[WIRE_MAX_MSG], err[160];
+        ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0 && wire_decode(buf, (size_t)n, reply, NULL, err, sizeof(err)) == 0 &&
+            reply->h.type == WIRE_ERROR && coll_strerror((coll_err)reply->error.code)) {
+            mark_lost(c, COLL_ERR_AGENT_LOST, reply->error.msg);
+            return fail((coll_err)reply->error.code, "agent: %s", reply->error.msg);
+        }
+        errno = e;
         mark_lost(c, COLL_ERR_AGENT_LOST, "send to agent failed");
         return fail(COLL_ERR_AGENT_LOST, "sending to the agent: %s", strerror(errno));
     }

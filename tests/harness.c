@@ -1,0 +1,168 @@
+/*
+ * harness.c: process helpers for the tests (see harness.h).
+ */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+void tmp_path(char *out, size_t cap, const char *what, int n)
+{
+    static int seq;
+    snprintf(out, cap, "/tmp/coll-t%d-%d-%s%d", (int)getpid(), seq++, what, n);
+}
+
+static int can_connect(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Agents still running when the test process exits (a failed assertion jumps past
+ * agent_stop) are killed, so no test leaves a process behind. */
+#define MAX_LIVE 64
+static pid_t live[MAX_LIVE];
+
+static void kill_live(void)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (live[i] > 0) {
+            kill(live[i], SIGKILL);
+            waitpid(live[i], NULL, 0);
+            live[i] = 0;
+        }
+}
+
+static void track(pid_t pid, pid_t old)
+{
+    static int registered;
+    if (!registered) {
+        atexit(kill_live);
+        registered = 1;
+    }
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (live[i] == old) {
+            live[i] = pid;
+            return;
+        }
+}
+
+int agent_start(struct agent *a, const char *agent_extra, const char *body)
+{
+    memset(a, 0, sizeof(*a));
+    tmp_path(a->sock, sizeof(a->sock), "sock", 0);
+    tmp_path(a->cfg, sizeof(a->cfg), "cfg", 0);
+    tmp_path(a->log, sizeof(a->log), "log", 0);
+    FILE *f = fopen(a->cfg, "w");
+    if (!f) return -1;
+    fprintf(f, "agent:\n  socket: %s\n  socket_mode: 0666\n%s%s", a->sock,
+            agent_extra ? agent_extra : "", body ? body : "");
+    fclose(f);
+    a->pid = fork();
+    if (a->pid < 0) return -1;
+    if (a->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(COLL_AGENT_PATH, "coll-agent", "--config", a->cfg, (char *)NULL);
+        _exit(127);
+    }
+    track(a->pid, 0);
+    double deadline = now_ms() + 10000;
+    while (now_ms() < deadline) {
+        if (can_connect(a->sock)) return 0;
+        int st;
+        if (waitpid(a->pid, &st, WNOHANG) == a->pid) {
+            a->pid = 0;
+            return -1;
+        }
+        usleep(2000);
+    }
+    return -1;
+}
+
+int agent_stop(struct agent *a)
+{
+    if (a->pid <= 0) return -1;
+    kill(a->pid, SIGTERM);
+    int rc = child_wait(a->pid, 10000);
+    track(0, a->pid);
+    a->pid = 0;
+    unlink(a->cfg);
+    return rc >= 128 ? -1 : rc;
+}
+
+int agent_log_count(const struct agent *a, const char *needle)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return 0;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof(line), f))
+        if (strstr(line, needle)) n++;
+    fclose(f);
+    return n;
+}
+
+int agent_log_wait(const struct agent *a, const char *needle, int n, int ms)
+{
+    double deadline = now_ms() + ms;
+    do {
+        if (agent_log_count(a, needle) >= n) return 1;
+        usleep(2000);
+    } while (now_ms() < deadline);
+    return 0;
+}
+
+pid_t child_run(int (*fn)(void *), void *arg)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t p = fork();
+    if (p == 0) _exit(fn(arg));
+    return p;
+}
+
+int child_wait(pid_t pid, int ms)
+{
+    double deadline = now_ms() + ms;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) break;
+        if (r < 0 && errno != EINTR) return -1;
+        if (now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return 128 + SIGKILL;
+        }
+        usleep(1000);
+    }
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    return 128 + WTERMSIG(st);
+}

@@ -1,0 +1,45 @@
+/*
+ * harness.h: what the tests share: starting a real coll-agent process on a private
+ * socket with a config written on the fly, stopping it with a deadline, reading its
+ * log, and running child processes that report back through their exit status.
+ */
+#ifndef TESTS_HARNESS_H
+#define TESTS_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cmocka.h>
+
+struct agent {
+    pid_t pid;
+    char sock[108];
+    char cfg[256];
+    char log[256];
+};
+
+/* Write a config (the agent section gets socket, mode 0666 and debug-free logging
+ * plus agent_extra lines; then body, e.g. a groups list) and start coll-agent on it.
+ * Waits until the socket accepts (10 s at most). Returns 0 or -1. */
+int agent_start(struct agent *a, const char *agent_extra, const char *body);
+/* SIGTERM, then wait up to 10 s (SIGKILL after). Returns the exit status, or -1 if
+ * it had to be killed or died of a signal. */
+int agent_stop(struct agent *a);
+/* How many lines of the agent's log hold needle. */
+int agent_log_count(const struct agent *a, const char *needle);
+/* Wait up to ms for agent_log_count(a, needle) >= n. Returns 1 if reached. */
+int agent_log_wait(const struct agent *a, const char *needle, int n, int ms);
+
+/* Fork; the child runs fn(arg) and exits with its return value. */
+pid_t child_run(int (*fn)(void *), void *arg);
+/* Wait for a child up to ms (SIGKILL after). Returns its exit status, or 128+signal. */
+int child_wait(pid_t pid, int ms);
+
+/* Unique path under /tmp for this process (n distinguishes several). */
+void tmp_path(char *out, size_t cap, const char *what, int n);
+double now_ms(void);
+
+#endif

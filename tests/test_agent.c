@@ -1,0 +1,252 @@
+/*
+ * test_agent.c: coll-agent as a process: its command line and exit codes, the
+ * embedded default config, one agent per socket, clean shutdown, JSON logs, an
+ * idle agent that uses no CPU, and the demo (the README's main job) end to end.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+
+/* Run argv with stdout+stderr captured; returns the exit status. */
+static int run_capture(char *const argv[], char *out, size_t cap)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(p[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(p[0]);
+    return child_wait(pid, 60000);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void version_and_help(void **state)
+{
+    (void)state;
+    char out[4096];
+    char *v[] = {COLL_AGENT_PATH, "--version", NULL};
+    assert_int_equal(run_capture(v, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, coll_version()));
+    char *h[] = {COLL_AGENT_PATH, "--help", NULL};
+    assert_int_equal(run_capture(h, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "--check-config"));
+    char *bad[] = {COLL_AGENT_PATH, "--frobnicate", NULL};
+    assert_int_equal(run_capture(bad, out, sizeof(out)), 2);
+    char *extra[] = {COLL_AGENT_PATH, "stray", NULL};
+    assert_int_equal(run_capture(extra, out, sizeof(out)), 2);
+}
+
+static void check_config_prints_the_effective_config(void **state)
+{
+    (void)state;
+    char path[128], out[8192];
+    tmp_path(path, sizeof(path), "cfg", 0);
+    write_file(path, "groups:\n  - name: g\n    local_slots: 3\n");
+    char *a[] = {COLL_AGENT_PATH, "--check-config", path, NULL};
+    assert_int_equal(run_capture(a, out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "local_slots: 3"));
+    assert_non_null(strstr(out, "op_ms: 30000"));
+    write_file(path, "groups:\n  - name: g\n    local_slots: many\n");
+    assert_int_equal(run_capture(a, out, sizeof(out)), 2);
+    char want[256];
+    snprintf(want, sizeof(want), "%s:3:18: groups[0].local_slots: expected an integer", path);
+    assert_non_null(strstr(out, want));
+    /* --config with a bad file: exit 2, nothing started */
+    char *b[] = {COLL_AGENT_PATH, "--config", path, NULL};
+    assert_int_equal(run_capture(b, out, sizeof(out)), 2);
+    assert_null(strstr(out, "agent.listening"));
+    char *missing[] = {COLL_AGENT_PATH, "--check-config", "/nonexistent.yaml", NULL};
+    assert_int_equal(run_capture(missing, out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "/nonexistent.yaml: cannot open"));
+    unlink(path);
+}
+
+static void default_config_serves_the_demo_group(void **state)
+{
+    (void)state;
+    char sock[108], log[128];
+    tmp_path(sock, sizeof(sock), "sock", 0);
+    tmp_path(log, sizeof(log), "log", 0);
+    setenv("COLL_AGENT_SOCKET", sock, 1);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        execl(COLL_AGENT_PATH, "coll-agent", (char *)NULL);
+        _exit(127);
+    }
+    coll_conn *c = NULL;
+    for (int i = 0; i < 500 && coll_connect(&c, NULL, 1000) != COLL_OK; i++)
+        usleep(10000);
+    assert_non_null(c);
+    coll_group *g;
+    assert_int_equal(coll_group_open(&g, c, "demo", COLL_SLOT_ANY), COLL_OK);
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    assert_int_equal(info.size, 4);
+    assert_string_equal(info.backend, "host"); /* no GPU here, or no GPU path yet */
+    /* a second agent on the same socket refuses to start */
+    char out[4096];
+    char *a[] = {COLL_AGENT_PATH, NULL};
+    assert_int_equal(run_capture(a, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "another agent is serving it"));
+    coll_disconnect(&c);
+    kill(pid, SIGTERM);
+    assert_int_equal(child_wait(pid, 10000), 0);
+    struct stat st;
+    assert_int_equal(stat(sock, &st), -1);
+    unsetenv("COLL_AGENT_SOCKET");
+    unlink(log);
+}
+
+static void stale_socket_is_replaced(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL, "groups:\n  - name: g\n"), 0);
+    kill(a.pid, SIGKILL); /* leaves its socket file behind */
+    child_wait(a.pid, 5000);
+    struct stat st;
+    assert_int_equal(stat(a.sock, &st), 0);
+    struct agent b = a;
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(b.log, "w", stderr);
+        (void)f;
+        execl(COLL_AGENT_PATH, "coll-agent", "--config", b.cfg, (char *)NULL);
+        _exit(127);
+    }
+    coll_conn *c = NULL;
+    for (int i = 0; i < 500 && coll_connect(&c, b.sock, 1000) != COLL_OK; i++)
+        usleep(10000);
+    assert_non_null(c);
+    coll_disconnect(&c);
+    kill(pid, SIGTERM);
+    assert_int_equal(child_wait(pid, 10000), 0);
+    unlink(a.cfg);
+}
+
+static void json_logs_are_one_object_per_line(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, "  log_format: json\n", "groups:\n  - name: g\n"), 0);
+    coll_conn *c;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+    FILE *f = fopen(a.log, "r");
+    assert_non_null(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof(line), f)) {
+        assert_true(line[0] == '{');
+        assert_non_null(strstr(line, "}\n"));
+        assert_non_null(strstr(line, "\"event\":\""));
+        n++;
+    }
+    fclose(f);
+    assert_true(n >= 4); /* start, listening, session.ready, closed, ... */
+    assert_true(agent_log_count(&a, "\"event\":\"session.ready\"") == 1);
+}
+
+static long cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    long utime = 0, stime = 0;
+    /* fields after the command: state(3) ... utime(14) stime(15) */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime,
+                     &stime) != 2)
+        return -1;
+    return utime + stime;
+}
+
+static void idle_agent_uses_no_cpu(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL, "groups:\n  - name: g\n"), 0);
+    /* a connected, idle client with an open group: the agent must still sleep */
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "g", 0), COLL_OK);
+    coll_request r;
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_OK);
+    usleep(100000);
+    long t0 = cpu_ticks(a.pid);
+    sleep(2);
+    long t1 = cpu_ticks(a.pid);
+    assert_true(t0 >= 0 && t1 >= 0);
+    /* 2 s of spinning would be ~200 ticks; sleeping costs none (1 tolerated for noise) */
+    if (t1 - t0 > 1) fail_msg("idle agent used %ld ticks in 2 s", t1 - t0);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+static void demo_runs_and_verifies(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL,
+                                 "groups:\n  - name: demo\n    backend: auto\n    local_slots: 4\n"),
+                     0);
+    char demo[512], out[16384];
+    snprintf(demo, sizeof(demo), "%s", COLL_AGENT_PATH);
+    char *slash = strrchr(demo, '/');
+    snprintf(slash + 1, sizeof(demo) - (size_t)(slash + 1 - demo), "coll-demo");
+    char *argv[] = {demo, "-s", a.sock, "-e", "262144", "-i", "2", NULL};
+    int rc = run_capture(argv, out, sizeof(out));
+    if (rc != 0) fail_msg("demo failed:\n%s", out);
+    assert_non_null(strstr(out, "all results verified"));
+    assert_null(strstr(out, "WRONG"));
+    assert_non_null(strstr(out, "allreduce"));
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(version_and_help),
+        cmocka_unit_test(check_config_prints_the_effective_config),
+        cmocka_unit_test(default_config_serves_the_demo_group),
+        cmocka_unit_test(stale_socket_is_replaced),
+        cmocka_unit_test(json_logs_are_one_object_per_line),
+        cmocka_unit_test(idle_agent_uses_no_cpu),
+        cmocka_unit_test(demo_runs_and_verifies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,283 @@
+/*
+ * test_config.c: the strict YAML loader. A full config loads with every value where
+ * it belongs; each kind of mistake gives one line with file:line:column and the key
+ * path; every key of the schema is documented in config/README.md; every example
+ * loads.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "harness.h"
+
+static struct config *load_ok(const char *yaml)
+{
+    struct config *c = config_new();
+    char *err = NULL;
+    int rc = config_load_string(c, yaml, strlen(yaml), "t.yaml", &err);
+    if (rc != 0) fail_msg("unexpected errors:\n%s", err ? err : "?");
+    free(err);
+    return c;
+}
+
+/* Load yaml, expect failure, and expect the first error line to equal want_prefix
+ * up to its length. Returns the number of error lines. */
+static int load_bad(const char *yaml, const char *want)
+{
+    struct config *c = config_new();
+    char *err = NULL;
+    int rc = config_load_string(c, yaml, strlen(yaml), "t.yaml", &err);
+    assert_int_equal(rc, -1);
+    assert_non_null(err);
+    if (!strstr(err, want)) fail_msg("errors:\n%s\ndo not contain: %s", err, want);
+    int lines = 0;
+    for (char *p = err; *p; p++)
+        lines += *p == '\n';
+    free(err);
+    config_free(&c);
+    return lines;
+}
+
+static void full_config_lands_in_the_struct(void **state)
+{
+    (void)state;
+    setenv("COLL_TEST_POD", "pod-7", 1);
+    struct config *c = load_ok("agent:\n"
+                               "  socket: /run/coll/a.sock\n"
+                               "  socket_mode: 0600\n"
+                               "  allowed_uids: [1000, 1001]\n"
+                               "  allowed_gids: [50]\n"
+                               "  log_level: debug\n"
+                               "  log_format: json\n"
+                               "  spin_us: 10\n"
+                               "  max_sessions: 8\n"
+                               "  handshake_timeout_ms: 100\n"
+                               "node:\n"
+                               "  index: 0\n"
+                               "  name: ${COLL_TEST_POD}\n"
+                               "discovery:\n"
+                               "  mode: static\n"
+                               "  peers: [\"10.0.0.1:7100\"]\n"
+                               "groups:\n"
+                               "  - name: train\n"
+                               "    backend: host\n"
+                               "    devices: [cpu, cpu]\n"
+                               "    timeouts: {op_ms: 1234, join_ms: 99}\n"
+                               "  - name: infer.v2\n");
+    assert_string_equal(c->agent.socket, "/run/coll/a.sock");
+    assert_int_equal(c->agent.socket_mode, 0600);
+    assert_int_equal(c->agent.nallowed_uids, 2);
+    assert_int_equal(c->agent.allowed_uids[1], 1001);
+    assert_int_equal(c->agent.allowed_gids[0], 50);
+    assert_int_equal(c->agent.log_level, 0);
+    assert_int_equal(c->agent.log_format, 1);
+    assert_int_equal(c->agent.spin_us, 10);
+    assert_string_equal(c->node.name, "pod-7");
+    assert_int_equal(c->discovery.npeers, 1);
+    assert_int_equal(c->ngroups, 2);
+    assert_string_equal(c->groups[0].name, "train");
+    assert_int_equal(c->groups[0].backend, CONFIG_BACKEND_HOST);
+    assert_int_equal(c->groups[0].local_slots, 2); /* from devices */
+    assert_int_equal(c->groups[0].op_timeout_ms, 1234);
+    assert_int_equal(c->groups[0].join_timeout_ms, 99);
+    /* defaults */
+    assert_int_equal(c->groups[1].backend, CONFIG_BACKEND_AUTO);
+    assert_int_equal(c->groups[1].local_slots, 1);
+    assert_int_equal(c->groups[1].members, 1);
+    assert_int_equal(c->groups[1].op_timeout_ms, 30000);
+    assert_int_equal(c->groups[1].line, 22);
+    config_free(&c);
+}
+
+static void defaults_need_only_a_group(void **state)
+{
+    (void)state;
+    unsetenv("COLL_AGENT_SOCKET");
+    struct config *c = load_ok("groups:\n  - name: g\n");
+    assert_string_equal(c->agent.socket, CONFIG_DEFAULT_SOCKET);
+    assert_int_equal(c->agent.socket_mode, 0660);
+    assert_int_equal(c->agent.spin_us, 200);
+    assert_int_equal(c->agent.handshake_timeout_ms, 5000);
+    config_free(&c);
+}
+
+static void embedded_default_loads(void **state)
+{
+    (void)state;
+    struct config *c = load_ok(config_default_yaml);
+    assert_non_null(config_find_group(c, "demo"));
+    assert_int_equal(config_find_group(c, "demo")->local_slots, 4);
+    config_free(&c);
+}
+
+static void syntax_error_has_position(void **state)
+{
+    (void)state;
+    load_bad("groups:\n  - name: [unclosed\n", "t.yaml:3:1: syntax error");
+}
+
+static void unknown_key_names_the_path(void **state)
+{
+    (void)state;
+    load_bad("groups:\n  - name: g\n    timeouts:\n      op_sm: 5\n",
+             "t.yaml:4:7: groups[0].timeouts.op_sm: unknown key 'op_sm' (known here: op_ms, "
+             "join_ms)");
+    load_bad("agnet:\n  socket: x\ngroups:\n  - name: g\n", "t.yaml:1:1: agnet: unknown key");
+}
+
+static void wrong_types_are_reported(void **state)
+{
+    (void)state;
+    load_bad("agent:\n  spin_us: fast\ngroups:\n  - name: g\n",
+             "t.yaml:2:12: agent.spin_us: expected an integer, got 'fast'");
+    load_bad("agent:\n  socket: {a: 1}\ngroups:\n  - name: g\n",
+             "t.yaml:2:11: agent.socket: expected a string, got a mapping");
+    load_bad("groups:\n  name: g\n", "t.yaml:2:3: groups: expected a list, got a mapping");
+    load_bad("groups:\n  - name: g\n    backend: gpu\n",
+             "groups[0].backend: expected one of host, nccl, auto; got 'gpu'");
+    load_bad("groups:\n  - g\n", "t.yaml:2:5: groups[0]: expected a mapping, got a scalar");
+    load_bad("- a\n- b\n", "t.yaml:1:1: the top level must be a mapping");
+}
+
+static void out_of_range_values_are_reported(void **state)
+{
+    (void)state;
+    load_bad("groups:\n  - name: g\n    local_slots: 0\n",
+             "t.yaml:3:18: groups[0].local_slots: value 0 is out of range [1, 64]");
+    load_bad("agent:\n  socket_mode: 01777\ngroups:\n  - name: g\n",
+             "agent.socket_mode: value 1023 is out of range [0, 511]");
+    load_bad("agent:\n  allowed_uids: [-1]\ngroups:\n  - name: g\n",
+             "agent.allowed_uids[0]: value -1 is out of range");
+}
+
+static void duplicates_are_reported(void **state)
+{
+    (void)state;
+    load_bad("groups:\n  - name: a\n  - name: b\n  - name: a\n",
+             "t.yaml:4:5: groups[2]: duplicate group name 'a' (first declared at line 2)");
+    load_bad("agent:\n  spin_us: 1\n  spin_us: 2\ngroups:\n  - name: g\n",
+             "t.yaml:3:3: agent.spin_us: duplicate key 'spin_us'");
+}
+
+static void missing_and_inconsistent_values_are_reported(void **state)
+{
+    (void)state;
+    load_bad("agent:\n  spin_us: 1\n", "t.yaml:1:1: missing required key 'groups'");
+    load_bad("groups:\n  - backend: host\n", "groups[0]: missing required key 'name'");
+    load_bad("groups:\n  - name: g\n    local_slots: 3\n    devices: [a, b]\n",
+             "groups[0]: local_slots is 3 but devices lists 2 entries");
+    load_bad("groups:\n  - name: bad/name\n", "may hold only letters");
+    load_bad("groups:\n  - name: g\n    members: 2\n", "need the rendezvous");
+    load_bad("", "the document is empty");
+    load_bad("groups:\n  - name: g\n---\ngroups: []\n", "only one YAML document");
+}
+
+static void all_errors_are_reported_at_once(void **state)
+{
+    (void)state;
+    int lines = load_bad("agent:\n  spin_us: x\n  bogus: 1\ngroups:\n  - name: g\n    members: y\n",
+                         "agent.spin_us");
+    assert_int_equal(lines, 3);
+}
+
+static void environment_is_expanded(void **state)
+{
+    (void)state;
+    setenv("COLL_T_NS", "prod", 1);
+    unsetenv("COLL_T_UNSET");
+    struct config *c = load_ok("node:\n  name: ${COLL_T_NS}-$${x}-${COLL_T_UNSET:-dflt}\n"
+                               "groups:\n  - name: g\n");
+    assert_string_equal(c->node.name, "prod-${x}-dflt");
+    config_free(&c);
+    load_bad("node:\n  name: ${COLL_T_UNSET}\ngroups:\n  - name: g\n",
+             "t.yaml:2:9: node.name: environment variable COLL_T_UNSET is not set");
+    load_bad("node:\n  name: ${COLL_T_NS\ngroups:\n  - name: g\n", "unterminated ${");
+    setenv("COLL_T_IDX", "3", 1);
+    load_bad("node:\n  index: ${COLL_T_IDX}\ngroups:\n  - name: g\n",
+             "node.index 3 is not a member");
+}
+
+static void dump_round_trips(void **state)
+{
+    (void)state;
+    struct config *c = load_ok("agent:\n  socket: /tmp/x.sock\ngroups:\n  - name: g\n"
+                               "    devices: [cpu]\n");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    config_dump(c, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "socket: \"/tmp/x.sock\""));
+    assert_non_null(strstr(buf, "socket_mode: 0660"));
+    struct config *d = load_ok(strchr(buf, '\n') + 1); /* skip the comment line */
+    assert_string_equal(d->agent.socket, "/tmp/x.sock");
+    assert_int_equal(d->groups[0].local_slots, 1);
+    assert_string_equal(d->groups[0].devices[0], "cpu");
+    free(buf);
+    config_free(&c);
+    config_free(&d);
+}
+
+static void every_key_is_documented(void **state)
+{
+    (void)state;
+    FILE *f = fopen(COLL_SOURCE_DIR "/config/README.md", "r");
+    assert_non_null(f);
+    static char doc[1 << 16];
+    size_t n = fread(doc, 1, sizeof(doc) - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    for (const char *const *p = config_key_paths(); *p; p++) {
+        char want[128];
+        snprintf(want, sizeof(want), "`%s`", *p);
+        if (!strstr(doc, want)) fail_msg("config/README.md does not document %s", want);
+    }
+}
+
+static void every_example_loads(void **state)
+{
+    (void)state;
+    DIR *d = opendir(COLL_SOURCE_DIR "/config/examples");
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    setenv("POD_NAME", "pod-0", 1);
+    setenv("POD_NAMESPACE", "default", 1);
+    setenv("POD_INDEX", "0", 1);
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".yaml")) continue;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/config/examples/%s", COLL_SOURCE_DIR, e->d_name);
+        struct config *c = config_new();
+        char *err = NULL;
+        if (config_load_file(c, path, &err) != 0) fail_msg("%s", err);
+        free(err);
+        config_free(&c);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(full_config_lands_in_the_struct),
+        cmocka_unit_test(defaults_need_only_a_group),
+        cmocka_unit_test(embedded_default_loads),
+        cmocka_unit_test(syntax_error_has_position),
+        cmocka_unit_test(unknown_key_names_the_path),
+        cmocka_unit_test(wrong_types_are_reported),
+        cmocka_unit_test(out_of_range_values_are_reported),
+        cmocka_unit_test(duplicates_are_reported),
+        cmocka_unit_test(missing_and_inconsistent_values_are_reported),
+        cmocka_unit_test(all_errors_are_reported_at_once),
+        cmocka_unit_test(environment_is_expanded),
+        cmocka_unit_test(dump_round_trips),
+        cmocka_unit_test(every_key_is_documented),
+        cmocka_unit_test(every_example_loads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,152 @@
+/*
+ * test_reduce.c: the host backend's kernels for every dtype and reduction, and the
+ * float16 / bfloat16 conversions against an independent reference.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+#include "reduce.h"
+
+/* Reference half -> float by the definition: (-1)^s * 2^(e-15) * 1.m, or subnormal. */
+static double half_ref(uint16_t h)
+{
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0)
+        v = ldexp(m, -24);
+    else if (e == 31)
+        v = m ? NAN : INFINITY;
+    else
+        v = ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+static void half_conversions_match_the_definition(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double want = half_ref((uint16_t)h);
+        float got = reduce_half_to_float((uint16_t)h);
+        if (isnan(want)) {
+            assert_true(isnan(got));
+            continue;
+        }
+        assert_true((double)got == want);
+        /* and back: every non-NaN half survives the round trip */
+        assert_int_equal(reduce_float_to_half(got), h);
+    }
+    /* rounding: halfway cases go to even, overflow goes to infinity */
+    assert_int_equal(reduce_float_to_half(1.0f + 1.0f / 2048), 0x3c00);     /* tie, even */
+    assert_int_equal(reduce_float_to_half(1.0f + 3.0f / 2048), 0x3c02);     /* tie, up */
+    assert_int_equal(reduce_float_to_half(65520.0f), 0x7c00);
+    assert_int_equal(reduce_float_to_half(65519.0f), 0x7bff);
+    assert_int_equal(reduce_float_to_half(ldexpf(1, -25)), 0x0000);         /* tie to zero */
+    assert_int_equal(reduce_float_to_half(ldexpf(3, -26)), 0x0001);
+}
+
+static void bf16_conversions_round_to_nearest_even(void **state)
+{
+    (void)state;
+    for (uint32_t b = 0; b < 65536; b++) {
+        float f = reduce_bf16_to_float((uint16_t)b);
+        if (isnan(f)) continue;
+        assert_int_equal(reduce_float_to_bf16(f), b);
+    }
+    assert_int_equal(reduce_float_to_bf16(1.0f + 1.0f / 256), 0x3f80);     /* tie, even */
+    assert_int_equal(reduce_float_to_bf16(1.0f + 3.0f / 256), 0x3f82);     /* tie, up */
+    assert_true(isnan(reduce_bf16_to_float(reduce_float_to_bf16(NAN))));
+}
+
+static double rd(const void *p, size_t i, int dt)
+{
+    switch (dt) {
+    case COLL_INT8: return ((const int8_t *)p)[i];
+    case COLL_UINT8: return ((const uint8_t *)p)[i];
+    case COLL_INT32: return ((const int32_t *)p)[i];
+    case COLL_UINT32: return ((const uint32_t *)p)[i];
+    case COLL_INT64: return (double)((const int64_t *)p)[i];
+    case COLL_UINT64: return (double)((const uint64_t *)p)[i];
+    case COLL_FLOAT16: return reduce_half_to_float(((const uint16_t *)p)[i]);
+    case COLL_BFLOAT16: return reduce_bf16_to_float(((const uint16_t *)p)[i]);
+    case COLL_FLOAT32: return ((const float *)p)[i];
+    default: return ((const double *)p)[i];
+    }
+}
+
+static void wr(void *p, size_t i, int dt, double v)
+{
+    switch (dt) {
+    case COLL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case COLL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case COLL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case COLL_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+    case COLL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case COLL_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
+    case COLL_FLOAT16: ((uint16_t *)p)[i] = reduce_float_to_half((float)v); break;
+    case COLL_BFLOAT16: ((uint16_t *)p)[i] = reduce_float_to_bf16((float)v); break;
+    case COLL_FLOAT32: ((float *)p)[i] = (float)v; break;
+    default: ((double *)p)[i] = v; break;
+    }
+}
+
+static void every_kernel_matches_a_scalar_reference(void **state)
+{
+    (void)state;
+    enum { N = 1031, SRC = 5 };
+    static uint64_t bufs[SRC][N], dst[N];
+    for (int dt = 0; dt < COLL_DTYPE_COUNT; dt++) {
+        for (int op = 0; op < COLL_REDOP_COUNT; op++) {
+            for (int nsrc = 1; nsrc <= SRC; nsrc++) {
+                const void *srcs[SRC];
+                for (int k = 0; k < nsrc; k++) {
+                    for (size_t i = 0; i < N; i++)
+                        wr(bufs[k], i, dt, op == COLL_PROD ? 1 + (double)((i + (size_t)k) % 2)
+                                                           : (double)((i * 7 + (size_t)k * 3) % 9));
+                    srcs[k] = bufs[k];
+                }
+                reduce_n(dt, op, dst, srcs, nsrc, N, (uint32_t)nsrc);
+                for (size_t i = 0; i < N; i++) {
+                    double acc = rd(srcs[0], i, dt);
+                    for (int k = 1; k < nsrc; k++) {
+                        double v = rd(srcs[k], i, dt);
+                        if (op == COLL_SUM || op == COLL_AVG) acc += v;
+                        if (op == COLL_PROD) acc *= v;
+                        if (op == COLL_MIN) acc = fmin(acc, v);
+                        if (op == COLL_MAX) acc = fmax(acc, v);
+                    }
+                    if (op == COLL_AVG)
+                        acc = dt <= COLL_UINT64 ? (double)((long long)acc / nsrc) : acc / nsrc;
+                    double got = rd(dst, i, dt), tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16
+                                                           ? 8e-3 * fabs(acc)
+                                                           : 1e-6 * fabs(acc);
+                    if (fabs(got - acc) > tol)
+                        fail_msg("dtype %s op %s nsrc %d i %zu: got %g want %g",
+                                 coll_dtype_name(dt), coll_redop_name(op), nsrc, i, got, acc);
+                }
+            }
+        }
+    }
+}
+
+static void destination_may_be_the_first_source(void **state)
+{
+    (void)state;
+    float a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {8, 7, 6, 5, 4, 3, 2, 1};
+    const void *srcs[2] = {a, b};
+    reduce_n(COLL_FLOAT32, COLL_MAX, a, srcs, 2, 8, 2);
+    for (int i = 0; i < 8; i++)
+        assert_true(a[i] == (i < 4 ? 8 - i : i + 1));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(half_conversions_match_the_definition),
+        cmocka_unit_test(bf16_conversions_round_to_nearest_even),
+        cmocka_unit_test(every_kernel_matches_a_scalar_reference),
+        cmocka_unit_test(destination_may_be_the_first_source),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,637 @@
+/*
+ * test_robust.c: bad clients and failures against a real agent. In every case the
+ * agent logs, drops the offender (or fails the op for everyone involved) and keeps
+ * serving: a bystander session opened before the bad act still runs collectives
+ * after it, and a new client can still connect.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+#include "wire.h"
+
+static const char *const GROUPS = "groups:\n"
+                                  "  - name: solo\n"
+                                  "    backend: host\n"
+                                  "  - name: pair\n"
+                                  "    backend: host\n"
+                                  "    local_slots: 2\n"
+                                  "    timeouts: {op_ms: 500}\n";
+
+struct fixture {
+    struct agent a;
+    coll_conn *keep;
+    coll_group *kg;
+    coll_buffer *kb;
+};
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    if (agent_start(&f->a, "  handshake_timeout_ms: 300\n", GROUPS) != 0) return -1;
+    if (coll_connect(&f->keep, f->a.sock, 5000) || coll_group_open(&f->kg, f->keep, "solo", 0) ||
+        coll_mem_alloc(&f->kb, f->keep, 4096, COLL_DEVICE_HOST))
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    coll_disconnect(&f->keep);
+    int rc = f->a.pid ? agent_stop(&f->a) : 0;
+    free(f);
+    return rc == 0 ? 0 : -1;
+}
+
+/* The bystander session still works, and so does a brand-new client. */
+static void assert_serving(struct fixture *f)
+{
+    int32_t *p = coll_mem_ptr(f->kb);
+    for (int i = 0; i < 16; i++)
+        p[i] = i;
+    coll_request r;
+    assert_int_equal(coll_allreduce(f->kg, p, p + 16, 16, COLL_INT32, COLL_SUM, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(f->keep, r, 5000), COLL_OK);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(p[16 + i], i);
+    coll_conn *c;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    coll_disconnect(&c);
+}
+
+/* ---- raw protocol client --------------------------------------------------------- */
+
+static int raw_connect(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *buf, size_t n, int pass_fd)
+{
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = n};
+    union {
+        char b[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (pass_fd >= 0) {
+        memset(&u, 0, sizeof(u));
+        mh.msg_control = u.b;
+        mh.msg_controllen = sizeof(u.b);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+    }
+    assert_int_equal(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Next message: 0 and *m, 1 on EOF, -1 on timeout. fds received are returned. */
+static int raw_recv(int fd, union wire_msg *m, int *fds, int *nfds, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0) return -1;
+    char buf[WIRE_MAX_MSG];
+    union {
+        char b[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)};
+    ssize_t n = recvmsg(fd, &mh, 0);
+    if (n <= 0) return 1;
+    if (nfds) *nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < cnt; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
+            if (fds && *nfds < 4)
+                fds[(*nfds)++] = f;
+            else
+                close(f);
+        }
+    }
+    char err[128];
+    assert_int_equal(wire_decode(buf, (size_t)n, m, NULL, err, sizeof(err)), 0);
+    return 0;
+}
+
+/* The agent answers with an ERROR of code (its text holding needle) and hangs up. */
+static void expect_dropped(int fd, int code, const char *needle)
+{
+    union wire_msg m;
+    int r = raw_recv(fd, &m, NULL, NULL, 3000);
+    assert_int_equal(r, 0);
+    assert_int_equal(m.h.type, WIRE_ERROR);
+    assert_int_equal(m.error.code, code);
+    if (needle && !strstr(m.error.msg, needle)) fail_msg("'%s' lacks '%s'", m.error.msg, needle);
+    assert_int_equal(raw_recv(fd, &m, NULL, NULL, 3000), 1);
+    close(fd);
+}
+
+struct raw {
+    int fd, efd;
+    struct wire_shm *shm;
+};
+
+static void raw_hello(struct raw *r, const char *sock)
+{
+    r->fd = raw_connect(sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO, 1);
+    snprintf(m.hello.client, sizeof(m.hello.client), "raw");
+    raw_send(r->fd, &m, m.h.len, -1);
+    int fds[4], n = 0;
+    assert_int_equal(raw_recv(r->fd, &m, fds, &n, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_HELLO_OK);
+    assert_int_equal(n, 3);
+    r->shm = mmap(NULL, m.hello_ok.shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    assert_true(r->shm != MAP_FAILED);
+    close(fds[0]);
+    close(fds[2]);
+    r->efd = fds[1];
+}
+
+static void raw_submit(struct raw *r, const struct wire_sqe *q, uint32_t tail)
+{
+    r->shm->sq[0] = *q;
+    atomic_store(&r->shm->sq_tail.v, tail);
+    uint64_t one = 1;
+    assert_int_equal(write(r->efd, &one, 8), 8);
+}
+
+/* ---- malformed socket traffic ----------------------------------------------------- */
+
+static void garbage_message_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    char junk[40];
+    for (int i = 0; i < 40; i++)
+        junk[i] = (char)(i * 37 + 11);
+    raw_send(fd, junk, sizeof(junk), -1);
+    expect_dropped(fd, COLL_ERR_PROTOCOL, "magic");
+    assert_true(agent_log_wait(&f->a, "session.protocol_error", 1, 2000));
+    assert_serving(f);
+}
+
+static void truncated_message_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO, 1);
+    raw_send(fd, &m, 20, -1);
+    expect_dropped(fd, COLL_ERR_PROTOCOL, "length");
+    assert_serving(f);
+}
+
+static void oversized_message_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    char big[WIRE_MAX_MSG * 4];
+    memset(big, 0, sizeof(big));
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO, 1);
+    memcpy(big, &m, m.h.len);
+    raw_send(fd, big, sizeof(big), -1);
+    expect_dropped(fd, COLL_ERR_PROTOCOL, "larger");
+    assert_serving(f);
+}
+
+static void other_protocol_version_is_rejected(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO, 1);
+    m.h.version = 7;
+    raw_send(fd, &m, m.h.len, -1);
+    expect_dropped(fd, COLL_ERR_PROTOCOL, "protocol version 7 is not supported");
+    assert_true(agent_log_wait(&f->a, "protocol version 7", 1, 2000));
+    assert_serving(f);
+}
+
+static void silent_client_times_out(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    expect_dropped(fd, COLL_ERR_TIMEOUT, "HELLO");
+    assert_true(agent_log_wait(&f->a, "session.handshake_timeout", 1, 2000));
+    assert_serving(f);
+}
+
+static void request_before_hello_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    int fd = raw_connect(f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_OPEN, 1);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "solo");
+    raw_send(fd, &m, m.h.len, -1);
+    expect_dropped(fd, COLL_ERR_PROTOCOL, "HELLO first");
+    assert_serving(f);
+}
+
+static void stray_descriptor_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_OPEN, 2);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "solo");
+    raw_send(r.fd, &m, m.h.len, r.efd);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "descriptors");
+    assert_serving(f);
+}
+
+static void unsealed_memfd_is_refused(void **state)
+{
+    struct fixture *f = *state;
+    int fd = memfd_create("unsealed", MFD_CLOEXEC);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    coll_buffer *b;
+    assert_int_equal(coll_mem_register_fd(&b, f->keep, fd, 4096), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "F_SEAL_SHRINK"));
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), -1); /* not a sealable memfd */
+    close(fd);
+    fd = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    assert_int_equal(coll_mem_register_fd(&b, f->keep, fd, 4096), COLL_OK);
+    assert_int_equal(coll_mem_release(&b), COLL_OK);
+    close(fd);
+    assert_serving(f); /* same connection kept working */
+}
+
+/* ---- malformed rings ------------------------------------------------------------------ */
+
+static void bad_op_in_ring_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    struct wire_sqe q = {.kind = 99};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "op kind 99");
+    assert_serving(f);
+}
+
+static void ring_index_jump_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    struct wire_sqe q = {.kind = WIRE_OP_BARRIER};
+    raw_submit(&r, &q, 1000);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "entries ahead");
+    assert_serving(f);
+}
+
+static void out_of_bounds_op_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_OPEN, 2);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "solo");
+    m.group_open.slot = -1;
+    raw_send(r.fd, &m, m.h.len, -1);
+    /* solo's only slot is the bystander's: BUSY, and the session lives on */
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_ERROR);
+    assert_int_equal(m.error.code, COLL_ERR_BUSY);
+    wire_init(&m, WIRE_GROUP_OPEN, 3);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
+    m.group_open.slot = -1;
+    raw_send(r.fd, &m, m.h.len, -1);
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_GROUP_OPEN_OK);
+    uint32_t handle = m.group_open_ok.handle, epoch = m.group_open_ok.epoch;
+    int mfd = memfd_create("b", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(mfd, 4096), 0);
+    assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    wire_init(&m, WIRE_MEM_REG, 4);
+    m.mem_reg.size = 4096;
+    m.mem_reg.device = -1;
+    raw_send(r.fd, &m, m.h.len, mfd);
+    close(mfd);
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_MEM_REG_OK);
+    struct wire_sqe q = {.kind = WIRE_OP_ALLREDUCE,
+                         .dtype = COLL_FLOAT32,
+                         .count = 2000, /* 8000 bytes into a 4096-byte buffer */
+                         .group = handle,
+                         .epoch = epoch,
+                         .send_buf = m.mem_reg_ok.buf_id,
+                         .recv_buf = m.mem_reg_ok.buf_id};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "exceeds buffer");
+    assert_serving(f);
+}
+
+/* ---- participants that fail ------------------------------------------------------------ */
+
+struct partner {
+    const char *sock;
+    int ready_fd;
+    int submit; /* submit an allreduce before announcing readiness */
+    int count;
+};
+
+/* Opens pair, optionally submits, says ready, then waits to be killed or for its op. */
+static int partner_main(void *arg)
+{
+    struct partner *p = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, p->sock, 5000) || coll_group_open(&g, c, "pair", COLL_SLOT_ANY) ||
+        coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST))
+        return 10;
+    float *x = coll_mem_ptr(b);
+    for (int i = 0; i < 64; i++)
+        x[i] = 1.0f;
+    coll_request r;
+    int rc = 0;
+    if (p->submit && coll_allreduce(g, x, x + 64, (size_t)p->count, COLL_FLOAT32, COLL_SUM, NULL, &r))
+        return 11;
+    char one = 1;
+    if (write(p->ready_fd, &one, 1) != 1) return 12;
+    if (p->submit) {
+        coll_err e = coll_wait(c, r, 10000);
+        rc = e == COLL_OK ? 0 : 20 + (int)e;
+    } else {
+        pause();
+    }
+    coll_disconnect(&c);
+    return rc;
+}
+
+static pid_t start_partner(struct partner *p, const char *sock, int submit, int count)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    *p = (struct partner){.sock = sock, .ready_fd = fds[1], .submit = submit, .count = count};
+    pid_t pid = child_run(partner_main, p);
+    close(fds[1]);
+    char c;
+    struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 5000), 1);
+    assert_int_equal(read(fds[0], &c, 1), 1);
+    close(fds[0]);
+    return pid;
+}
+
+static void client_killed_mid_op_fails_partner_promptly(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    float *x = coll_mem_ptr(b);
+    struct partner p;
+    pid_t pid = start_partner(&p, f->a.sock, 0, 0);
+    coll_request r;
+    assert_int_equal(coll_allreduce(g, x, x + 64, 64, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+    kill(pid, SIGKILL);
+    child_wait(pid, 5000);
+    /* PEER_LOST (or EPOCH, when the agent saw the hang-up before it took our op from the
+     * ring), never TIMEOUT: the agent noticed the hang-up, not the deadline */
+    coll_err e = coll_wait(c, r, 5000);
+    if (e != COLL_ERR_PEER_LOST && e != COLL_ERR_EPOCH) fail_msg("got %s", coll_strerror(e));
+    assert_true(coll_err_retryable(e));
+    assert_true(agent_log_wait(&f->a, "a participant left", 1, 2000));
+    assert_int_equal(coll_allreduce(g, x, x + 64, 64, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_ERR_EPOCH);
+    /* reopen and run with a new partner */
+    coll_group_close(&g);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    assert_true(info.epoch >= 2);
+    for (int i = 0; i < 64; i++)
+        x[i] = 2.0f;
+    pid = start_partner(&p, f->a.sock, 1, 64);
+    assert_int_equal(coll_allreduce(g, x, x + 64, 64, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_OK);
+    assert_true(x[64] == 3.0f && x[127] == 3.0f);
+    assert_int_equal(child_wait(pid, 5000), 0);
+    coll_disconnect(&c);
+    assert_serving(f);
+}
+
+static void client_killed_with_op_in_flight(void **state)
+{
+    struct fixture *f = *state;
+    struct partner p;
+    pid_t pid = start_partner(&p, f->a.sock, 1, 64); /* its op waits for a partner */
+    kill(pid, SIGKILL);
+    assert_int_equal(child_wait(pid, 5000), 128 + SIGKILL);
+    assert_true(agent_log_wait(&f->a, "session.closed", 1, 3000));
+    assert_true(agent_log_wait(&f->a, "failed_ops=1", 1, 3000));
+    assert_serving(f);
+}
+
+static void disagreement_is_an_error_for_everyone(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    float *x = coll_mem_ptr(b);
+    struct partner p;
+    pid_t pid = start_partner(&p, f->a.sock, 1, 5); /* count 5 against our 4 */
+    coll_request r;
+    assert_int_equal(coll_allreduce(g, x, x + 64, 4, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_ERR_MISMATCH);
+    assert_int_equal(child_wait(pid, 5000), 20 + COLL_ERR_MISMATCH);
+    assert_true(agent_log_wait(&f->a, "group.mismatch", 1, 2000));
+    coll_disconnect(&c);
+    assert_serving(f);
+}
+
+static void lone_participant_times_out_then_reopens(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    float *x = coll_mem_ptr(b);
+    coll_request r;
+    assert_int_equal(coll_allreduce(g, x, x + 64, 4, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+    /* the buffer cannot go while the op that uses it is in flight */
+    assert_int_equal(coll_mem_release(&b), COLL_ERR_BUSY);
+    assert_non_null(b);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_ERR_TIMEOUT);
+    assert_true(agent_log_wait(&f->a, "waited 500 ms", 1, 2000));
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 5000), COLL_ERR_EPOCH);
+    assert_int_equal(coll_mem_release(&b), COLL_OK);
+    assert_null(b);
+    coll_disconnect(&c);
+    assert_serving(f);
+}
+
+static void in_flight_limit_is_reported(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    coll_request r[WIRE_RING_ENTRIES];
+    for (int i = 0; i < WIRE_RING_ENTRIES; i++)
+        assert_int_equal(coll_barrier(g, NULL, &r[i]), COLL_OK);
+    coll_request extra;
+    assert_int_equal(coll_barrier(g, NULL, &extra), COLL_ERR_LIMIT);
+    assert_int_equal(coll_wait_all(c, r, WIRE_RING_ENTRIES, 5000), COLL_ERR_TIMEOUT);
+    coll_disconnect(&c);
+    assert_serving(f);
+}
+
+static void lookups_fail_cleanly(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g, *g2;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "nope", COLL_SLOT_ANY), COLL_ERR_NOT_FOUND);
+    assert_non_null(strstr(coll_last_error(), "nope"));
+    assert_int_equal(coll_group_open(&g, c, "pair", 7), COLL_ERR_INVALID);
+    assert_int_equal(coll_group_open(&g, c, "pair", 1), COLL_OK);
+    assert_int_equal(coll_group_open(&g2, c, "pair", 1), COLL_ERR_BUSY);
+    coll_group_info info;
+    assert_int_equal(coll_group_info_get(g, &info), COLL_OK);
+    assert_int_equal(info.rank, 1);
+    assert_int_equal(info.size, 2);
+    assert_string_equal(info.backend, "host");
+    coll_request r;
+    assert_int_equal(coll_allreduce(g, (void *)16, (void *)32, 4, COLL_FLOAT32, COLL_SUM, NULL, &r),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "not inside a buffer"));
+    assert_int_equal(coll_broadcast(g, NULL, NULL, 0, COLL_FLOAT32, 2, NULL, &r), COLL_ERR_INVALID);
+    assert_int_equal(coll_allreduce(g, NULL, NULL, 0, 99, COLL_SUM, NULL, &r), COLL_ERR_INVALID);
+    assert_int_equal(coll_mem_alloc(NULL, c, 16, COLL_DEVICE_HOST), COLL_ERR_INVALID);
+    coll_buffer *b;
+    assert_int_equal(coll_mem_alloc(&b, c, 16, 0), COLL_ERR_UNSUPPORTED);
+    coll_disconnect(&c);
+    assert_serving(f);
+}
+
+static void denied_uid_is_refused(void **state)
+{
+    struct fixture *f = *state;
+    if (geteuid() != 0) {
+        print_message("skipped: needs root to connect as another uid\n");
+        skip();
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65534) || setuid(65534)) _exit(1);
+        coll_conn *c;
+        coll_err e = coll_connect(&c, f->a.sock, 5000);
+        _exit(e == COLL_ERR_DENIED && strstr(coll_last_error(), "uid 65534") ? 0 : 2);
+    }
+    assert_int_equal(child_wait(pid, 10000), 0);
+    assert_true(agent_log_wait(&f->a, "session.denied", 1, 2000));
+    assert_serving(f);
+}
+
+static void agent_death_is_noticed(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    coll_request r;
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
+    kill(f->a.pid, SIGKILL);
+    child_wait(f->a.pid, 5000);
+    f->a.pid = 0;
+    double t0 = now_ms();
+    assert_int_equal(coll_wait(c, r, 10000), COLL_ERR_AGENT_LOST);
+    assert_true(now_ms() - t0 < 5000);
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_ERR_AGENT_LOST);
+    coll_disconnect(&c);
+}
+
+static void sigterm_fails_ops_with_shutdown(void **state)
+{
+    struct fixture *f = *state;
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
+    coll_request r;
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
+    assert_int_equal(agent_stop(&f->a), 0);
+    assert_int_equal(coll_wait(c, r, 10000), COLL_ERR_SHUTDOWN);
+    struct stat st;
+    assert_int_equal(stat(f->a.sock, &st), -1); /* socket removed */
+    coll_disconnect(&c);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(garbage_message_is_dropped),
+        T(truncated_message_is_dropped),
+        T(oversized_message_is_dropped),
+        T(other_protocol_version_is_rejected),
+        T(silent_client_times_out),
+        T(request_before_hello_is_dropped),
+        T(stray_descriptor_is_dropped),
+        T(unsealed_memfd_is_refused),
+        T(bad_op_in_ring_is_dropped),
+        T(ring_index_jump_is_dropped),
+        T(out_of_bounds_op_is_dropped),
+        T(client_killed_mid_op_fails_partner_promptly),
+        T(client_killed_with_op_in_flight),
+        T(disagreement_is_an_error_for_everyone),
+        T(lone_participant_times_out_then_reopens),
+        T(in_flight_limit_is_reported),
+        T(lookups_fail_cleanly),
+        T(denied_uid_is_refused),
+        T(agent_death_is_noticed),
+        T(sigterm_fails_ops_with_shutdown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

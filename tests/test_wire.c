@@ -1,0 +1,177 @@
+/*
+ * test_wire.c: the local plane's decoders accept exactly the messages of this
+ * version and say why they refuse the rest; a deterministic fuzz loop feeds them
+ * random and mutated bytes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+#include "wire.h"
+
+static int decode(const void *buf, size_t n, union wire_msg *m, char *err)
+{
+    return wire_decode(buf, n, m, NULL, err, 160);
+}
+
+static void every_type_round_trips(void **state)
+{
+    (void)state;
+    for (unsigned t = WIRE_HELLO; t < WIRE_TYPE_END; t++) {
+        union wire_msg m, out;
+        wire_init(&m, (enum wire_type)t, 42);
+        assert_int_equal(m.h.len, wire_size(t));
+        char err[160];
+        assert_int_equal(decode(&m, m.h.len, &out, err), 0);
+        assert_int_equal(out.h.type, t);
+        assert_int_equal(out.h.req_id, 42);
+    }
+}
+
+static void short_messages_are_refused(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    wire_init(&m, WIRE_HELLO, 1);
+    assert_int_equal(decode(&m, 10, &out, err), -1);
+    assert_non_null(strstr(err, "shorter than"));
+    assert_int_equal(decode(&m, sizeof(struct wire_hdr), &out, err), -1);
+    assert_non_null(strstr(err, "length field"));
+}
+
+static void bad_magic_type_and_length_are_refused(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    wire_init(&m, WIRE_GROUP_OPEN, 1);
+    m.h.magic ^= 1;
+    assert_int_equal(decode(&m, m.h.len, &out, err), -1);
+    assert_non_null(strstr(err, "magic"));
+    wire_init(&m, WIRE_GROUP_OPEN, 1);
+    m.h.type = 999;
+    assert_int_equal(decode(&m, sizeof(m.group_open), &out, err), -1);
+    assert_non_null(strstr(err, "unknown message type 999"));
+    wire_init(&m, WIRE_GROUP_OPEN, 1);
+    m.h.len += 8;
+    assert_int_equal(decode(&m, sizeof(m.group_open), &out, err), -1);
+    assert_non_null(strstr(err, "length field"));
+}
+
+static void other_versions_are_named(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    unsigned v = 0;
+    wire_init(&m, WIRE_HELLO, 1);
+    m.h.version = 9;
+    assert_int_equal(wire_decode(&m, m.h.len, &out, &v, err, sizeof(err)), -1);
+    assert_int_equal(v, 9);
+    assert_non_null(strstr(err, "protocol version 9 is not supported (this side speaks 1)"));
+}
+
+static void unterminated_strings_are_refused(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    wire_init(&m, WIRE_GROUP_OPEN, 1);
+    memset(m.group_open.name, 'a', sizeof(m.group_open.name));
+    assert_int_equal(decode(&m, m.h.len, &out, err), -1);
+    assert_non_null(strstr(err, "NUL-terminated"));
+}
+
+static void sqe_fields_are_range_checked(void **state)
+{
+    (void)state;
+    char err[128];
+    struct wire_sqe s = {.kind = WIRE_OP_ALLREDUCE, .dtype = COLL_FLOAT32, .redop = COLL_SUM};
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.kind = WIRE_OP_KIND_COUNT;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.kind = 0;
+    s.dtype = COLL_DTYPE_COUNT;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.dtype = 0;
+    s.redop = COLL_REDOP_COUNT;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.redop = 0;
+    s.flags = 1;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.flags = 0;
+    s.kind = WIRE_OP_BARRIER;
+    s.count = 3;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+}
+
+static void extents_follow_the_op_and_catch_overflow(void **state)
+{
+    (void)state;
+    struct wire_sqe s = {.kind = WIRE_OP_ALLGATHER, .count = 10};
+    uint64_t e;
+    assert_int_equal(wire_sqe_extent(&s, 0, 4, &e), 0);
+    assert_int_equal(e, 10);
+    assert_int_equal(wire_sqe_extent(&s, 1, 4, &e), 0);
+    assert_int_equal(e, 40);
+    s.kind = WIRE_OP_REDUCE_SCATTER;
+    assert_int_equal(wire_sqe_extent(&s, 0, 4, &e), 0);
+    assert_int_equal(e, 40);
+    assert_int_equal(wire_sqe_extent(&s, 1, 4, &e), 0);
+    assert_int_equal(e, 10);
+    s.kind = WIRE_OP_SEND;
+    assert_int_equal(wire_sqe_extent(&s, 1, 4, &e), 0);
+    assert_int_equal(e, 0);
+    s.kind = WIRE_OP_ALLTOALL;
+    s.count = UINT64_MAX / 2;
+    assert_int_equal(wire_sqe_extent(&s, 0, 4, &e), -1);
+}
+
+static void fuzzed_bytes_never_crash(void **state)
+{
+    (void)state;
+    srand(12345);
+    char buf[WIRE_MAX_MSG];
+    union wire_msg out;
+    char err[160];
+    int accepted = 0;
+    for (int i = 0; i < 200000; i++) {
+        size_t n = (size_t)(rand() % (int)sizeof(buf));
+        if (i % 2) { /* mutate a valid message */
+            union wire_msg m;
+            wire_init(&m, (enum wire_type)(1 + rand() % (WIRE_TYPE_END - 1)), 1);
+            memcpy(buf, &m, m.h.len);
+            n = m.h.len;
+            buf[rand() % (int)n] ^= (char)(1 << (rand() % 8));
+        } else {
+            for (size_t k = 0; k < n; k++)
+                buf[k] = (char)rand();
+        }
+        if (decode(buf, n, &out, err) == 0) {
+            accepted++;
+            assert_int_equal(out.h.len, n);
+            assert_int_equal(wire_size(out.h.type), n);
+        } else {
+            assert_true(strlen(err) > 0);
+        }
+    }
+    assert_true(accepted > 0); /* mutations of payload bytes stay valid */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_type_round_trips),
+        cmocka_unit_test(short_messages_are_refused),
+        cmocka_unit_test(bad_magic_type_and_length_are_refused),
+        cmocka_unit_test(other_versions_are_named),
+        cmocka_unit_test(unterminated_strings_are_refused),
+        cmocka_unit_test(sqe_fields_are_range_checked),
+        cmocka_unit_test(extents_follow_the_op_and_catch_overflow),
+        cmocka_unit_test(fuzzed_bytes_never_crash),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
