@@ -27,6 +27,7 @@
 
 #define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
+#define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal;
@@ -83,6 +84,7 @@ int server_init(struct server *srv, struct config *cfg)
     srv->cfg = cfg;
     srv->lfd = srv->epfd = srv->sigfd = -1;
     srv->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
+    srv->idle_reset_ns = IDLE_RESET_NS + srv->spin_ns;
     srv->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
     if (!srv->groups) return -1;
     for (int i = 0; i < cfg->ngroups; i++) {
@@ -292,11 +294,8 @@ static void handle_events(struct server *srv, struct epoll_event *evs, int n)
         } else {
             struct session *s = owner_of(srv, e);
             if (!s) continue;
-            if (e == &s->ev_bell) {
-                uint64_t v;
-                ssize_t r = read(s->efd_agent, &v, sizeof(v));
-                (void)r;
-            } else if (session_on_message(s) < 0) {
+            if (e == &s->ev_bell) continue; /* edge-triggered; the rings are polled next */
+            if (session_on_message(s) < 0) {
                 drop_session(srv, s);
             }
         }
@@ -314,8 +313,7 @@ static void set_sleeping(struct server *srv, uint32_t v)
 static int pending_submissions(struct server *srv)
 {
     for (struct session *s = srv->sessions; s; s = s->next)
-        if (s->state == SESSION_READY && ring_load_acquire(&s->shm->sq_tail) != s->sq_head)
-            return 1;
+        if (session_has_work(s)) return 1;
     return 0;
 }
 
@@ -325,6 +323,7 @@ int server_run(struct server *srv)
     int64_t now = now_ns();
     int64_t last_work = now, next_ctl = now, next_timer = now;
     int64_t next_deadline = INT64_MAX;
+    int64_t spin_ns = srv->spin_ns;
     while (!srv->stop) {
         if (poll_rings(srv) > 0) last_work = now_ns();
         now = now_ns();
@@ -332,7 +331,7 @@ int server_run(struct server *srv)
             next_deadline = check_deadlines(srv, now);
             next_timer = now + TIMER_CHECK_NS;
         }
-        if (now - last_work < srv->spin_ns) {
+        if (now - last_work < spin_ns) {
             if (now >= next_ctl) {
                 int n = epoll_wait(srv->epfd, evs, 64, 0);
                 if (n > 0) handle_events(srv, evs, n);
@@ -354,6 +353,7 @@ int server_run(struct server *srv)
             timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
         }
         srv->stats.sleeps++;
+        int64_t slept_from = now;
         int n = epoll_wait(srv->epfd, evs, 64, timeout);
         set_sleeping(srv, 0);
         if (n < 0 && errno != EINTR) {
@@ -363,6 +363,10 @@ int server_run(struct server *srv)
         if (n > 0) handle_events(srv, evs, n);
         last_work = now_ns();
         next_timer = 0;
+        /* After a long sleep an op is most likely a lone one: serve it and sleep again,
+         * leaving the CPU to the client that waits for it. A short sleep means work is
+         * flowing: spin. */
+        spin_ns = last_work - slept_from >= srv->idle_reset_ns ? 0 : srv->spin_ns;
     }
     return 0;
 }

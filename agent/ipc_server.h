@@ -30,6 +30,7 @@ struct server {
     int ngroups;
     volatile int stop;
     int64_t spin_ns;
+    int64_t idle_reset_ns;
     uint64_t next_session_id;
     struct server_stats stats;
 };

@@ -169,7 +169,8 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     s->shm->magic = WIRE_MAGIC;
     s->shm->version = WIRE_VERSION;
     s->shm->entries = WIRE_RING_ENTRIES;
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_bell};
+    /* edge-triggered: every write is an edge, so the doorbell never needs draining */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &s->ev_bell};
     if (epoll_ctl(s->srv->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
         close(memfd);
         return violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
@@ -378,10 +379,12 @@ void session_complete(struct op *op, int status)
     buffer_unref(&op->rb);
     if (s->state == SESSION_DEAD) return;
     struct wire_shm *shm = s->shm;
-    shm->cq[s->cq_tail & RING_MASK] = (struct wire_cqe){.tag = op->sqe.tag, .status = status};
+    struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
+    slot->tag = op->sqe.tag;
+    slot->status = status;
+    ring_publish(&slot->seq, s->cq_tail);
     s->cq_tail++;
     s->inflight--;
-    ring_store_release(&shm->cq_tail, s->cq_tail);
     if (ring_peer_sleeping(&shm->client_sleeping)) {
         uint64_t one = 1;
         ssize_t w = write(s->efd_client, &one, sizeof(one));
@@ -453,26 +456,32 @@ int session_poll(struct session *s)
 {
     if (s->state != SESSION_READY) return 0;
     struct wire_shm *shm = s->shm;
-    uint32_t tail = ring_load_acquire(&shm->sq_tail);
-    if (tail == s->sq_head) return 0;
-    if (tail - s->sq_head > WIRE_RING_ENTRIES)
-        return violation(s, "submission index %u is %u entries ahead of %u", tail,
-                         tail - s->sq_head, s->sq_head);
-    uint32_t cq_head = ring_load_acquire(&shm->cq_head);
-    if (s->cq_tail - cq_head > WIRE_RING_ENTRIES)
-        return violation(s, "completion index %u is out of range", cq_head);
     int n = 0;
-    while (s->sq_head != tail) {
-        /* every op taken must find room for its completion */
-        if (s->inflight + (s->cq_tail - cq_head) >= WIRE_RING_ENTRIES) break;
+    for (;;) {
+        struct wire_sqe *slot = &shm->sq[s->sq_head & RING_MASK];
+        if (!ring_ready(&slot->seq, s->sq_head)) break;
+        /* every op taken must find room for its completion: look at what the client has
+         * consumed only when the cached count says the cq might be full */
+        if (s->inflight + (s->cq_tail - s->cq_head_seen) >= WIRE_RING_ENTRIES) {
+            uint32_t head = ring_load_acquire(&shm->cq_head);
+            if (s->cq_tail - head > WIRE_RING_ENTRIES || head - s->cq_head_seen > WIRE_RING_ENTRIES)
+                return violation(s, "completion count %u is out of range", head);
+            s->cq_head_seen = head;
+            if (s->inflight + (s->cq_tail - head) >= WIRE_RING_ENTRIES) break;
+        }
         struct wire_sqe q;
-        memcpy(&q, &shm->sq[s->sq_head & RING_MASK], sizeof(q));
+        memcpy(&q, slot, offsetof(struct wire_sqe, seq));
         atomic_signal_fence(memory_order_seq_cst); /* use the copy, never re-read shm */
         s->sq_head++;
-        ring_store_release(&shm->sq_head, s->sq_head);
         s->inflight++;
         n++;
         if (handle_sqe(s, &q) < 0) return -1;
     }
     return n;
+}
+
+int session_has_work(struct session *s)
+{
+    return s->state == SESSION_READY &&
+           ring_ready(&s->shm->sq[s->sq_head & RING_MASK].seq, s->sq_head);
 }

@@ -45,7 +45,8 @@ struct session {
     int fd, efd_agent, efd_client;
     struct wire_shm *shm;
     size_t shm_size;
-    uint32_t sq_head, cq_tail; /* authoritative copies of the indices this side owns */
+    uint32_t sq_head, cq_tail; /* next sq entry to take, next cq entry to fill */
+    uint32_t cq_head_seen;     /* the client's cq consumption count, as last read */
     uint32_t inflight;         /* taken from the sq, completion not yet posted */
     int64_t handshake_deadline_ns;
     struct session_ev ev_sock, ev_bell;
@@ -67,6 +68,8 @@ int session_on_message(struct session *s);
 /* Take new ops from the submission ring. Returns how many, or -1 when the session
  * broke the ring protocol and must be destroyed (logged). */
 int session_poll(struct session *s);
+/* Whether the next sq entry is published (no side effects). */
+int session_has_work(struct session *s);
 /* Post the completion of op (group callback). */
 void session_complete(struct op *op, int status);
 /* Tell the client why it is being dropped (best effort, never blocks). */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -53,6 +54,7 @@ enum req_state { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
 struct req {
     uint32_t gen;
     uint8_t state;
+    uint8_t rang; /* submission woke a sleeping agent: sleep at once, don't spin */
     int32_t status;
     coll_buffer *sb, *rb;
 };
@@ -76,9 +78,10 @@ struct coll_group {
 struct coll_conn {
     pthread_mutex_t lock;
     int fd, efd_agent, efd_client;
+    int epfd; /* efd_client (edge-triggered: never drained) and the socket */
     struct wire_shm *shm;
     size_t shm_size;
-    uint32_t sq_tail, cq_head; /* private copies of the indices this side owns */
+    uint32_t sq_next, cq_head; /* next sq entry to fill, next cq entry to read */
     uint32_t rpc_id;
     int timeout_ms;
     int spin_us;
@@ -284,7 +287,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
 
     coll_conn *c = calloc(1, sizeof(*c));
     if (!c) return fail(COLL_ERR_NOMEM, "allocating the connection");
-    c->fd = c->efd_agent = c->efd_client = -1;
+    c->fd = c->efd_agent = c->efd_client = c->epfd = -1;
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
     c->spin_us = env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
     pthread_mutex_init(&c->lock, NULL);
@@ -325,6 +328,19 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
         rc = fail(COLL_ERR_PROTOCOL, "handshake: shared region of the wrong size or shape");
         goto fail_conn;
     }
+    c->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = c->efd_client};
+    if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd_client, &ev) < 0) {
+        close(fds[0]);
+        rc = fail(COLL_ERR_SYSTEM, "epoll: %s", strerror(errno));
+        goto fail_conn;
+    }
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = c->fd};
+    if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
+        close(fds[0]);
+        rc = fail(COLL_ERR_SYSTEM, "epoll: %s", strerror(errno));
+        goto fail_conn;
+    }
     c->shm_size = reply.hello_ok.shm_size;
     c->shm = mmap(NULL, c->shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     close(fds[0]);
@@ -338,8 +354,6 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
         rc = fail(COLL_ERR_PROTOCOL, "handshake: shared region has a bad header");
         goto fail_conn;
     }
-    c->sq_tail = ring_load_acquire(&c->shm->sq_tail);
-    c->cq_head = ring_load_acquire(&c->shm->cq_head);
     *out = c;
     return COLL_OK;
 fail_conn:
@@ -361,6 +375,7 @@ void coll_disconnect(coll_conn **conn)
     if (c->fd >= 0) close(c->fd); /* the agent tears the session down on hang-up */
     if (c->efd_agent >= 0) close(c->efd_agent);
     if (c->efd_client >= 0) close(c->efd_client);
+    if (c->epfd >= 0) close(c->epfd);
     if (c->shm) munmap(c->shm, c->shm_size);
     for (size_t i = 0; i < c->nbufs; i++)
         buffer_free(c->bufs[i]);
@@ -601,13 +616,13 @@ static coll_buffer *find_buffer(coll_conn *c, const void *p, uint64_t bytes)
 /* Reap every completion the agent has posted; caller holds the lock. */
 static void reap(coll_conn *c)
 {
-    uint32_t tail = ring_load_acquire(&c->shm->cq_tail);
-    if (tail - c->cq_head > WIRE_RING_ENTRIES) {
-        mark_lost(c, COLL_ERR_PROTOCOL, "completion ring index out of range");
-        return;
-    }
-    while (c->cq_head != tail) {
-        struct wire_cqe e = c->shm->cq[c->cq_head & RING_MASK];
+    uint32_t start = c->cq_head;
+    for (;;) {
+        struct wire_cqe *slot = &c->shm->cq[c->cq_head & RING_MASK];
+        if (!ring_ready(&slot->seq, c->cq_head)) break;
+        struct wire_cqe e;
+        e.tag = slot->tag;
+        e.status = slot->status;
         c->cq_head++;
         uint32_t idx = (uint32_t)(e.tag & 0xffffffffu) - 1;
         uint32_t gen = (uint32_t)(e.tag >> 32);
@@ -621,7 +636,7 @@ static void reap(coll_conn *c)
             r->sb = r->rb = NULL;
         }
     }
-    ring_store_release(&c->shm->cq_head, c->cq_head);
+    if (c->cq_head != start) ring_store_release(&c->shm->cq_head, c->cq_head);
 }
 
 struct op_args {
@@ -706,13 +721,16 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     if (sb) sb->inflight++;
     if (rb) rb->inflight++;
     s.tag = ((uint64_t)r->gen << 32) | (idx + 1);
-    c->shm->sq[c->sq_tail & RING_MASK] = s;
-    c->sq_tail++;
-    ring_store_release(&c->shm->sq_tail, c->sq_tail);
+    struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
+    memcpy(slot, &s, offsetof(struct wire_sqe, seq));
+    ring_publish(&slot->seq, c->sq_next);
+    c->sq_next++;
+    r->rang = 0;
     if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
         uint64_t one = 1;
         ssize_t w = write(c->efd_agent, &one, sizeof(one));
         (void)w;
+        r->rang = 1;
     }
     req->id = s.tag;
 out:
@@ -849,7 +867,7 @@ static void sleep_for_completion(coll_conn *c, int64_t deadline)
     atomic_fetch_add(&c->shm->client_sleeping.v, 1);
     atomic_thread_fence(memory_order_seq_cst);
     pthread_mutex_lock(&c->lock);
-    int skip = c->lost || ring_load_acquire(&c->shm->cq_tail) != c->cq_head;
+    int skip = c->lost || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
     pthread_mutex_unlock(&c->lock);
     if (!skip) {
         int ms = -1;
@@ -857,15 +875,12 @@ static void sleep_for_completion(coll_conn *c, int64_t deadline)
             int64_t left = deadline - now_ns();
             ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
         }
-        struct pollfd p[2] = {{.fd = c->efd_client, .events = POLLIN},
-                              {.fd = c->fd, .events = POLLIN}};
-        int r = poll(p, 2, ms);
-        if (r > 0 && p[0].revents & POLLIN) {
-            uint64_t v;
-            ssize_t n = read(c->efd_client, &v, sizeof(v));
-            (void)n;
-        }
-        if (r > 0 && p[1].revents) {
+        struct epoll_event evs[2];
+        int r = epoll_wait(c->epfd, evs, 2, ms);
+        int sock = 0;
+        for (int i = 0; i < r; i++)
+            sock |= evs[i].data.fd == c->fd;
+        if (sock) {
             /* the agent only speaks unprompted when it drops us */
             char buf[WIRE_MAX_MSG];
             union wire_msg m;
@@ -901,12 +916,17 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     if (r > 0) return st;
     int64_t start = now_ns();
     int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
-    int64_t spin_until = start + (int64_t)c->spin_us * 1000;
+    /* An agent that had to be woken for this op needs tens of microseconds; giving it
+     * this CPU (sleeping at once) beats spinning against it on a small machine. */
+    pthread_mutex_lock(&c->lock);
+    struct req *rq = lookup(c, req);
+    int rang = rq && rq->rang;
+    pthread_mutex_unlock(&c->lock);
+    int64_t spin_until = start + (rang ? 0 : (int64_t)c->spin_us * 1000);
     for (;;) {
         int64_t t = now_ns();
         if (t < spin_until) {
-            for (int i = 0; i < 64; i++)
-                ring_cpu_relax();
+            ring_cpu_relax();
         } else {
             sleep_for_completion(c, deadline);
         }

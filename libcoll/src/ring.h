@@ -26,6 +26,17 @@ static inline void ring_cpu_relax(void)
 #endif
 }
 
+/* Whether entry n (counting from 0) of a ring has been published. */
+static inline int ring_ready(_Atomic uint32_t *seq, uint32_t n)
+{
+    return atomic_load_explicit(seq, memory_order_acquire) == n + 1;
+}
+
+static inline void ring_publish(_Atomic uint32_t *seq, uint32_t n)
+{
+    atomic_store_explicit(seq, n + 1, memory_order_release);
+}
+
 static inline uint32_t ring_load_acquire(struct wire_ring_idx *i)
 {
     return atomic_load_explicit(&i->v, memory_order_acquire);

@@ -153,7 +153,8 @@ const char *wire_kind_name(unsigned kind);
 
 #define WIRE_BUF_NONE 0u
 
-/* One submitted op; 64 bytes. */
+/* One submitted op; 64 bytes, one cache line. seq is written last (release) and says
+ * the entry is complete: the n-th entry (from 0) carries seq n + 1. */
 struct wire_sqe {
     uint64_t tag; /* the request id, echoed in the completion */
     uint64_t count;
@@ -163,13 +164,15 @@ struct wire_sqe {
     uint32_t send_buf, recv_buf; /* ids from MEM_REG_OK, WIRE_BUF_NONE if unused */
     uint8_t kind, dtype, redop, flags;
     int32_t peer; /* root (broadcast, reduce) or peer rank (send, recv) */
-    uint64_t reserved;
+    uint32_t reserved;
+    _Atomic uint32_t seq;
 };
 
+/* One completion; seq as in wire_sqe. */
 struct wire_cqe {
     uint64_t tag;
     int32_t status; /* coll_err */
-    uint32_t pad;
+    _Atomic uint32_t seq;
 };
 
 /*
@@ -191,10 +194,13 @@ struct wire_ring_idx {
 };
 
 /*
- * The region the agent creates per session. sq: client produces (tail), agent
- * consumes (head). cq: agent produces, client consumes. The sleeping flags say that
- * a side may be asleep on its doorbell, so the other side must ring it after
- * publishing (a store, a full fence, then the load of the flag: see wire_ring.h).
+ * The region the agent creates per session. sq: the client produces, the agent
+ * consumes; cq: the other way round. A consumer polls the seq of the next entry, so
+ * an op and its publication travel in one cache line. cq_head is the client's
+ * consumption count, which the agent reads only when the cq might be full. The
+ * sleeping words say that a side may be asleep on its doorbell, so the other side
+ * must ring it after publishing (a store, a full fence, then the load of the word:
+ * see ring.h).
  */
 struct wire_shm {
     uint32_t magic;
@@ -204,10 +210,7 @@ struct wire_shm {
     char pad1[WIRE_CACHELINE - 16];
     struct wire_ring_idx agent_sleeping;
     struct wire_ring_idx client_sleeping;
-    struct wire_ring_idx sq_head;
-    struct wire_ring_idx sq_tail;
     struct wire_ring_idx cq_head;
-    struct wire_ring_idx cq_tail;
     struct wire_sqe sq[WIRE_RING_ENTRIES];
     struct wire_cqe cq[WIRE_RING_ENTRIES];
 };
