@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #define DEFAULT_SOCKET "/tmp/coll-agent.sock"
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
+#define SPIN_PAUSE_NS 3000
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -926,7 +928,12 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     for (;;) {
         int64_t t = now_ns();
         if (t < spin_until) {
-            ring_cpu_relax();
+            /* pause briefly; past that, yield, so that on a machine with fewer CPUs than
+             * busy processes the partners (and the agent) get to run */
+            if (t - start < SPIN_PAUSE_NS)
+                ring_cpu_relax();
+            else
+                sched_yield();
         } else {
             sleep_for_completion(c, deadline);
         }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install the build into a scratch prefix, then build a consumer with find_package(coll)
+# and another with pkg-config, and run both. Usage: run.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+prefix=$(mktemp -d /tmp/coll-install-XXXX)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$build" --prefix "$prefix" >/dev/null
+for f in bin/coll-agent include/coll/coll.h lib/pkgconfig/coll.pc lib/cmake/coll/collConfig.cmake; do
+    [ -e "$prefix/$f" ] || { echo "missing after install: $f"; exit 1; }
+done
+ls "$prefix"/lib/libcoll.so* >/dev/null
+# only coll_* symbols leave the library
+bad=$(nm -D --defined-only "$prefix"/lib/libcoll.so | awk '$2 ~ /[TDB]/ {print $3}' | grep -v '^coll_' || true)
+[ -z "$bad" ] || { echo "libcoll exports non-coll symbols: $bad"; exit 1; }
+cmake -S "$src/tests/install" -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$prefix/consumer" >/dev/null
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/consumer/consumer"
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -o "$prefix/pc" "$src/tests/install/main.c" \
+    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs coll)
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/pc"
+"$prefix/bin/coll-agent" --version
+echo "install test passed"
