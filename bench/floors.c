@@ -2,13 +2,18 @@
  * floors.c: the reference round trips between two bare processes, to set the
  * agent's latency against.
  *
- *   coll-floors [-n ITERS] [-G GAP_US]
+ *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU]
  *
  * shm_spin: both sides spin on a word in shared memory.
  * eventfd:  both sides sleep in read(2) on an eventfd and wake the other by write(2).
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
- * CPUs have gone idle when each round trip starts. Prints p50 / p10 / p90 in us.
+ * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
+ * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
+ * same way), so that both are measured across the same pair of CPUs. Prints p50 / p10 /
+ * p90 in us.
  */
+
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +23,17 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+static int cpu_parent = -1, cpu_child = -1;
+
+static void pin(int cpu)
+{
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+}
 
 static double now_us(void)
 {
@@ -44,16 +60,19 @@ int main(int argc, char **argv)
     int n = 2000;
     long gap = 0;
     int c;
-    while ((c = getopt(argc, argv, "n:G:")) != -1) {
+    while ((c = getopt(argc, argv, "n:G:c:")) != -1) {
         if (c == 'n')
             n = atoi(optarg);
         else if (c == 'G')
             gap = atol(optarg);
+        else if (c == 'c' && sscanf(optarg, "%d,%d", &cpu_parent, &cpu_child) == 2)
+            ;
         else {
-            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US]\n");
+            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU]\n");
             return 2;
         }
     }
+    pin(cpu_parent);
     if (n < 10) n = 10;
     double *lat = calloc((size_t)n, sizeof(double));
     _Atomic uint32_t *w =
@@ -64,6 +83,7 @@ int main(int argc, char **argv)
     atomic_store(w, 0);
     pid_t p = fork();
     if (p == 0) {
+        pin(cpu_child);
         for (uint32_t i = 0; i < (uint32_t)n; i++) {
             while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 1)
                 ;
@@ -86,6 +106,7 @@ int main(int argc, char **argv)
     int a = eventfd(0, EFD_CLOEXEC), b = eventfd(0, EFD_CLOEXEC);
     p = fork();
     if (p == 0) {
+        pin(cpu_child);
         uint64_t v;
         for (int i = 0; i < n; i++) {
             if (read(a, &v, 8) != 8) _exit(1);
