@@ -307,7 +307,7 @@ static void set_sleeping(struct server *srv, uint32_t v)
     for (struct session *s = srv->sessions; s; s = s->next)
         if (s->state == SESSION_READY)
             atomic_store_explicit(&s->shm->agent_sleeping.v, v, memory_order_relaxed);
-    atomic_thread_fence(memory_order_seq_cst);
+    ring_full_fence();
 }
 
 static int pending_submissions(struct server *srv)

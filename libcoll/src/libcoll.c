@@ -867,7 +867,7 @@ static int try_complete(coll_conn *c, coll_request req, coll_err *st)
 static void sleep_for_completion(coll_conn *c, int64_t deadline)
 {
     atomic_fetch_add(&c->shm->client_sleeping.v, 1);
-    atomic_thread_fence(memory_order_seq_cst);
+    ring_full_fence();
     pthread_mutex_lock(&c->lock);
     int skip = c->lost || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
     pthread_mutex_unlock(&c->lock);
