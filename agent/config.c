@@ -40,6 +40,7 @@ static const char *const discovery_names[] = {"static", NULL};
 static const struct field timeouts_fields[] = {
     {"op_ms", T_INT, GR(op_timeout_ms), 0, 1, 3600000, NULL, "30000", NULL, 0, 0, 0},
     {"join_ms", T_INT, GR(join_timeout_ms), 0, 1, 3600000, NULL, "60000", NULL, 0, 0, 0},
+    {"heartbeat_ms", T_INT, GR(heartbeat_ms), 0, 10, 600000, NULL, "1000", NULL, 0, 0, 0},
     {0},
 };
 
@@ -75,6 +76,10 @@ static const struct field node_fields[] = {
     {"index", T_INT, offsetof(struct config, node.index), 0, 0, 65535, NULL, "0", NULL, 0, 0, 0},
     {"name", T_STR, offsetof(struct config, node.name), CONFIG_NAME_MAX, 0, 0, NULL,
      "${HOSTNAME:-localhost}", NULL, 0, 0, 0},
+    {"address", T_STR, offsetof(struct config, node.address), CONFIG_ADDR_MAX, 0, 0, NULL,
+     "${POD_IP:-127.0.0.1}", NULL, 0, 0, 0},
+    {"data_port", T_INT, offsetof(struct config, node.data_port), 0, 0, 65535, NULL, "0", NULL, 0,
+     0, 0},
     {0},
 };
 
@@ -470,16 +475,29 @@ static void check_semantics(struct loader *ld, struct config *c)
             add_error(ld, &m, path, "local_slots is %d but devices lists %d entries",
                       g->local_slots, g->ndevices);
         if (!g->local_slots) g->local_slots = g->ndevices ? g->ndevices : 1;
-        if (g->members > 1)
+        if (g->members > 1 && c->discovery.npeers == 0)
             add_error(ld, &m, path,
-                      "members is %d, but groups spanning several pods need the rendezvous, "
-                      "which this version does not have yet",
+                      "members is %d, so discovery.peers must list the rendezvous address of "
+                      "node 0 (at least)",
                       g->members);
+        if (g->members > CONFIG_MAX_PEERS)
+            add_error(ld, &m, path, "members is %d; at most %d are supported", g->members,
+                      CONFIG_MAX_PEERS);
         if (c->node.index >= g->members)
             add_error(ld, &m, path, "node.index %d is not a member (members: %d)", c->node.index,
                       g->members);
     }
     if (!c->agent.socket[0]) add_error(ld, NULL, "agent.socket", "must not be empty");
+    for (int i = 0; i < c->discovery.npeers; i++) {
+        const char *colon = strrchr(c->discovery.peers[i], ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || colon == c->discovery.peers[i] || !end || *end || port < 1 || port > 65535) {
+            char path[64];
+            snprintf(path, sizeof(path), "discovery.peers[%d]", i);
+            add_error(ld, NULL, path, "'%s' is not host:port", c->discovery.peers[i]);
+        }
+    }
 }
 
 /* ---- entry points ------------------------------------------------------------ */

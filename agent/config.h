@@ -30,6 +30,7 @@ struct group_config {
     int ndevices;
     int op_timeout_ms;
     int join_timeout_ms;
+    int heartbeat_ms;
     int line, column; /* where the group was declared, for messages */
 };
 
@@ -51,6 +52,8 @@ struct config {
     struct {
         int index;
         char name[CONFIG_NAME_MAX];
+        char address[CONFIG_ADDR_MAX]; /* advertised for the data plane */
+        int data_port;                 /* 0: any free port */
     } node;
     struct {
         int mode;

@@ -16,6 +16,7 @@
 #include "buffer.h"
 #include "coll/coll.h"
 #include "log.h"
+#include "net.h"
 
 #define WMASK (WIRE_RING_ENTRIES - 1u)
 #define NS_PER_MS 1000000LL
@@ -50,6 +51,20 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
         g->p2p_pool[i].next = g->p2p_free;
         g->p2p_free = &g->p2p_pool[i];
     }
+    if (g->nodes > 1) {
+        g->task_pool = calloc(WIRE_RING_ENTRIES, sizeof(struct net_task));
+        struct op *tops = calloc(nops, sizeof(struct op));
+        if (!g->task_pool || !tops) {
+            free(tops);
+            snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
+            return -1;
+        }
+        for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
+            g->task_pool[i].ops = tops + (size_t)i * (size_t)g->nslots;
+            g->task_pool[i].engine_next = g->task_free;
+            g->task_free = &g->task_pool[i];
+        }
+    }
     g->be = backend_choose(cfg->backend, g->backend_why, sizeof(g->backend_why));
     if (g->be) g->be_ctx = g->be->ctx_new();
     log_msg(g->be ? LOG_INFO : LOG_ERROR, "group.backend", "group=%s backend=%s reason=\"%s\"",
@@ -68,6 +83,8 @@ void group_fini(struct group *g)
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
     free(g->p2p_pool);
+    if (g->task_pool) free(g->task_pool[0].ops);
+    free(g->task_pool);
     free(g->slots);
     memset(g, 0, sizeof(*g));
 }
@@ -104,6 +121,8 @@ void group_detach(struct group *g, int slot)
 
 static void finish_op(struct group *g, struct op *op, int status)
 {
+    /* op->s is NULL when its session ended while the op was with the net thread;
+     * complete() then only drops the buffer references */
     if (status == COLL_OK)
         g->ops_done++;
     else
@@ -111,7 +130,118 @@ static void finish_op(struct group *g, struct op *op, int status)
     g->complete(op, status);
 }
 
+static void send_mark(struct group *g);
+
+static void break_local(struct group *g, int err, const char *why);
+
 void group_break(struct group *g, int err, const char *why)
+{
+    break_local(g, err, why);
+    if (g->net) {
+        g->mark_pending = 1;
+        g->mark_pending_abort = 1;
+        g->mark_code = err;
+        send_mark(g);
+    }
+}
+
+void group_net_broken(struct group *g, int err, const char *why)
+{
+    break_local(g, err, why);
+    g->mark_pending = 1; /* the net waits for our new epoch before taking more ops */
+    send_mark(g);
+}
+
+/* One mark at a time: a mark asked for while one is out goes when it returns, with
+ * the epoch current then. */
+static void send_mark(struct group *g)
+{
+    if (g->mark_busy || !g->mark_pending) return;
+    struct net_task *m = &g->mark;
+    memset(m, 0, sizeof(*m));
+    m->type = NET_TASK_MARK;
+    m->group = g->index;
+    m->lepoch = g->epoch;
+    m->abort = g->mark_pending_abort;
+    m->code = g->mark_code;
+    g->mark_busy = 1;
+    g->mark_pending = g->mark_pending_abort = 0;
+    net_submit(g->net, m);
+}
+
+void group_set_net(struct group *g, struct net *n, int index)
+{
+    g->net = n;
+    g->index = index;
+}
+
+void group_forget_session(struct group *g, const struct session *s)
+{
+    for (struct net_task *t = g->in_net; t; t = t->engine_next)
+        for (int k = 0; k < t->nops; k++)
+            if (t->ops[k].s == s) t->ops[k].s = NULL;
+}
+
+void group_net_done(struct group *g, struct net_task *t)
+{
+    if (t == &g->mark) {
+        g->mark_busy = 0;
+        send_mark(g);
+        return;
+    }
+    for (struct net_task **pp = &g->in_net; *pp; pp = &(*pp)->engine_next) {
+        if (*pp == t) {
+            *pp = t->engine_next;
+            break;
+        }
+    }
+    for (int k = 0; k < t->nops; k++)
+        finish_op(g, &t->ops[k], t->status);
+    t->nops = 0;
+    t->engine_next = g->task_free;
+    g->task_free = t;
+}
+
+/* Lend a matched op (its ops copied into a task) to the net thread. */
+static void to_net(struct group *g, const struct op *ops, int nops, const struct wire_sqe *s,
+                   uint64_t seq, int64_t deadline)
+{
+    struct net_task *t = g->task_free;
+    if (!t) { /* cannot happen: each task holds an op in flight of some session */
+        for (int k = 0; k < nops; k++) {
+            struct op tmp = ops[k];
+            finish_op(g, &tmp, COLL_ERR_INTERNAL);
+        }
+        return;
+    }
+    g->task_free = t->engine_next;
+    struct op *keep = t->ops;
+    memset(t, 0, offsetof(struct net_task, ops));
+    t->ops = keep;
+    t->type = NET_TASK_OP;
+    t->group = g->index;
+    t->lepoch = g->epoch;
+    t->seq = seq;
+    t->kind = s->kind;
+    t->dtype = s->dtype;
+    t->redop = s->redop;
+    t->root = s->peer;
+    t->count = s->count;
+    t->deadline_ns = deadline;
+    t->nops = nops;
+    for (int k = 0; k < nops; k++) {
+        t->ops[k] = ops[k];
+        int slot = ops[k].rank - g->node_index * g->nslots;
+        t->send[slot] = ops[k].send;
+        t->recv[slot] = ops[k].recv;
+        t->local_slot = slot;
+    }
+    t->engine_next = g->in_net;
+    g->in_net = t;
+    net_submit(g->net, t);
+}
+
+static void break_local(struct group *g, int err, const char *why)
 {
     int failed = 0;
     for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
@@ -177,6 +307,14 @@ static void run_round(struct group *g, struct round *r)
     void *send[64], *recv[64];
     int status = r->status;
     const struct wire_sqe *s = &r->ops[0].sqe;
+    if (status == COLL_OK && g->nodes > 1) {
+        to_net(g, r->ops, g->nslots, s, r->seq, r->deadline_ns);
+        for (int k = 0; k < g->nslots; k++)
+            r->present[k] = 0;
+        r->arrived = 0;
+        g->lo_seq++;
+        return;
+    }
     if (status == COLL_OK) {
         if (g->nslots > 64) {
             status = COLL_ERR_UNSUPPORTED;
@@ -202,6 +340,9 @@ static void run_round(struct group *g, struct round *r)
     }
     r->arrived = 0;
     g->lo_seq++;
+    /* the other pods ran (or will run) this op: our sequence no longer matches theirs */
+    if (status != COLL_OK && g->nodes > 1)
+        group_break(g, status, "this pod's participants disagree on an op");
 }
 
 static void submit_collective(struct group *g, int slot, struct op *op)
@@ -243,6 +384,10 @@ static void submit_collective(struct group *g, int slot, struct op *op)
 static void submit_p2p(struct group *g, struct op *op)
 {
     int is_send = op->sqe.kind == WIRE_OP_SEND;
+    if (op->sqe.peer / g->nslots != g->node_index) { /* the partner is on another pod */
+        to_net(g, op, 1, &op->sqe, 0, op->deadline_ns);
+        return;
+    }
     struct op **pp = &g->p2p_head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct op *o = *pp;

@@ -12,10 +12,13 @@
 
 #include "backend.h"
 #include "config.h"
+#include "net.h"
 #include "wire.h"
 
 struct session;
 struct buffer;
+struct net;
+struct net_task;
 
 /* A submitted op, as the agent holds it until completion. */
 struct op {
@@ -62,6 +65,14 @@ struct group {
     struct op *p2p_pool;
     group_complete_fn complete;
     uint64_t ops_done, ops_failed;
+    /* groups that span several pods: matched ops go to the net thread */
+    struct net *net;
+    int index; /* in the config, as the net thread knows it */
+    struct net_task *task_pool; /* WIRE_RING_ENTRIES tasks, each with nslots ops */
+    struct net_task *task_free;
+    struct net_task *in_net; /* tasks lent to the net thread (engine_next list) */
+    struct net_task mark;    /* the epoch mark; at most one in flight */
+    int mark_busy, mark_pending_abort, mark_pending, mark_code;
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -82,8 +93,17 @@ void group_detach(struct group *g, int slot);
  * complete callback, possibly before this returns. */
 void group_submit(struct group *g, int slot, struct op *op);
 
-/* Fail every pending op with err and move to the next epoch. */
+/* Fail every pending op with err and move to the next epoch; a group that spans
+ * several pods also ends the epoch cluster-wide. */
 void group_break(struct group *g, int err, const char *why);
+/* The net thread ended the epoch (a pod left, a mismatch elsewhere, ...). */
+void group_net_broken(struct group *g, int err, const char *why);
+/* A task came back from the net thread. */
+void group_net_done(struct group *g, struct net_task *t);
+/* Hand the net thread to the group (set before the first op). */
+void group_set_net(struct group *g, struct net *n, int index);
+/* s is going away: ops it has lent to the net thread must not complete to it. */
+void group_forget_session(struct group *g, const struct session *s);
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);
 

@@ -22,6 +22,7 @@
 
 #include "coll/coll.h"
 #include "log.h"
+#include "net.h"
 #include "ring.h"
 #include "session.h"
 
@@ -30,7 +31,7 @@
 #define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 
 /* epoll tags: the address tells what fired (see owner_of) */
-static struct session_ev ev_listen, ev_signal;
+static struct session_ev ev_listen, ev_signal, ev_net;
 
 static int64_t now_ns(void)
 {
@@ -94,6 +95,18 @@ int server_init(struct server *srv, struct config *cfg)
     }
     srv->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (srv->epfd < 0) return -1;
+    char why[256];
+    srv->net = net_start(cfg, why, sizeof(why));
+    if (!srv->net && why[0]) {
+        log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
+        return -1;
+    }
+    if (srv->net) {
+        for (int i = 0; i < srv->ngroups; i++)
+            if (cfg->groups[i].members > 1) group_set_net(&srv->groups[i], srv->net, i);
+        struct epoll_event nev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_net};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, net_notify_fd(srv->net), &nev) < 0) return -1;
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -278,12 +291,33 @@ static struct session *owner_of(struct server *srv, const struct session_ev *e)
     return NULL;
 }
 
+/* Ops and events back from the net thread. */
+static void net_results(struct server *srv)
+{
+    struct net_task *done;
+    struct net_event *ev;
+    net_collect(srv->net, &done, &ev);
+    while (done) {
+        struct net_task *next = done->next;
+        group_net_done(&srv->groups[done->group], done);
+        done = next;
+    }
+    while (ev) {
+        struct net_event *next = ev->next;
+        if (ev->broken) group_net_broken(&srv->groups[ev->group], ev->code, ev->why);
+        free(ev);
+        ev = next;
+    }
+}
+
 static void handle_events(struct server *srv, struct epoll_event *evs, int n)
 {
     for (int i = 0; i < n; i++) {
         struct session_ev *e = evs[i].data.ptr;
         if (e == &ev_listen) {
             on_accept(srv);
+        } else if (e == &ev_net) {
+            net_results(srv);
         } else if (e == &ev_signal) {
             struct signalfd_siginfo si;
             while (read(srv->sigfd, &si, sizeof(si)) == sizeof(si)) {
@@ -326,6 +360,10 @@ int server_run(struct server *srv)
     int64_t spin_ns = srv->spin_ns;
     while (!srv->stop) {
         if (poll_rings(srv) > 0) last_work = now_ns();
+        if (srv->net && net_has_results(srv->net)) {
+            net_results(srv);
+            last_work = now_ns();
+        }
         now = now_ns();
         if (now >= next_timer || now >= next_deadline) {
             next_deadline = check_deadlines(srv, now);
@@ -375,6 +413,12 @@ void server_fini(struct server *srv)
 {
     /* ops in flight fail with SHUTDOWN (completions reach the clients), then the
      * sessions are told and closed */
+    if (srv->net) {
+        net_stop(srv->net);
+        net_results(srv);
+        for (int i = 0; i < srv->ngroups; i++)
+            srv->groups[i].net = NULL;
+    }
     for (int i = 0; i < srv->ngroups; i++)
         if (srv->groups[i].be) group_break(&srv->groups[i], COLL_ERR_SHUTDOWN, "agent stopping");
     while (srv->sessions) {
@@ -387,6 +431,7 @@ void server_fini(struct server *srv)
         group_fini(&srv->groups[i]);
     free(srv->groups);
     srv->groups = NULL;
+    net_free(&srv->net);
     if (srv->lfd >= 0) {
         close(srv->lfd);
         unlink(srv->cfg->agent.socket);

@@ -14,6 +14,7 @@
 #include "group.h"
 
 struct session;
+struct net;
 
 struct server_stats {
     uint64_t sleeps;       /* times the engine went to sleep in epoll */
@@ -33,6 +34,7 @@ struct server {
     int64_t idle_reset_ns;
     uint64_t next_session_id;
     struct server_stats stats;
+    struct net *net; /* NULL when every group lives in this pod */
 };
 
 /* Bind the socket (refusing one a live agent still answers on), set up groups and

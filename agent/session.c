@@ -62,6 +62,9 @@ void session_destroy(struct session **sp)
             s->handles[h].g = NULL;
         }
     }
+    /* ops lent to the net thread outlive us: they must not complete to freed memory */
+    for (int i = 0; i < s->srv->ngroups; i++)
+        group_forget_session(&s->srv->groups[i], s);
     for (uint32_t i = 0; i < s->nbufs; i++)
         buffer_unref(&s->bufs[i]);
     free(s->bufs);
@@ -377,7 +380,7 @@ void session_complete(struct op *op, int status)
     struct session *s = op->s;
     buffer_unref(&op->sb);
     buffer_unref(&op->rb);
-    if (s->state == SESSION_DEAD) return;
+    if (!s || s->state == SESSION_DEAD) return;
     struct wire_shm *shm = s->shm;
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
     slot->tag = op->sqe.tag;

@@ -123,7 +123,7 @@ static void unknown_key_names_the_path(void **state)
     (void)state;
     load_bad("groups:\n  - name: g\n    timeouts:\n      op_sm: 5\n",
              "t.yaml:4:7: groups[0].timeouts.op_sm: unknown key 'op_sm' (known here: op_ms, "
-             "join_ms)");
+             "join_ms, heartbeat_ms)");
     load_bad("agnet:\n  socket: x\ngroups:\n  - name: g\n", "t.yaml:1:1: agnet: unknown key");
 }
 
@@ -169,7 +169,9 @@ static void missing_and_inconsistent_values_are_reported(void **state)
     load_bad("groups:\n  - name: g\n    local_slots: 3\n    devices: [a, b]\n",
              "groups[0]: local_slots is 3 but devices lists 2 entries");
     load_bad("groups:\n  - name: bad/name\n", "may hold only letters");
-    load_bad("groups:\n  - name: g\n    members: 2\n", "need the rendezvous");
+    load_bad("groups:\n  - name: g\n    members: 2\n", "discovery.peers must list");
+    load_bad("discovery:\n  peers: [\"nohost\"]\ngroups:\n  - name: g\n",
+             "discovery.peers[0]: 'nohost' is not host:port");
     load_bad("", "the document is empty");
     load_bad("groups:\n  - name: g\n---\ngroups: []\n", "only one YAML document");
 }

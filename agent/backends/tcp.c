@@ -1,0 +1,647 @@
+/*
+ * tcp.c: collectives between pods over TCP (see tcp.h).
+ *
+ * Every pod runs the same ops of a group in the same order over one connection per
+ * pair of pods, so the byte streams stay in step without framing; each op's first
+ * message to a peer carries a header (kind, dtype, count, reduction, root, number in
+ * the epoch) and a peer that disagrees fails the op with COLL_ERR_MISMATCH instead of
+ * misreading the stream. Results are identical on every pod: the direct exchange
+ * reduces contributions in pod order everywhere, and the ring reduces each chunk once
+ * and then circulates it.
+ *
+ * All transfers of a step run at once through one poll loop (exchange()); a ring
+ * step reduces each segment as soon as it has arrived, so reduction overlaps the
+ * network.
+ */
+#include "tcp.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../net.h"
+#include "../rdv_wire.h"
+#include "../reduce.h"
+#include "coll/coll.h"
+#include "wire.h"
+
+#define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
+#define BCAST_SEG (512 * 1024) /* broadcast pipeline segment */
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* ---- transfers ---------------------------------------------------------------------- */
+
+struct xfer {
+    int peer;
+    int is_send;
+    struct iovec iov[2];
+    int niov;
+    size_t total, done;
+    /* receive with reduction: payload lands in iov[niov-1] (a scratch area) and is
+     * folded into red_dst segment by segment */
+    void *red_dst;
+    size_t red_done;
+};
+
+struct opctx {
+    struct tcp_comm *c;
+    struct net_task *t;
+    size_t es;
+    int red_op; /* the reduction between pods (sum for avg) */
+    struct data_op_hdr hdr, peer_hdr[RDV_MAX_NODES];
+    char *why;
+    size_t whylen;
+};
+
+static void x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n)
+{
+    memset(x, 0, sizeof(*x));
+    x->peer = peer;
+    x->is_send = 1;
+    if (hdr) x->iov[x->niov++] = (struct iovec){(void *)hdr, hl};
+    if (n) x->iov[x->niov++] = (struct iovec){(void *)p, n};
+    x->total = hl * (hdr != NULL) + n;
+}
+
+static void x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n)
+{
+    memset(x, 0, sizeof(*x));
+    x->peer = peer;
+    if (hdr) x->iov[x->niov++] = (struct iovec){hdr, hl};
+    if (n) x->iov[x->niov++] = (struct iovec){p, n};
+    x->total = hl * (hdr != NULL) + n;
+}
+
+/* The iovec of x from its current offset. */
+static int x_iov(const struct xfer *x, struct iovec *out)
+{
+    size_t skip = x->done;
+    int n = 0;
+    for (int i = 0; i < x->niov; i++) {
+        if (skip >= x->iov[i].iov_len) {
+            skip -= x->iov[i].iov_len;
+            continue;
+        }
+        out[n].iov_base = (char *)x->iov[i].iov_base + skip;
+        out[n].iov_len = x->iov[i].iov_len - skip;
+        skip = 0;
+        n++;
+    }
+    return n;
+}
+
+static void fold(struct opctx *o, struct xfer *x, int final)
+{
+    if (!x->red_dst) return;
+    struct iovec *pl = &x->iov[x->niov - 1];
+    size_t hl = x->total - pl->iov_len;
+    size_t have = x->done > hl ? x->done - hl : 0;
+    size_t upto = final ? have : (have / SEG_BYTES) * SEG_BYTES;
+    upto -= upto % o->es;
+    while (x->red_done < upto) {
+        size_t len = upto - x->red_done;
+        size_t max = (size_t)REDUCE_CHUNK * o->es;
+        if (len > max) len = max;
+        char *d = (char *)x->red_dst + x->red_done;
+        const void *srcs[2] = {d, (char *)pl->iov_base + x->red_done};
+        reduce_n(o->t->dtype, o->red_op, d, srcs, 2, len / o->es, 1);
+        x->red_done += len;
+    }
+}
+
+static int failf(struct opctx *o, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(struct opctx *o, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->why, o->whylen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Move every transfer to completion. */
+static int exchange(struct opctx *o, struct xfer *x, int nx)
+{
+    struct tcp_comm *c = o->c;
+    struct pollfd pf[2 * RDV_MAX_NODES + 2];
+    int idx[2 * RDV_MAX_NODES + 2];
+    for (;;) {
+        int left = 0, np = 0;
+        for (int i = 0; i < nx; i++) {
+            struct xfer *t = &x[i];
+            /* try first: most small transfers complete without a poll */
+            while (t->done < t->total) {
+                struct iovec v[2];
+                int nv = x_iov(t, v);
+                ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
+                                       : readv(c->fds[t->peer], v, nv);
+                if (r > 0) {
+                    t->done += (size_t)r;
+                    if (!t->is_send) fold(o, t, 0);
+                    continue;
+                }
+                if (r == 0 && !t->is_send)
+                    return failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection",
+                                 t->peer);
+                if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+                return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", t->peer,
+                             r < 0 ? strerror(errno) : "closed");
+            }
+            if (t->done < t->total) {
+                pf[np] = (struct pollfd){.fd = c->fds[t->peer],
+                                         .events = t->is_send ? POLLOUT : POLLIN};
+                idx[np++] = i;
+                left++;
+            } else if (!t->is_send && t->red_dst && t->red_done < t->total) {
+                fold(o, t, 1);
+            }
+        }
+        if (!left) return COLL_OK;
+        int64_t rem = c->deadline_ns - now_ns();
+        if (rem <= 0) return failf(o, COLL_ERR_TIMEOUT, "op did not complete before its deadline");
+        int ms = rem > 20000000 ? 20 : (int)(rem / 1000000) + 1;
+        int r = poll(pf, (nfds_t)np, ms);
+        if (r < 0 && errno != EINTR) return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
+        int st = net_service(c->net, c->g);
+        if (st) return failf(o, st, "the group's epoch ended during the op");
+        for (int i = 0; i < np; i++)
+            if (pf[i].revents & (POLLERR | POLLNVAL))
+                return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d failed",
+                             x[idx[i]].peer);
+    }
+}
+
+/* ---- headers -------------------------------------------------------------------------- */
+
+static int is_reducing(int kind)
+{
+    return kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE || kind == WIRE_OP_REDUCE_SCATTER;
+}
+
+static int check_hdr(struct opctx *o, int peer)
+{
+    const struct data_op_hdr *a = &o->hdr, *b = &o->peer_hdr[peer];
+    int ok = b->magic == DATA_MAGIC && b->kind == a->kind && b->dtype == a->dtype &&
+             b->count == a->count && b->seq == a->seq;
+    if (ok && is_reducing(a->kind)) ok = b->redop == a->redop;
+    if (ok && (a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE)) ok = b->root == a->root;
+    if (ok) return COLL_OK;
+    return failf(o, COLL_ERR_MISMATCH,
+                 "node %d runs %s dtype %u count %llu op %u root %d (#%llu), this node %s dtype "
+                 "%u count %llu op %u root %d (#%llu)",
+                 peer, wire_kind_name(b->kind), b->dtype, (unsigned long long)b->count, b->redop,
+                 b->root, (unsigned long long)b->seq, wire_kind_name(a->kind), a->dtype,
+                 (unsigned long long)a->count, a->redop, a->root, (unsigned long long)a->seq);
+}
+
+/* ---- local helpers ------------------------------------------------------------------- */
+
+static void *scratch(struct tcp_comm *c, int k, size_t bytes)
+{
+    if (bytes == 0) bytes = 1;
+    if (c->scratch_cap[k] < bytes) {
+        void *p = realloc(c->scratch[k], bytes);
+        if (!p) return NULL;
+        c->scratch[k] = p;
+        c->scratch_cap[k] = bytes;
+    }
+    return c->scratch[k];
+}
+
+/* dst[i] = op over srcs (n of them, count elements), chunked; dst may be srcs[0]. */
+static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, int n, size_t count)
+{
+    size_t es = o->es;
+    const void *s[RDV_MAX_NODES + NET_MAX_LOCAL];
+    for (size_t off = 0; off < count; off += REDUCE_CHUNK) {
+        size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
+        for (int k = 0; k < n; k++)
+            s[k] = (const char *)srcs[k] + off * es;
+        /* dst may alias srcs[0] only, which reduce_n allows */
+        reduce_n(o->t->dtype, o->red_op, (char *)dst + off * es, s, n, len, 1);
+    }
+}
+
+/* dst = reduction of the local participants' send buffers at element offset off. */
+static void local_reduce(struct opctx *o, void *dst, size_t off, size_t count)
+{
+    const void *srcs[NET_MAX_LOCAL];
+    for (int s = 0; s < o->c->nlocal; s++)
+        srcs[s] = (const char *)o->t->send[s] + off * o->es;
+    if (o->c->nlocal == 1) {
+        if (dst != srcs[0] && count) memcpy(dst, srcs[0], count * o->es);
+        return;
+    }
+    /* an in-place participant's send may be dst itself: put it first */
+    for (int s = 1; s < o->c->nlocal; s++) {
+        if (srcs[s] == dst) {
+            const void *tmp = srcs[0];
+            srcs[0] = srcs[s];
+            srcs[s] = tmp;
+        }
+    }
+    reduce_all(o, dst, srcs, o->c->nlocal, count);
+}
+
+static void finish_avg(struct opctx *o, void *buf, size_t count)
+{
+    if (o->t->redop != COLL_AVG || !count) return;
+    uint32_t world = (uint32_t)(o->c->nodes * o->c->nlocal);
+    for (size_t off = 0; off < count; off += REDUCE_CHUNK) {
+        size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
+        char *p = (char *)buf + off * o->es;
+        const void *srcs[1] = {p};
+        reduce_n(o->t->dtype, COLL_AVG, p, srcs, 1, len, world);
+    }
+}
+
+static void copy_to_locals(struct opctx *o, const void *src, size_t bytes)
+{
+    for (int s = 0; bytes && s < o->c->nlocal; s++)
+        if (o->t->recv[s] && o->t->recv[s] != src) memcpy(o->t->recv[s], src, bytes);
+}
+
+/* ---- building blocks between pods --------------------------------------------------- */
+
+/* Everybody sends `mine` (bytes) to every peer with the header and receives theirs
+ * into slots[peer] (bytes each); checks headers. */
+static int direct_all(struct opctx *o, const void *mine, size_t bytes, void *const *slots)
+{
+    struct tcp_comm *c = o->c;
+    struct xfer x[2 * RDV_MAX_NODES];
+    int nx = 0;
+    for (int p = 0; p < c->nodes; p++) {
+        if (p == c->me) continue;
+        x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), mine, bytes);
+        x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), slots[p], bytes);
+    }
+    int st = exchange(o, x, nx);
+    for (int p = 0; st == COLL_OK && p < c->nodes; p++)
+        if (p != c->me) st = check_hdr(o, p);
+    return st;
+}
+
+/* Chunk k of n over count elements: [*off, *off + *len). */
+static void chunk(size_t count, int n, int k, size_t *off, size_t *len)
+{
+    size_t base = count / (size_t)n, rem = count % (size_t)n;
+    *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
+    *len = base + ((size_t)k < rem);
+}
+
+/* Ring reduce-scatter over buf (count elements, blocks by chunk()); afterwards this node
+ * holds the reduction of chunk `me`. unit: elements per block unit (block k spans
+ * chunk(count/unit...)*unit), so that blocks can follow pod boundaries. */
+static int ring_reduce_scatter(struct opctx *o, void *buf, size_t units, size_t unit)
+{
+    struct tcp_comm *c = o->c;
+    int n = c->nodes, me = c->me, right = (me + 1) % n, left = (me + n - 1) % n;
+    size_t es = o->es * unit;
+    size_t maxlen = units / (size_t)n + 1;
+    void *tmp = scratch(c, 1, maxlen * es);
+    if (!tmp) return failf(o, COLL_ERR_NOMEM, "scratch of %zu bytes", maxlen * es);
+    for (int s = 0; s < n - 1; s++) {
+        int sc = ((me - s - 1) % n + n) % n, rc = ((me - s - 2) % n + n) % n;
+        size_t so, sl, ro, rl;
+        chunk(units, n, sc, &so, &sl);
+        chunk(units, n, rc, &ro, &rl);
+        struct xfer x[2];
+        x_send(&x[0], right, s == 0 ? &o->hdr : NULL, sizeof(o->hdr), (char *)buf + so * es,
+               sl * es);
+        x_recv(&x[1], left, s == 0 ? &o->peer_hdr[left] : NULL, sizeof(o->hdr), tmp, rl * es);
+        x[1].red_dst = rl ? (char *)buf + ro * es : NULL;
+        int st = exchange(o, x, 2);
+        if (st == COLL_OK && s == 0) st = check_hdr(o, left);
+        if (st != COLL_OK) return st;
+    }
+    return COLL_OK;
+}
+
+/* Ring allgather: this node holds chunk `me`; afterwards every chunk. */
+static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit, int with_hdr)
+{
+    struct tcp_comm *c = o->c;
+    int n = c->nodes, me = c->me, right = (me + 1) % n, left = (me + n - 1) % n;
+    size_t es = o->es * unit;
+    for (int s = 0; s < n - 1; s++) {
+        int sc = ((me - s) % n + n) % n, rc = ((me - s - 1) % n + n) % n;
+        size_t so, sl, ro, rl;
+        chunk(units, n, sc, &so, &sl);
+        chunk(units, n, rc, &ro, &rl);
+        int h = with_hdr && s == 0;
+        struct xfer x[2];
+        x_send(&x[0], right, h ? &o->hdr : NULL, sizeof(o->hdr), (char *)buf + so * es, sl * es);
+        x_recv(&x[1], left, h ? &o->peer_hdr[left] : NULL, sizeof(o->hdr), (char *)buf + ro * es,
+               rl * es);
+        int st = exchange(o, x, 2);
+        if (st == COLL_OK && h) st = check_hdr(o, left);
+        if (st != COLL_OK) return st;
+    }
+    return COLL_OK;
+}
+
+/* Direct exchange then reduction in pod order: buf (count) ends up reduced everywhere. */
+static int direct_allreduce(struct opctx *o, void *buf, size_t count)
+{
+    struct tcp_comm *c = o->c;
+    size_t bytes = count * o->es;
+    char *tmp = scratch(c, 1, bytes * (size_t)c->nodes);
+    if (!tmp) return failf(o, COLL_ERR_NOMEM, "scratch");
+    void *slots[RDV_MAX_NODES];
+    const void *srcs[RDV_MAX_NODES];
+    for (int p = 0; p < c->nodes; p++) {
+        slots[p] = tmp + (size_t)p * bytes;
+        srcs[p] = p == c->me ? buf : slots[p];
+    }
+    int st = direct_all(o, buf, bytes, slots);
+    if (st != COLL_OK) return st;
+    /* reduce into our own slot first (srcs[0] may be buf only when me == 0) */
+    void *out = c->me == 0 ? buf : tmp + (size_t)c->me * bytes;
+    reduce_all(o, out, srcs, c->nodes, count);
+    if (out != buf && bytes) memcpy(buf, out, bytes);
+    return COLL_OK;
+}
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+static int op_allreduce(struct opctx *o)
+{
+    struct net_task *t = o->t;
+    size_t count = t->count, bytes = count * o->es;
+    void *buf = t->recv[0];
+    local_reduce(o, buf, 0, count);
+    int st;
+    if (bytes <= TCP_SMALL_BYTES || count < (size_t)o->c->nodes) {
+        st = direct_allreduce(o, buf, count);
+    } else {
+        st = ring_reduce_scatter(o, buf, count, 1);
+        if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0);
+    }
+    if (st != COLL_OK) return st;
+    finish_avg(o, buf, count);
+    copy_to_locals(o, buf, bytes);
+    return COLL_OK;
+}
+
+static int op_reduce_scatter(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t count = t->count, L = (size_t)c->nlocal, N = (size_t)c->nodes;
+    size_t block = L * count; /* elements per pod */
+    size_t bb = block * o->es;
+    char *T = scratch(c, 0, bb * N);
+    if (!T) return failf(o, COLL_ERR_NOMEM, "scratch");
+    local_reduce(o, T, 0, block * N);
+    int st;
+    char *mine = T + (size_t)c->me * bb;
+    if (bb <= TCP_SMALL_BYTES / N || count == 0) {
+        char *in = scratch(c, 1, bb * N);
+        if (!in) return failf(o, COLL_ERR_NOMEM, "scratch");
+        struct xfer x[2 * RDV_MAX_NODES];
+        int nx = 0;
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), T + (size_t)p * bb, bb);
+            x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * bb, bb);
+        }
+        st = exchange(o, x, nx);
+        for (int p = 0; st == COLL_OK && p < c->nodes; p++)
+            if (p != c->me) st = check_hdr(o, p);
+        if (st != COLL_OK) return st;
+        const void *srcs[RDV_MAX_NODES];
+        for (int p = 0; p < c->nodes; p++)
+            srcs[p] = p == c->me ? (const void *)mine : in + (size_t)p * bb;
+        /* reduce in pod order into in's own (unused) slot, then back */
+        void *out = in + (size_t)c->me * bb;
+        reduce_all(o, out, srcs, c->nodes, block);
+        memcpy(mine, out, bb);
+    } else {
+        st = ring_reduce_scatter(o, T, N, block);
+        if (st != COLL_OK) return st;
+    }
+    finish_avg(o, mine, block);
+    for (size_t s = 0; s < L; s++)
+        if (t->recv[s] && count) memcpy(t->recv[s], mine + s * count * o->es, count * o->es);
+    return COLL_OK;
+}
+
+static int op_allgather(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t count = t->count, L = (size_t)c->nlocal, N = (size_t)c->nodes;
+    size_t bb = L * count * o->es; /* bytes per pod */
+    char *buf = t->recv[0];
+    for (size_t s = 0; s < L; s++) {
+        char *dst = buf + ((size_t)c->me * L + s) * count * o->es;
+        if (t->send[s] != dst && count) memcpy(dst, t->send[s], count * o->es);
+    }
+    int st;
+    if (bb * N <= TCP_SMALL_BYTES || count == 0) {
+        void *slots[RDV_MAX_NODES];
+        for (int p = 0; p < c->nodes; p++)
+            slots[p] = buf + (size_t)p * bb;
+        st = direct_all(o, buf + (size_t)c->me * bb, bb, slots);
+    } else {
+        st = ring_allgather(o, buf, N, L * count, 1);
+    }
+    if (st != COLL_OK) return st;
+    copy_to_locals(o, buf, bb * N);
+    return COLL_OK;
+}
+
+static int op_broadcast(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t bytes = t->count * o->es;
+    int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
+    char *buf = t->recv[0];
+    if (c->me == rnode && t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
+    int n = c->nodes, pos = (c->me - rnode + n) % n;
+    int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
+    int st = COLL_OK;
+    if (bytes <= TCP_SMALL_BYTES) {
+        struct xfer x[RDV_MAX_NODES];
+        int nx = 0;
+        if (c->me == rnode) {
+            for (int p = 0; p < n; p++)
+                if (p != c->me) x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), buf, bytes);
+        } else {
+            x_recv(&x[nx++], rnode, &o->peer_hdr[rnode], sizeof(o->hdr), buf, bytes);
+        }
+        st = exchange(o, x, nx);
+        if (st == COLL_OK && c->me != rnode) st = check_hdr(o, rnode);
+    } else {
+        /* a chain from the root, pipelined in segments */
+        size_t nseg = (bytes + BCAST_SEG - 1) / BCAST_SEG;
+        if (pos == 0) {
+            struct xfer x;
+            x_send(&x, next, &o->hdr, sizeof(o->hdr), buf, bytes);
+            st = exchange(o, &x, 1);
+        } else {
+            for (size_t k = 0; st == COLL_OK && k <= nseg; k++) {
+                struct xfer x[2];
+                int nx = 0;
+                if (k < nseg) {
+                    size_t off = k * BCAST_SEG, len = bytes - off < BCAST_SEG ? bytes - off : BCAST_SEG;
+                    x_recv(&x[nx++], prev, k == 0 ? &o->peer_hdr[prev] : NULL, sizeof(o->hdr),
+                           buf + off, len);
+                }
+                if (pos < n - 1 && k == 0) x_send(&x[nx++], next, &o->hdr, sizeof(o->hdr), NULL, 0);
+                if (pos < n - 1 && k >= 1) {
+                    size_t off = (k - 1) * BCAST_SEG,
+                           len = bytes - off < BCAST_SEG ? bytes - off : BCAST_SEG;
+                    x_send(&x[nx++], next, NULL, 0, buf + off, len);
+                }
+                st = exchange(o, x, nx);
+                if (st == COLL_OK && k == 0) st = check_hdr(o, prev);
+            }
+        }
+    }
+    if (st != COLL_OK) return st;
+    copy_to_locals(o, buf, bytes);
+    return COLL_OK;
+}
+
+static int op_reduce(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t count = t->count, bytes = count * o->es;
+    int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
+    char *T = scratch(c, 0, bytes);
+    if (!T) return failf(o, COLL_ERR_NOMEM, "scratch");
+    local_reduce(o, T, 0, count);
+    int st;
+    if (bytes <= TCP_SMALL_BYTES || count < (size_t)c->nodes) {
+        char *in = scratch(c, 1, bytes * (size_t)c->nodes);
+        if (!in) return failf(o, COLL_ERR_NOMEM, "scratch");
+        struct xfer x[RDV_MAX_NODES];
+        int nx = 0;
+        if (c->me == rnode) {
+            for (int p = 0; p < c->nodes; p++)
+                if (p != c->me)
+                    x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * bytes,
+                           bytes);
+        } else {
+            x_send(&x[nx++], rnode, &o->hdr, sizeof(o->hdr), T, bytes);
+        }
+        st = exchange(o, x, nx);
+        for (int p = 0; st == COLL_OK && c->me == rnode && p < c->nodes; p++)
+            if (p != c->me) st = check_hdr(o, p);
+        if (st != COLL_OK || c->me != rnode) return st;
+        const void *srcs[RDV_MAX_NODES];
+        for (int p = 0; p < c->nodes; p++)
+            srcs[p] = p == c->me ? (const void *)T : in + (size_t)p * bytes;
+        void *out = in + (size_t)c->me * bytes;
+        reduce_all(o, out, srcs, c->nodes, count);
+        memcpy(T, out, bytes);
+    } else {
+        st = ring_reduce_scatter(o, T, count, 1);
+        if (st != COLL_OK) return st;
+        /* gather the reduced chunks at the root */
+        struct xfer x[RDV_MAX_NODES];
+        int nx = 0;
+        size_t off, len;
+        if (c->me == rnode) {
+            for (int p = 0; p < c->nodes; p++) {
+                if (p == c->me) continue;
+                chunk(count, c->nodes, p, &off, &len);
+                x_recv(&x[nx++], p, NULL, 0, T + off * o->es, len * o->es);
+            }
+        } else {
+            chunk(count, c->nodes, c->me, &off, &len);
+            x_send(&x[nx++], rnode, NULL, 0, T + off * o->es, len * o->es);
+        }
+        st = exchange(o, x, nx);
+        if (st != COLL_OK || c->me != rnode) return st;
+    }
+    finish_avg(o, T, count);
+    if (t->recv[rslot] && bytes) memcpy(t->recv[rslot], T, bytes);
+    return COLL_OK;
+}
+
+static int op_alltoall(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es;
+    size_t pb = L * L * cb; /* bytes between one pair of pods */
+    char *out = scratch(c, 0, pb * N), *in = scratch(c, 1, pb * N);
+    if (!out || !in) return failf(o, COLL_ERR_NOMEM, "scratch");
+    /* pack: for pod k, [s][j] = local s's block for rank k*L + j */
+    for (size_t k = 0; k < N; k++)
+        for (size_t s = 0; s < L; s++)
+            for (size_t j = 0; j < L; j++)
+                if (cb)
+                    memcpy(out + k * pb + (s * L + j) * cb,
+                           (const char *)t->send[s] + (k * L + j) * cb, cb);
+    struct xfer x[2 * RDV_MAX_NODES];
+    int nx = 0;
+    for (int p = 0; p < c->nodes; p++) {
+        if (p == c->me) continue;
+        x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), out + (size_t)p * pb, pb);
+        x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * pb, pb);
+    }
+    int st = exchange(o, x, nx);
+    for (int p = 0; st == COLL_OK && p < c->nodes; p++)
+        if (p != c->me) st = check_hdr(o, p);
+    if (st != COLL_OK) return st;
+    memcpy(in + (size_t)c->me * pb, out + (size_t)c->me * pb, pb);
+    /* unpack: from pod k, [s][j] = rank k*L + s's block for our local j */
+    for (size_t k = 0; k < N; k++)
+        for (size_t s = 0; s < L; s++)
+            for (size_t j = 0; j < L; j++)
+                if (cb)
+                    memcpy((char *)t->recv[j] + (k * L + s) * cb, in + k * pb + (s * L + j) * cb,
+                           cb);
+    return COLL_OK;
+}
+
+int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
+{
+    struct opctx o = {.c = c, .t = t, .why = why, .whylen = whylen};
+    o.es = coll_dtype_size((coll_dtype)t->dtype);
+    o.red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
+    o.hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
+                                 .kind = t->kind,
+                                 .dtype = t->dtype,
+                                 .redop = t->redop,
+                                 .root = t->root,
+                                 .seq = c->seq,
+                                 .count = t->count};
+    switch (t->kind) {
+    case WIRE_OP_ALLREDUCE:
+        return op_allreduce(&o);
+    case WIRE_OP_REDUCE_SCATTER:
+        return op_reduce_scatter(&o);
+    case WIRE_OP_ALLGATHER:
+        return op_allgather(&o);
+    case WIRE_OP_BROADCAST:
+        return op_broadcast(&o);
+    case WIRE_OP_REDUCE:
+        return op_reduce(&o);
+    case WIRE_OP_ALLTOALL:
+        return op_alltoall(&o);
+    case WIRE_OP_BARRIER: {
+        void *slots[RDV_MAX_NODES] = {0};
+        return direct_all(&o, NULL, 0, slots);
+    }
+    default:
+        return failf(&o, COLL_ERR_UNSUPPORTED, "op kind %u", t->kind);
+    }
+}

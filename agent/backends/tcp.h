@@ -1,0 +1,40 @@
+/*
+ * tcp.h: the host backend between agents. Runs one matched op (the buffers of this
+ * pod's participants) with the other pods of its group over the epoch's TCP
+ * connections: local reduction first, then a size-dependent algorithm between pods
+ * (direct exchange for small ops, pipelined ring for large ones), then the copies to
+ * the local participants. Called on the net thread only.
+ */
+#ifndef AGENT_BACKENDS_TCP_H
+#define AGENT_BACKENDS_TCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct net;
+struct ngroup;
+struct net_task;
+
+struct tcp_comm {
+    struct net *net;
+    struct ngroup *g;
+    int nodes, me, nlocal;
+    int *fds; /* by node index; fds[me] unused */
+    uint64_t seq; /* this op's number in the epoch, checked against every peer's */
+    int64_t deadline_ns;
+    void *scratch[2]; /* grown on demand, kept by the caller between ops */
+    size_t scratch_cap[2];
+};
+
+/* Run t to completion; returns a coll_err (why says more on failure). Blocks the net
+ * thread until done, a peer fails, the deadline passes or the epoch is aborted. */
+int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
+
+/* Provided by net.c: keeps the rendezvous serviced during long transfers; returns
+ * nonzero (a coll_err) when the op must stop. */
+int net_service(struct net *n, struct ngroup *g);
+
+/* Ops of at most this many bytes per pod use the direct exchange. */
+#define TCP_SMALL_BYTES (64 * 1024)
+
+#endif

@@ -1,0 +1,1236 @@
+/*
+ * net.c: the net thread. It owns the ZeroMQ sockets of the rendezvous, the data-plane
+ * listener and connections, and the queue of ops from the engine. One loop: wait on
+ * the sockets and the engine's doorbell, run the rendezvous state machines, set up
+ * the connections of a freshly committed epoch, and run ready ops one at a time per
+ * group (backends/tcp.c), servicing the rendezvous while an op's bytes move.
+ *
+ * Rendezvous (DESIGN.md section 6): node 0 is the coordinator and binds a ROUTER;
+ * the others connect a DEALER and send JOIN until they get COMMIT. When every index
+ * is present the coordinator commits epoch = max(seen) + 1 with the member table.
+ * Heartbeats go both ways; silence for 3 intervals, a broken data connection, an op
+ * past its deadline, a mismatch, or a member that rejoins end the epoch with ABORT,
+ * and everybody joins again.
+ */
+#include "net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "backends/tcp.h"
+#include "coll/coll.h"
+#include "log.h"
+#include "rdv_wire.h"
+#include "wire.h"
+
+#define NS_PER_MS 1000000LL
+#define ZMQ_ID_MAX 256
+#define MAX_PENDING_ACCEPTS 256
+
+struct coord_peer {
+    int present;
+    unsigned char id[ZMQ_ID_MAX];
+    size_t idlen;
+    int64_t last_heard;
+    struct rdv_join join;
+};
+
+/* Sends to one pod: a FIFO, the head partly written. */
+struct p2p_out {
+    struct net_task *head, *tail;
+    size_t done; /* bytes of header + payload of head written */
+    struct data_op_hdr hdr;
+};
+
+/* A message that arrived before its receive was posted. */
+struct unexpected {
+    struct unexpected *next;
+    struct data_op_hdr hdr;
+    void *data;
+};
+
+/* Receiving from one pod: header, then payload into a posted buffer or a copy. */
+struct p2p_in {
+    struct data_op_hdr hdr;
+    size_t hgot, pgot, plen;
+    struct net_task *task; /* the matched receive, or NULL */
+    struct unexpected *unx; /* or where the payload goes */
+    int discard;            /* mismatched: read and drop the payload */
+};
+
+struct ngroup {
+    const struct group_config *cfg;
+    int index; /* in cfg->groups */
+    int nodes, me, nlocal;
+    uint64_t config_hash, name_hash;
+    /* epoch state */
+    uint32_t epoch;      /* committed epoch, or the last one (0: never) */
+    int committed, ready;
+    int awaiting_mark;   /* aborted by the net: hold ops until the engine's mark */
+    uint32_t floor;      /* ops of engine epochs below this fail */
+    struct rdv_member members[RDV_MAX_NODES];
+    int fds[RDV_MAX_NODES];  /* collectives, in lockstep */
+    int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
+    struct p2p_out out[RDV_MAX_NODES];
+    struct p2p_in in[RDV_MAX_NODES];
+    struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
+    struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
+    int64_t form_deadline;
+    int64_t next_join, next_hb, coord_heard;
+    char last_reject[RDV_MSG_MAX];
+    /* coordinator */
+    struct coord_peer peers[RDV_MAX_NODES];
+    /* ops */
+    struct net_task *q_head, *q_tail;
+    uint64_t ops_done;
+    void *scratch[2];
+    size_t scratch_cap[2];
+};
+
+struct pending_conn {
+    int fd;
+    size_t got;
+    struct data_hello hello;
+    int64_t deadline;
+};
+
+struct net {
+    const struct config *cfg;
+    pthread_t thread;
+    int started;
+    _Atomic int stop;
+    void *zctx, *router, *dealer;
+    int lfd;
+    char data_addr[RDV_ADDR_MAX];
+    struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
+    int ngroups;
+    /* engine -> net */
+    pthread_mutex_t in_lock;
+    struct net_task *in_head, *in_tail;
+    int in_efd;
+    /* net -> engine */
+    pthread_mutex_t out_lock;
+    struct net_task *done_head, *done_tail;
+    struct net_event *ev_head, *ev_tail;
+    int out_efd;
+    _Atomic int results;
+    struct pending_conn pend[MAX_PENDING_ACCEPTS];
+    int npend;
+    int64_t last_service;
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* ---- queues -------------------------------------------------------------------- */
+
+void net_submit(struct net *n, struct net_task *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&n->in_lock);
+    if (n->in_tail)
+        n->in_tail->next = t;
+    else
+        n->in_head = t;
+    n->in_tail = t;
+    pthread_mutex_unlock(&n->in_lock);
+    uint64_t one = 1;
+    ssize_t w = write(n->in_efd, &one, sizeof(one));
+    (void)w;
+}
+
+int net_notify_fd(const struct net *n)
+{
+    return n->out_efd;
+}
+
+int net_has_results(struct net *n)
+{
+    return atomic_load_explicit(&n->results, memory_order_acquire);
+}
+
+void net_collect(struct net *n, struct net_task **done, struct net_event **events)
+{
+    pthread_mutex_lock(&n->out_lock);
+    *done = n->done_head;
+    *events = n->ev_head;
+    n->done_head = n->done_tail = NULL;
+    n->ev_head = n->ev_tail = NULL;
+    atomic_store_explicit(&n->results, 0, memory_order_release);
+    pthread_mutex_unlock(&n->out_lock);
+}
+
+static void wake_engine(struct net *n)
+{
+    atomic_store_explicit(&n->results, 1, memory_order_release);
+    uint64_t one = 1;
+    ssize_t w = write(n->out_efd, &one, sizeof(one));
+    (void)w;
+}
+
+static void return_task(struct net *n, struct net_task *t, int status)
+{
+    t->status = status;
+    t->next = NULL;
+    pthread_mutex_lock(&n->out_lock);
+    if (n->done_tail)
+        n->done_tail->next = t;
+    else
+        n->done_head = t;
+    n->done_tail = t;
+    pthread_mutex_unlock(&n->out_lock);
+    wake_engine(n);
+}
+
+static void post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why)
+{
+    struct net_event *e = calloc(1, sizeof(*e));
+    if (!e) return; /* the engine learns of it through the failed ops */
+    e->group = g->index;
+    e->broken = broken;
+    e->code = code;
+    e->epoch = g->epoch;
+    snprintf(e->why, sizeof(e->why), "%s", why);
+    pthread_mutex_lock(&n->out_lock);
+    if (n->ev_tail)
+        n->ev_tail->next = e;
+    else
+        n->ev_head = e;
+    n->ev_tail = e;
+    pthread_mutex_unlock(&n->out_lock);
+    wake_engine(n);
+}
+
+/* ---- epochs ------------------------------------------------------------------------ */
+
+static void close_data(struct ngroup *g)
+{
+    for (int i = 0; i < RDV_MAX_NODES; i++) {
+        if (g->fds[i] >= 0) close(g->fds[i]);
+        if (g->pfds[i] >= 0) close(g->pfds[i]);
+        g->fds[i] = g->pfds[i] = -1;
+    }
+}
+
+/* ---- sends and receives between pods ----------------------------------------------- */
+
+static void return_task(struct net *n, struct net_task *t, int status);
+static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                     int tell_others);
+
+/* Fail every send and receive in flight and forget half-read messages. */
+static void p2p_reset(struct net *n, struct ngroup *g, int code)
+{
+    for (int p = 0; p < RDV_MAX_NODES; p++) {
+        struct p2p_out *o = &g->out[p];
+        while (o->head) {
+            struct net_task *t = o->head;
+            o->head = t->next;
+            return_task(n, t, code);
+        }
+        o->tail = NULL;
+        o->done = 0;
+        struct p2p_in *in = &g->in[p];
+        if (in->task) return_task(n, in->task, code);
+        if (in->unx) {
+            free(in->unx->data);
+            free(in->unx);
+        }
+        memset(in, 0, sizeof(*in));
+    }
+    while (g->posted_head) {
+        struct net_task *t = g->posted_head;
+        g->posted_head = t->next;
+        return_task(n, t, code);
+    }
+    g->posted_tail = NULL;
+    while (g->unx_head) {
+        struct unexpected *u = g->unx_head;
+        g->unx_head = u->next;
+        free(u->data);
+        free(u);
+    }
+    g->unx_tail = NULL;
+}
+
+static int my_rank(const struct ngroup *g, const struct net_task *t)
+{
+    return g->me * g->nlocal + t->local_slot;
+}
+
+/* Does receive t take the message described by h? 1 yes, 0 not for it. */
+static int p2p_matches(const struct ngroup *g, const struct net_task *t, const struct data_op_hdr *h)
+{
+    return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t);
+}
+
+static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
+{
+    return h->count == t->count && h->dtype == t->dtype;
+}
+
+static void p2p_write(struct net *n, struct ngroup *g, int peer);
+
+static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
+{
+    t->next = NULL;
+    if (t->kind == WIRE_OP_SEND) {
+        int peer = t->root / g->nlocal;
+        struct p2p_out *o = &g->out[peer];
+        if (o->tail)
+            o->tail->next = t;
+        else
+            o->head = t;
+        o->tail = t;
+        p2p_write(n, g, peer);
+        return;
+    }
+    /* a receive: the message may be here already */
+    struct unexpected **pp = &g->unx_head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct unexpected *u = *pp;
+        if (!p2p_matches(g, t, &u->hdr)) continue;
+        *pp = u->next;
+        if (g->unx_tail == u) g->unx_tail = prev;
+        int ok = p2p_agree(t, &u->hdr);
+        if (ok && t->count)
+            memcpy(t->recv[t->local_slot], u->data,
+                   t->count * coll_dtype_size((coll_dtype)t->dtype));
+        free(u->data);
+        free(u);
+        return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH);
+        return;
+    }
+    if (g->posted_tail)
+        g->posted_tail->next = t;
+    else
+        g->posted_head = t;
+    g->posted_tail = t;
+}
+
+static void p2p_write(struct net *n, struct ngroup *g, int peer)
+{
+    struct p2p_out *o = &g->out[peer];
+    while (o->head && g->pfds[peer] >= 0) {
+        struct net_task *t = o->head;
+        size_t bytes = t->count * coll_dtype_size((coll_dtype)t->dtype);
+        if (o->done == 0)
+            o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
+                                          .kind = WIRE_OP_SEND,
+                                          .dtype = t->dtype,
+                                          .src_rank = (uint32_t)my_rank(g, t),
+                                          .dst_rank = (uint32_t)t->root,
+                                          .count = t->count};
+        struct iovec v[2];
+        int nv = 0;
+        if (o->done < sizeof(o->hdr))
+            v[nv++] = (struct iovec){(char *)&o->hdr + o->done, sizeof(o->hdr) - o->done};
+        size_t pdone = o->done > sizeof(o->hdr) ? o->done - sizeof(o->hdr) : 0;
+        if (bytes > pdone)
+            v[nv++] = (struct iovec){(char *)t->send[t->local_slot] + pdone, bytes - pdone};
+        ssize_t r = nv ? writev(g->pfds[peer], v, nv) : 0;
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (r < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "send to node %d: %s", peer, strerror(errno));
+            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            return;
+        }
+        o->done += (size_t)r;
+        if (o->done == sizeof(o->hdr) + bytes) {
+            o->head = t->next;
+            if (!o->head) o->tail = NULL;
+            o->done = 0;
+            return_task(n, t, COLL_OK);
+        }
+    }
+}
+
+static void p2p_read(struct net *n, struct ngroup *g, int peer)
+{
+    struct p2p_in *in = &g->in[peer];
+    char sink[4096];
+    for (;;) {
+        if (g->pfds[peer] < 0) return;
+        void *dst;
+        size_t want;
+        if (in->hgot < sizeof(in->hdr)) {
+            dst = (char *)&in->hdr + in->hgot;
+            want = sizeof(in->hdr) - in->hgot;
+        } else {
+            if (in->discard)
+                dst = sink;
+            else if (in->task)
+                dst = (char *)in->task->recv[in->task->local_slot] + in->pgot;
+            else
+                dst = (char *)in->unx->data + in->pgot;
+            want = in->plen - in->pgot;
+            if (in->discard && want > sizeof(sink)) want = sizeof(sink);
+        }
+        ssize_t r = want ? read(g->pfds[peer], dst, want) : 0;
+        if (want && r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (want && r <= 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "node %d closed its send/recv connection", peer);
+            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            return;
+        }
+        if (in->hgot < sizeof(in->hdr)) {
+            in->hgot += (size_t)r;
+            if (in->hgot < sizeof(in->hdr)) continue;
+            struct data_op_hdr *h = &in->hdr;
+            size_t es = coll_dtype_size((coll_dtype)h->dtype);
+            if (h->magic != DATA_MAGIC || h->kind != WIRE_OP_SEND || !es ||
+                h->src_rank / (uint32_t)g->nlocal != (uint32_t)peer ||
+                h->dst_rank / (uint32_t)g->nlocal != (uint32_t)g->me ||
+                h->count > (1ull << 40) / es) {
+                char why[128];
+                snprintf(why, sizeof(why), "bad send header from node %d", peer);
+                ng_abort(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                return;
+            }
+            in->plen = h->count * es;
+            in->pgot = 0;
+            struct net_task **pp = &g->posted_head, *prev = NULL;
+            for (; *pp; prev = *pp, pp = &(*pp)->next) {
+                if (!p2p_matches(g, *pp, h)) continue;
+                in->task = *pp;
+                *pp = in->task->next;
+                if (g->posted_tail == in->task) g->posted_tail = prev;
+                in->discard = !p2p_agree(in->task, h);
+                break;
+            }
+            if (!in->task) {
+                in->unx = calloc(1, sizeof(*in->unx));
+                if (in->unx) in->unx->data = malloc(in->plen ? in->plen : 1);
+                if (!in->unx || !in->unx->data) {
+                    ng_abort(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    return;
+                }
+                in->unx->hdr = *h;
+            }
+        } else {
+            in->pgot += (size_t)r;
+        }
+        if (in->pgot < in->plen) continue;
+        /* a whole message */
+        if (in->task) {
+            return_task(n, in->task, in->discard ? COLL_ERR_MISMATCH : COLL_OK);
+        } else {
+            in->unx->next = NULL;
+            if (g->unx_tail)
+                g->unx_tail->next = in->unx;
+            else
+                g->unx_head = in->unx;
+            g->unx_tail = in->unx;
+        }
+        memset(in, 0, sizeof(*in));
+    }
+}
+
+/* Move every send and receive of g as far as the sockets allow, without blocking. */
+static void p2p_progress(struct net *n, struct ngroup *g)
+{
+    if (!g->ready) return;
+    for (int p = 0; p < g->nodes; p++) {
+        if (p == g->me) continue;
+        p2p_read(n, g, p);
+        if (!g->ready) return;
+        p2p_write(n, g, p);
+        if (!g->ready) return;
+    }
+}
+
+static void fail_queue(struct net *n, struct ngroup *g, int code)
+{
+    while (g->q_head) {
+        struct net_task *t = g->q_head;
+        g->q_head = t->next;
+        return_task(n, t, code);
+    }
+    g->q_tail = NULL;
+}
+
+static void send_rdv(struct net *n, const unsigned char *id, size_t idlen, union rdv_msg *m)
+{
+    size_t len = rdv_size(m);
+    m->h.len = (uint32_t)len;
+    if (id) {
+        if (zmq_send(n->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
+        zmq_send(n->router, m, len, ZMQ_DONTWAIT);
+    } else if (n->dealer) {
+        zmq_send(n->dealer, m, len, ZMQ_DONTWAIT);
+    }
+}
+
+static void send_join(struct net *n, struct ngroup *g)
+{
+    union rdv_msg m;
+    rdv_init(&m, RDV_JOIN, g->cfg->name, 0);
+    m.join.config_hash = g->config_hash;
+    m.join.nodes = (uint32_t)g->nodes;
+    m.join.node_index = (uint32_t)g->me;
+    m.join.local_slots = (uint32_t)g->nlocal;
+    m.join.last_epoch = g->epoch;
+    snprintf(m.join.pod, sizeof(m.join.pod), "%s", n->cfg->node.name);
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "%s", n->data_addr);
+    send_rdv(n, NULL, 0, &m);
+    g->next_join = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+}
+
+static void coord_commit(struct net *n, struct ngroup *g);
+
+/*
+ * End the current epoch of g: close its connections, fail its queued ops with code,
+ * tell the engine (from_engine: it already knows), tell the other agents, and start
+ * joining again.
+ */
+static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                     int tell_others)
+{
+    int had = g->committed;
+    log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
+            "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->epoch,
+            coll_strerror((coll_err)code), why);
+    close_data(g);
+    g->committed = g->ready = 0;
+    fail_queue(n, g, code);
+    p2p_reset(n, g, code);
+    if (!from_engine) {
+        g->awaiting_mark = 1;
+        post_event(n, g, 1, code, why);
+    }
+    if (tell_others) {
+        union rdv_msg m;
+        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
+        m.abort.code = code;
+        m.abort.node_index = (uint32_t)g->me;
+        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
+        if (g->me == 0) {
+            for (int i = 1; i < g->nodes; i++)
+                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+        } else {
+            send_rdv(n, NULL, 0, &m);
+        }
+    }
+    if (g->me == 0) {
+        /* every member must join again; we are present at once */
+        for (int i = 1; i < g->nodes; i++)
+            g->peers[i].present = 0;
+    } else {
+        send_join(n, g);
+    }
+}
+
+/* Members' table of a committed epoch: connect to lower indices, accept higher ones. */
+static int connect_to(const char *addr, char *why, size_t whylen)
+{
+    char host[RDV_ADDR_MAX];
+    snprintf(host, sizeof(host), "%s", addr);
+    char *colon = strrchr(host, ':');
+    if (!colon) {
+        snprintf(why, whylen, "bad data address '%s'", addr);
+        return -1;
+    }
+    *colon = '\0';
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(host, colon + 1, &hints, &res);
+    if (rc) {
+        snprintf(why, whylen, "resolving %s: %s", addr, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) < 0 && errno != EINPROGRESS)) {
+        snprintf(why, whylen, "connecting to %s: %s", addr, strerror(errno));
+        freeaddrinfo(res);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static void tune_socket(int fd)
+{
+    int one = 1, buf = 4 << 20;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+static void check_ready(struct net *n, struct ngroup *g)
+{
+    (void)n;
+    if (!g->committed || g->ready) return;
+    for (int i = 0; i < g->nodes; i++)
+        if (i != g->me && (g->fds[i] < 0 || g->pfds[i] < 0)) return;
+    g->ready = 1;
+    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
+            g->epoch, g->nodes, g->me);
+    post_event(n, g, 0, 0, "formed");
+}
+
+static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commit *c)
+{
+    close_data(g);
+    g->epoch = c->h.epoch;
+    g->committed = 1;
+    g->ready = 0;
+    g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
+    memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
+    g->form_deadline = now_ns() + (int64_t)g->cfg->join_timeout_ms * NS_PER_MS;
+    g->coord_heard = now_ns();
+    for (int jc = 0; jc < 2 * g->me; jc++) {
+        int j = jc / 2, ch = jc % 2;
+        char why[160];
+        int fd = connect_to(g->members[j].data_addr, why, sizeof(why));
+        if (fd < 0) {
+            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            return;
+        }
+        tune_socket(fd);
+        struct data_hello h = {.magic = DATA_MAGIC,
+                               .version = RDV_VERSION,
+                               .channel = (uint16_t)ch,
+                               .group_hash = g->name_hash,
+                               .epoch = g->epoch,
+                               .from_index = (uint32_t)g->me};
+        /* the hello fits any socket buffer: wait for the connect, then write it */
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (poll(&p, 1, g->cfg->join_timeout_ms) != 1 ||
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err ||
+            write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+            snprintf(why, sizeof(why), "data connection to node %d (%s): %s", j,
+                     g->members[j].data_addr, strerror(err ? err : errno));
+            close(fd);
+            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            return;
+        }
+        if (ch == DATA_CH_COLL)
+            g->fds[j] = fd;
+        else
+            g->pfds[j] = fd;
+    }
+    log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
+            g->epoch, g->nodes, g->me);
+    check_ready(n, g);
+}
+
+/* ---- coordinator ---------------------------------------------------------------------- */
+
+static void coord_commit(struct net *n, struct ngroup *g)
+{
+    uint32_t e = g->epoch;
+    for (int i = 1; i < g->nodes; i++)
+        if (g->peers[i].join.last_epoch > e) e = g->peers[i].join.last_epoch;
+    union rdv_msg m;
+    rdv_init(&m, RDV_COMMIT, g->cfg->name, e + 1);
+    m.commit.nodes = (uint32_t)g->nodes;
+    snprintf(m.commit.members[0].pod, RDV_NAME_MAX, "%s", n->cfg->node.name);
+    snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "%s", n->data_addr);
+    for (int i = 1; i < g->nodes; i++) {
+        memcpy(m.commit.members[i].pod, g->peers[i].join.pod, RDV_NAME_MAX);
+        memcpy(m.commit.members[i].data_addr, g->peers[i].join.data_addr, RDV_ADDR_MAX);
+    }
+    for (int i = 1; i < g->nodes; i++)
+        send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+    apply_commit(n, g, &m.commit);
+}
+
+static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
+                          const struct rdv_join *j)
+{
+    struct ngroup *g = NULL;
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i] && strcmp(n->groups[i]->cfg->name, j->h.group) == 0) g = n->groups[i];
+    union rdv_msg r;
+    rdv_init(&r, RDV_REJECT, j->h.group, 0);
+    if (!g) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "no group '%s' spans several pods on the coordinator", j->h.group);
+    } else if (j->nodes != (uint32_t)g->nodes) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': member has world size (members) %u, coordinator has %d",
+                 j->h.group, j->nodes, g->nodes);
+    } else if (j->config_hash != g->config_hash) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': member config hash %016llx differs from coordinator's %016llx",
+                 j->h.group, (unsigned long long)j->config_hash,
+                 (unsigned long long)g->config_hash);
+    } else if (j->node_index == 0) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': node index 0 is the coordinator itself", j->h.group);
+    }
+    if (r.reject.why[0]) {
+        log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\"", j->node_index,
+                j->pod, r.reject.why);
+        send_rdv(n, id, idlen, &r);
+        return;
+    }
+    struct coord_peer *p = &g->peers[j->node_index];
+    int same = p->present && p->idlen == idlen && memcmp(p->id, id, idlen) == 0;
+    if (g->committed && same && j->last_epoch < g->epoch) {
+        /* sent before our COMMIT reached it: nothing new */
+        p->last_heard = now_ns();
+        return;
+    }
+    if (g->committed) {
+        char why[160];
+        snprintf(why, sizeof(why), "node %u (%s) joined again", j->node_index, j->pod);
+        ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+    }
+    p->present = 1;
+    memcpy(p->id, id, idlen);
+    p->idlen = idlen;
+    p->join = *j;
+    p->last_heard = now_ns();
+    log_msg(LOG_INFO, "rendezvous.join", "group=%s node=%u pod=\"%s\" data=%s last_epoch=%u",
+            g->cfg->name, j->node_index, j->pod, j->data_addr, j->last_epoch);
+    for (int i = 1; i < g->nodes; i++)
+        if (!g->peers[i].present) return;
+    coord_commit(n, g);
+}
+
+/* ---- frames ------------------------------------------------------------------------------ */
+
+static struct ngroup *group_named(struct net *n, const char *name)
+{
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i] && strcmp(n->groups[i]->cfg->name, name) == 0) return n->groups[i];
+    return NULL;
+}
+
+static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const void *buf,
+                     size_t len)
+{
+    union rdv_msg m;
+    char why[160];
+    if (rdv_decode(buf, len, &m, why, sizeof(why)) < 0) {
+        log_msg(LOG_WARN, "rendezvous.bad_frame", "from=%s bytes=%zu reason=\"%s\"",
+                id ? "member" : "coordinator", len, why);
+        return;
+    }
+    if (id && m.h.type == RDV_JOIN) {
+        coord_on_join(n, id, idlen, &m.join);
+        return;
+    }
+    struct ngroup *g = group_named(n, m.h.group);
+    if (!g) return;
+    int64_t t = now_ns();
+    if (id) { /* coordinator side: from a member */
+        int from = -1;
+        for (int i = 1; i < g->nodes; i++)
+            if (g->peers[i].present && g->peers[i].idlen == idlen &&
+                memcmp(g->peers[i].id, id, idlen) == 0)
+                from = i;
+        if (from < 0) return; /* not a member of this group (any more) */
+        g->peers[from].last_heard = t;
+        if (m.h.type == RDV_ABORT && g->committed && m.h.epoch == g->epoch)
+            ng_abort(n, g, m.abort.code, m.abort.why, 0, 1);
+        return;
+    }
+    /* member side: from the coordinator */
+    g->coord_heard = t;
+    switch (m.h.type) {
+    case RDV_COMMIT:
+        if (m.commit.nodes != (uint32_t)g->nodes) return;
+        if (g->committed && m.h.epoch == g->epoch) return;
+        if (m.h.epoch <= g->epoch) return; /* an old commit */
+        apply_commit(n, g, &m.commit);
+        break;
+    case RDV_REJECT:
+        if (strcmp(g->last_reject, m.reject.why) != 0) {
+            log_msg(LOG_ERROR, "rendezvous.rejected", "group=%s reason=\"%s\"", g->cfg->name,
+                    m.reject.why);
+            snprintf(g->last_reject, sizeof(g->last_reject), "%s", m.reject.why);
+        }
+        break;
+    case RDV_ABORT:
+        if (g->committed && m.h.epoch == g->epoch) ng_abort(n, g, m.abort.code, m.abort.why, 0, 0);
+        break;
+    default:
+        break;
+    }
+}
+
+static void drain_zmq(struct net *n, void *sock, int is_router)
+{
+    for (;;) {
+        unsigned char id[ZMQ_ID_MAX];
+        size_t idlen = 0;
+        zmq_msg_t msg;
+        if (is_router) {
+            int r = zmq_recv(sock, id, sizeof(id), ZMQ_DONTWAIT);
+            if (r < 0) return;
+            idlen = (size_t)(r > ZMQ_ID_MAX ? ZMQ_ID_MAX : r);
+            int more = 0;
+            size_t ml = sizeof(more);
+            zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+            if (!more) continue; /* an id with no body */
+        }
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&msg);
+            return;
+        }
+        int more = zmq_msg_more(&msg);
+        on_frame(n, is_router ? id : NULL, idlen, zmq_msg_data(&msg), zmq_msg_size(&msg));
+        zmq_msg_close(&msg);
+        while (more) { /* extra frames: drop them */
+            zmq_msg_init(&msg);
+            if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) more = 0;
+            else more = zmq_msg_more(&msg);
+            zmq_msg_close(&msg);
+        }
+    }
+}
+
+/* ---- timers ------------------------------------------------------------------------------ */
+
+static void timers(struct net *n, struct ngroup *g, int64_t t)
+{
+    int64_t hb = (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+    if (g->me == 0) {
+        if (t >= g->next_hb) {
+            union rdv_msg m;
+            rdv_init(&m, RDV_HEARTBEAT, g->cfg->name, g->epoch);
+            for (int i = 1; i < g->nodes; i++)
+                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+            g->next_hb = t + hb;
+        }
+        for (int i = 1; i < g->nodes; i++) {
+            if (!g->peers[i].present || t - g->peers[i].last_heard < 3 * hb) continue;
+            char why[160];
+            snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i,
+                     g->peers[i].join.pod, (long long)((t - g->peers[i].last_heard) / NS_PER_MS));
+            if (g->committed)
+                ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            g->peers[i].present = 0;
+        }
+    } else {
+        if (!g->committed && t >= g->next_join) send_join(n, g);
+        if (g->committed && t >= g->next_hb) {
+            union rdv_msg m;
+            rdv_init(&m, RDV_HEARTBEAT, g->cfg->name, g->epoch);
+            m.heartbeat.node_index = (uint32_t)g->me;
+            send_rdv(n, NULL, 0, &m);
+            g->next_hb = t + hb;
+        }
+        if (g->committed && t - g->coord_heard > 3 * hb)
+            ng_abort(n, g, COLL_ERR_PEER_LOST, "the coordinator is silent", 0, 0);
+    }
+    if (g->committed && !g->ready && t > g->form_deadline)
+        ng_abort(n, g, COLL_ERR_PEER_LOST, "data connections not up within join_ms", 0, 1);
+    /* sends and receives in flight */
+    int64_t oldest = INT64_MAX;
+    if (g->posted_head) oldest = g->posted_head->deadline_ns;
+    for (int p = 0; p < g->nodes; p++)
+        if (g->out[p].head && g->out[p].head->deadline_ns < oldest) oldest = g->out[p].head->deadline_ns;
+    if (oldest <= t) {
+        char why[160];
+        snprintf(why, sizeof(why), "a send or receive found no partner in %d ms",
+                 g->cfg->op_timeout_ms);
+        ng_abort(n, g, COLL_ERR_TIMEOUT, why, 0, g->committed);
+        return;
+    }
+    /* the oldest queued op bounds every other one's wait */
+    if (g->q_head && g->q_head->deadline_ns <= t) {
+        char why[160];
+        snprintf(why, sizeof(why), "op %llu waited %d ms for the group to form",
+                 (unsigned long long)g->q_head->seq, g->cfg->op_timeout_ms);
+        ng_abort(n, g, COLL_ERR_TIMEOUT, why, 0, g->committed);
+    }
+}
+
+/* ---- data-plane accepts ---------------------------------------------------------------- */
+
+static void accept_conns(struct net *n)
+{
+    for (;;) {
+        int fd = accept4(n->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        if (n->npend == MAX_PENDING_ACCEPTS) {
+            close(fd);
+            continue;
+        }
+        tune_socket(fd);
+        n->pend[n->npend++] = (struct pending_conn){.fd = fd, .deadline = now_ns() + 10000 * NS_PER_MS};
+    }
+}
+
+static void progress_pending(struct net *n)
+{
+    int64_t t = now_ns();
+    for (int i = 0; i < n->npend;) {
+        struct pending_conn *p = &n->pend[i];
+        int drop = 0, keep = 1;
+        if (p->got < sizeof(p->hello)) {
+            ssize_t r = read(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got);
+            if (r > 0) p->got += (size_t)r;
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) drop = 1;
+        }
+        if (!drop && p->got == sizeof(p->hello)) {
+            char why[128];
+            struct ngroup *g = NULL;
+            if (data_hello_check(&p->hello, why, sizeof(why)) < 0) {
+                log_msg(LOG_WARN, "data.bad_hello", "reason=\"%s\"", why);
+                drop = 1;
+            } else {
+                for (int k = 0; k < n->ngroups; k++)
+                    if (n->groups[k] && n->groups[k]->name_hash == p->hello.group_hash)
+                        g = n->groups[k];
+                int *slot = NULL;
+                if (g && (int)p->hello.from_index > g->me && (int)p->hello.from_index < g->nodes)
+                    slot = p->hello.channel == DATA_CH_COLL ? &g->fds[p->hello.from_index]
+                                                             : &g->pfds[p->hello.from_index];
+                if (!slot || p->hello.epoch < g->epoch ||
+                    (g->committed && p->hello.epoch == g->epoch && *slot >= 0))
+                    drop = 1;
+                else if (g->committed && p->hello.epoch == g->epoch) {
+                    *slot = p->fd;
+                    keep = 0;
+                    check_ready(n, g);
+                }
+                /* else: from an epoch we have not been told of yet: keep it */
+            }
+        }
+        if (!drop && keep && t > p->deadline) drop = 1;
+        if (drop) close(p->fd);
+        if (drop || !keep) {
+            n->pend[i] = n->pend[--n->npend];
+            continue;
+        }
+        i++;
+    }
+}
+
+/* ---- ops ------------------------------------------------------------------------------------ */
+
+/* Called from inside an op's transfer loop: keep the rendezvous alive, and say whether
+ * the op must stop (returns its error code, 0 to go on). */
+int net_service(struct net *n, struct ngroup *g)
+{
+    int64_t t = now_ns();
+    if (atomic_load(&n->stop)) return COLL_ERR_SHUTDOWN;
+    if (t - n->last_service < 20 * NS_PER_MS) return 0;
+    n->last_service = t;
+    uint32_t epoch = g->epoch;
+    if (n->router) drain_zmq(n, n->router, 1);
+    if (n->dealer) drain_zmq(n, n->dealer, 0);
+    for (int i = 0; i < n->ngroups; i++) {
+        if (!n->groups[i]) continue;
+        p2p_progress(n, n->groups[i]);
+        if (n->groups[i] != g) timers(n, n->groups[i], t);
+    }
+    if (!g->committed || g->epoch != epoch) return COLL_ERR_PEER_LOST;
+    return 0;
+}
+
+static void take_engine_tasks(struct net *n)
+{
+    uint64_t v;
+    ssize_t r = read(n->in_efd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&n->in_lock);
+    struct net_task *t = n->in_head;
+    n->in_head = n->in_tail = NULL;
+    pthread_mutex_unlock(&n->in_lock);
+    while (t) {
+        struct net_task *next = t->next;
+        struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
+        if (!g) {
+            return_task(n, t, COLL_ERR_INTERNAL);
+        } else if (t->type == NET_TASK_MARK) {
+            /* everything queued before the mark belongs to an older engine epoch */
+            g->floor = t->lepoch;
+            g->awaiting_mark = 0;
+            if (t->abort && (g->committed || g->q_head))
+                ng_abort(n, g, t->code, "a participant on this pod left or failed", 1,
+                         g->committed);
+            struct net_task *q = g->q_head, *keep_h = NULL, *keep_t = NULL;
+            while (q) {
+                struct net_task *qn = q->next;
+                if (q->lepoch < g->floor)
+                    return_task(n, q, COLL_ERR_EPOCH);
+                else {
+                    q->next = NULL;
+                    if (keep_t) keep_t->next = q;
+                    else keep_h = q;
+                    keep_t = q;
+                }
+                q = qn;
+            }
+            g->q_head = keep_h;
+            g->q_tail = keep_t;
+            return_task(n, t, COLL_OK);
+        } else if (t->lepoch < g->floor) {
+            return_task(n, t, COLL_ERR_EPOCH);
+        } else {
+            t->next = NULL;
+            if (g->q_tail) g->q_tail->next = t;
+            else g->q_head = t;
+            g->q_tail = t;
+        }
+        t = next;
+    }
+}
+
+static void run_ready_ops(struct net *n)
+{
+    for (int i = 0; i < n->ngroups; i++) {
+        struct ngroup *g = n->groups[i];
+        while (g && g->ready && !g->awaiting_mark && g->q_head) {
+            struct net_task *t = g->q_head;
+            if (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV) {
+                /* pods do not run sends and receives in the same order: they never
+                 * hold up the lockstep queue */
+                g->q_head = t->next;
+                if (!g->q_head) g->q_tail = NULL;
+                p2p_post(n, g, t);
+                continue;
+            }
+            struct tcp_comm c = {.net = n,
+                                 .g = g,
+                                 .seq = g->ops_done,
+                                 .scratch = {g->scratch[0], g->scratch[1]},
+                                 .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]},
+                                 .nodes = g->nodes,
+                                 .me = g->me,
+                                 .nlocal = g->nlocal,
+                                 .fds = g->fds,
+                                 .deadline_ns = t->deadline_ns};
+            char why[160] = "";
+            int st = tcp_run(&c, t, why, sizeof(why));
+            for (int k = 0; k < 2; k++) { /* the scratch buffers live on with the group */
+                g->scratch[k] = c.scratch[k];
+                g->scratch_cap[k] = c.scratch_cap[k];
+            }
+            if (g->q_head != t) break; /* an abort inside the op already returned it */
+            g->q_head = t->next;
+            if (!g->q_head) g->q_tail = NULL;
+            return_task(n, t, st); /* t is the engine's from here on */
+            g->ops_done++;
+            if (st != COLL_OK && g->committed)
+                ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
+            else if (st != COLL_OK) { /* already aborted while the op ran */
+            }
+        }
+    }
+}
+
+static void *net_main(void *arg)
+{
+    struct net *n = arg;
+    while (!atomic_load(&n->stop)) {
+        zmq_pollitem_t items[4 + MAX_PENDING_ACCEPTS + 256];
+        int ni = 0;
+        for (int i = 0; i < n->ngroups; i++) {
+            struct ngroup *g = n->groups[i];
+            for (int p = 0; g && g->ready && p < g->nodes && ni < 256; p++)
+                if (g->pfds[p] >= 0)
+                    items[ni++] = (zmq_pollitem_t){
+                        .fd = g->pfds[p],
+                        .events = (short)(ZMQ_POLLIN | (g->out[p].head ? ZMQ_POLLOUT : 0))};
+        }
+        if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
+        if (n->dealer) items[ni++] = (zmq_pollitem_t){.socket = n->dealer, .events = ZMQ_POLLIN};
+        items[ni++] = (zmq_pollitem_t){.fd = n->lfd, .events = ZMQ_POLLIN};
+        items[ni++] = (zmq_pollitem_t){.fd = n->in_efd, .events = ZMQ_POLLIN};
+        for (int i = 0; i < n->npend; i++)
+            items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
+        zmq_poll(items, ni, 20);
+        if (n->router) drain_zmq(n, n->router, 1);
+        if (n->dealer) drain_zmq(n, n->dealer, 0);
+        accept_conns(n);
+        progress_pending(n);
+        take_engine_tasks(n);
+        int64_t t = now_ns();
+        for (int i = 0; i < n->ngroups; i++) {
+            if (!n->groups[i]) continue;
+            timers(n, n->groups[i], t);
+            p2p_progress(n, n->groups[i]);
+        }
+        run_ready_ops(n);
+    }
+    /* stopping: hand back everything */
+    take_engine_tasks(n);
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i]) {
+            fail_queue(n, n->groups[i], COLL_ERR_SHUTDOWN);
+            p2p_reset(n, n->groups[i], COLL_ERR_SHUTDOWN);
+        }
+    return NULL;
+}
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static uint64_t group_config_hash(const struct group_config *gc)
+{
+    char buf[512];
+    int len = snprintf(buf, sizeof(buf), "%s|%d|%d|%d|%d|%d|%d|%d", gc->name, gc->backend,
+                       gc->members, gc->local_slots, gc->ndevices, gc->op_timeout_ms,
+                       gc->join_timeout_ms, gc->heartbeat_ms);
+    return rdv_fnv1a(buf, (size_t)len, RDV_FNV_INIT);
+}
+
+static int bind_data(struct net *n, char *why, size_t whylen)
+{
+    n->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(n->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)n->cfg->node.data_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t sl = sizeof(sa);
+    if (n->lfd < 0 || bind(n->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        listen(n->lfd, 128) < 0 || getsockname(n->lfd, (struct sockaddr *)&sa, &sl) < 0) {
+        snprintf(why, whylen, "data-plane listener on port %d: %s", n->cfg->node.data_port,
+                 strerror(errno));
+        return -1;
+    }
+    snprintf(n->data_addr, sizeof(n->data_addr), "%.56s:%u", n->cfg->node.address,
+             (unsigned)ntohs(sa.sin_port));
+    return 0;
+}
+
+struct net *net_start(const struct config *cfg, char *why, size_t whylen)
+{
+    why[0] = '\0';
+    int any = 0;
+    for (int i = 0; i < cfg->ngroups; i++)
+        any |= cfg->groups[i].members > 1;
+    if (!any) return NULL;
+    struct net *n = calloc(1, sizeof(*n));
+    if (!n) {
+        snprintf(why, whylen, "out of memory");
+        return NULL;
+    }
+    n->cfg = cfg;
+    n->lfd = n->in_efd = n->out_efd = -1;
+    pthread_mutex_init(&n->in_lock, NULL);
+    pthread_mutex_init(&n->out_lock, NULL);
+    n->ngroups = cfg->ngroups;
+    n->groups = calloc((size_t)cfg->ngroups, sizeof(*n->groups));
+    n->in_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    n->out_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!n->groups || n->in_efd < 0 || n->out_efd < 0) {
+        snprintf(why, whylen, "setting up the net thread: %s", strerror(errno));
+        goto fail;
+    }
+    if (bind_data(n, why, whylen) < 0) goto fail;
+    for (int i = 0; i < cfg->ngroups; i++) {
+        const struct group_config *gc = &cfg->groups[i];
+        if (gc->members <= 1) continue;
+        struct ngroup *g = calloc(1, sizeof(*g));
+        if (!g) goto fail;
+        g->cfg = gc;
+        g->index = i;
+        g->nodes = gc->members;
+        g->me = cfg->node.index;
+        g->nlocal = gc->local_slots;
+        g->config_hash = group_config_hash(gc);
+        g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
+        for (int k = 0; k < RDV_MAX_NODES; k++)
+            g->fds[k] = g->pfds[k] = -1;
+        n->groups[i] = g;
+    }
+    n->zctx = zmq_ctx_new();
+    int linger = 0;
+    char ep[CONFIG_ADDR_MAX + 16];
+    const char *coord = cfg->discovery.peers[0];
+    if (cfg->node.index == 0) {
+        n->router = zmq_socket(n->zctx, ZMQ_ROUTER);
+        zmq_setsockopt(n->router, ZMQ_LINGER, &linger, sizeof(linger));
+        snprintf(ep, sizeof(ep), "tcp://*:%s", strrchr(coord, ':') + 1);
+        if (zmq_bind(n->router, ep) < 0) {
+            snprintf(why, whylen, "rendezvous bind %s: %s", ep, zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+    } else {
+        n->dealer = zmq_socket(n->zctx, ZMQ_DEALER);
+        zmq_setsockopt(n->dealer, ZMQ_LINGER, &linger, sizeof(linger));
+        int ivl = 100, max = 1000;
+        zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+        zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
+        snprintf(ep, sizeof(ep), "tcp://%s", coord);
+        if (zmq_connect(n->dealer, ep) < 0) {
+            snprintf(why, whylen, "rendezvous connect %s: %s", ep, zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+    }
+    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s", cfg->node.index, ep,
+            cfg->node.index == 0 ? "coordinator" : "member", n->data_addr);
+    if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
+        snprintf(why, whylen, "cannot start the net thread");
+        goto fail;
+    }
+    n->started = 1;
+    return n;
+fail:
+    net_free(&n);
+    if (!why[0]) snprintf(why, whylen, "out of memory");
+    return NULL;
+}
+
+void net_stop(struct net *n)
+{
+    if (n && n->started) {
+        atomic_store(&n->stop, 1);
+        pthread_join(n->thread, NULL);
+        n->started = 0;
+    }
+}
+
+void net_free(struct net **np)
+{
+    if (!np || !*np) return;
+    struct net *n = *np;
+    *np = NULL;
+    net_stop(n);
+    for (int i = 0; i < n->ngroups; i++) {
+        if (!n->groups || !n->groups[i]) continue;
+        close_data(n->groups[i]);
+        free(n->groups[i]->scratch[0]);
+        free(n->groups[i]->scratch[1]);
+        free(n->groups[i]);
+    }
+    free(n->groups);
+    for (int i = 0; i < n->npend; i++)
+        close(n->pend[i].fd);
+    if (n->router) zmq_close(n->router);
+    if (n->dealer) zmq_close(n->dealer);
+    if (n->zctx) zmq_ctx_term(n->zctx);
+    if (n->lfd >= 0) close(n->lfd);
+    if (n->in_efd >= 0) close(n->in_efd);
+    /* tasks the engine did not collect are its own memory; events are ours */
+    struct net_event *e = n->ev_head;
+    while (e) {
+        struct net_event *x = e->next;
+        free(e);
+        e = x;
+    }
+    if (n->out_efd >= 0) close(n->out_efd);
+    pthread_mutex_destroy(&n->in_lock);
+    pthread_mutex_destroy(&n->out_lock);
+    free(n);
+}

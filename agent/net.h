@@ -1,0 +1,80 @@
+/*
+ * net.h: the agent's side of the network, on a thread of its own: the ZeroMQ
+ * rendezvous (control plane) and the TCP connections between agents (data plane).
+ * The engine hands it matched ops of groups that span several pods and gets them
+ * back completed, through two queues with eventfd doorbells; it never blocks on the
+ * network itself.
+ */
+#ifndef AGENT_NET_H
+#define AGENT_NET_H
+
+#include <stdint.h>
+
+#include "config.h"
+
+#define NET_MAX_LOCAL 64
+
+struct net;
+struct op;
+
+enum net_task_kind {
+    NET_TASK_OP = 0, /* a matched op (kind below) */
+    NET_TASK_MARK,   /* the engine moved the group to epoch `lepoch`; abort says whether
+                        the net must end the cluster-wide epoch too */
+};
+
+/* One op for the network. Owned by the engine; lent to the net thread between
+ * net_submit and its return through net_collect. */
+struct net_task {
+    struct net_task *next;
+    int type;
+    int group;       /* index into cfg->groups */
+    uint32_t lepoch; /* the engine's epoch of the group when the op was matched */
+    int abort;       /* NET_TASK_MARK */
+    int code;        /* NET_TASK_MARK with abort: why */
+    uint64_t seq;
+    uint8_t kind, dtype, redop;
+    int root; /* global rank; send/recv: the remote peer's global rank */
+    uint64_t count;
+    int local_slot; /* send/recv: the local participant */
+    void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
+    int64_t deadline_ns;
+    int status; /* set by the net thread */
+    /* engine-owned */
+    struct op *ops;
+    int nops;
+    struct net_task *engine_next;
+};
+
+/* Something the engine must act on. */
+struct net_event {
+    struct net_event *next;
+    int group;
+    int broken; /* 1: the group's epoch ended (code, why); 0: formed (epoch) */
+    int code;
+    uint32_t epoch;
+    char why[192];
+};
+
+/*
+ * Start the net thread for cfg's groups that span several pods. Binds the data-plane
+ * listener (node.address:node.data_port) and, on node 0, the rendezvous ROUTER. Returns
+ * NULL (why filled) on failure. With no such group, returns NULL and sets why to "".
+ */
+struct net *net_start(const struct config *cfg, char *why, size_t whylen);
+/* Stop the thread: what is in flight is abandoned (its transfers see the stop within
+ * ~20 ms) and every task comes back with COLL_ERR_SHUTDOWN; collect them with
+ * net_collect, then net_free. */
+void net_stop(struct net *n);
+void net_free(struct net **n);
+
+/* Engine thread. Queue t (FIFO per group). Never blocks. */
+void net_submit(struct net *n, struct net_task *t);
+/* Engine thread: readable when tasks or events are ready (edge-triggered use). */
+int net_notify_fd(const struct net *n);
+/* Engine thread: take every returned task and event (lists, oldest first). */
+void net_collect(struct net *n, struct net_task **done, struct net_event **events);
+/* Cheap check, without locking, for the engine's spin loop. */
+int net_has_results(struct net *n);
+
+#endif

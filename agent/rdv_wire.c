@@ -1,0 +1,159 @@
+/*
+ * rdv_wire.c: encoders and strict decoders of the control plane and data-plane
+ * headers (see rdv_wire.h).
+ */
+#include "rdv_wire.h"
+
+#include <stdio.h>
+#include <string.h>
+
+_Static_assert(sizeof(struct rdv_hdr) == 80, "rendezvous header is frozen");
+
+static size_t fixed_size(unsigned t)
+{
+    switch (t) {
+    case RDV_JOIN:
+        return sizeof(struct rdv_join);
+    case RDV_REJECT:
+        return sizeof(struct rdv_reject);
+    case RDV_HEARTBEAT:
+        return sizeof(struct rdv_heartbeat);
+    case RDV_ABORT:
+        return sizeof(struct rdv_abort);
+    default:
+        return 0;
+    }
+}
+
+static size_t commit_size(uint32_t nodes)
+{
+    return offsetof(struct rdv_commit, members) + (size_t)nodes * sizeof(struct rdv_member);
+}
+
+void rdv_init(union rdv_msg *m, enum rdv_type t, const char *group, uint32_t epoch)
+{
+    memset(m, 0, sizeof(*m));
+    m->h.magic = RDV_MAGIC;
+    m->h.version = RDV_VERSION;
+    m->h.type = (uint16_t)t;
+    m->h.epoch = epoch;
+    snprintf(m->h.group, sizeof(m->h.group), "%s", group);
+    m->h.len = (uint32_t)(t == RDV_COMMIT ? commit_size(0) : fixed_size(t));
+}
+
+size_t rdv_size(const union rdv_msg *m)
+{
+    return m->h.type == RDV_COMMIT ? commit_size(m->commit.nodes) : fixed_size(m->h.type);
+}
+
+static int terminated(const char *s, size_t cap)
+{
+    return memchr(s, '\0', cap) != NULL;
+}
+
+int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t whylen)
+{
+    struct rdv_hdr h;
+    if (n < sizeof(h)) {
+        snprintf(why, whylen, "frame of %zu bytes is shorter than the header", n);
+        return -1;
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != RDV_MAGIC) {
+        snprintf(why, whylen, "bad magic 0x%08x", h.magic);
+        return -1;
+    }
+    if (h.version != RDV_VERSION) {
+        snprintf(why, whylen, "rendezvous version %u is not supported (this agent speaks %u)",
+                 h.version, RDV_VERSION);
+        return -1;
+    }
+    if (!terminated(h.group, sizeof(h.group)) || !h.group[0]) {
+        snprintf(why, whylen, "group name is empty or not terminated");
+        return -1;
+    }
+    size_t want;
+    if (h.type == RDV_COMMIT) {
+        if (n < commit_size(0)) {
+            snprintf(why, whylen, "COMMIT of %zu bytes is truncated", n);
+            return -1;
+        }
+        uint32_t nodes;
+        memcpy(&nodes, (const char *)buf + offsetof(struct rdv_commit, nodes), sizeof(nodes));
+        if (nodes == 0 || nodes > RDV_MAX_NODES) {
+            snprintf(why, whylen, "COMMIT for %u nodes (1..%d)", nodes, RDV_MAX_NODES);
+            return -1;
+        }
+        want = commit_size(nodes);
+    } else {
+        want = fixed_size(h.type);
+        if (!want) {
+            snprintf(why, whylen, "unknown frame type %u", h.type);
+            return -1;
+        }
+    }
+    if (h.len != n || n != want) {
+        snprintf(why, whylen, "frame type %u: length field %u, received %zu, expected %zu",
+                 h.type, h.len, n, want);
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    memcpy(out, buf, n);
+    switch (h.type) {
+    case RDV_JOIN:
+        if (!terminated(out->join.pod, RDV_NAME_MAX) ||
+            !terminated(out->join.data_addr, RDV_ADDR_MAX))
+            goto unterminated;
+        if (out->join.nodes == 0 || out->join.nodes > RDV_MAX_NODES ||
+            out->join.node_index >= out->join.nodes) {
+            snprintf(why, whylen, "JOIN from index %u of %u nodes", out->join.node_index,
+                     out->join.nodes);
+            return -1;
+        }
+        break;
+    case RDV_COMMIT:
+        for (uint32_t i = 0; i < out->commit.nodes; i++)
+            if (!terminated(out->commit.members[i].pod, RDV_NAME_MAX) ||
+                !terminated(out->commit.members[i].data_addr, RDV_ADDR_MAX))
+                goto unterminated;
+        break;
+    case RDV_REJECT:
+        if (!terminated(out->reject.why, RDV_MSG_MAX)) goto unterminated;
+        break;
+    case RDV_ABORT:
+        if (!terminated(out->abort.why, RDV_MSG_MAX)) goto unterminated;
+        break;
+    }
+    return 0;
+unterminated:
+    snprintf(why, whylen, "frame type %u: string field is not terminated", h.type);
+    return -1;
+}
+
+int data_hello_check(const struct data_hello *h, char *why, size_t whylen)
+{
+    if (h->magic != DATA_MAGIC || h->version != RDV_VERSION) {
+        snprintf(why, whylen, "not a data-plane hello (magic 0x%08x version %u)", h->magic,
+                 h->version);
+        return -1;
+    }
+    if (h->channel > DATA_CH_P2P) {
+        snprintf(why, whylen, "hello for channel %u", h->channel);
+        return -1;
+    }
+    if (h->from_index >= RDV_MAX_NODES) {
+        snprintf(why, whylen, "hello from node index %u", h->from_index);
+        return -1;
+    }
+    return 0;
+}
+
+uint64_t rdv_fnv1a(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}

@@ -1,0 +1,131 @@
+/*
+ * rdv_wire.h: the formats agents exchange: rendezvous frames on ZeroMQ (control
+ * plane) and the headers of the TCP data plane. Fixed layouts, a frozen header with
+ * magic and version, and strict decoders (fuzzed in test_rdv_wire) shared by both
+ * ends: every frame from the network is checked before use, and a bad one is dropped
+ * and logged without affecting anyone else.
+ */
+#ifndef AGENT_RDV_WIRE_H
+#define AGENT_RDV_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RDV_MAGIC 0x56445243u /* "CRDV" */
+#define RDV_VERSION 1
+#define RDV_NAME_MAX 64
+#define RDV_ADDR_MAX 64
+#define RDV_MAX_NODES 64
+#define RDV_MSG_MAX 192
+
+enum rdv_type {
+    RDV_JOIN = 1, /* member -> coordinator */
+    RDV_COMMIT,   /* coordinator -> member: epoch and member table */
+    RDV_REJECT,   /* coordinator -> member: the JOIN cannot be accepted (why) */
+    RDV_HEARTBEAT, /* both ways */
+    RDV_ABORT,    /* both ways: this epoch is over (why) */
+    RDV_TYPE_END
+};
+
+struct rdv_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint32_t len; /* whole frame */
+    uint32_t epoch;
+    char group[RDV_NAME_MAX];
+};
+
+struct rdv_join {
+    struct rdv_hdr h;
+    uint64_t config_hash;
+    uint32_t nodes;      /* world size in pods, as this member's config says */
+    uint32_t node_index;
+    uint32_t local_slots;
+    uint32_t last_epoch; /* the last epoch this member committed, 0 if none */
+    char pod[RDV_NAME_MAX];
+    char data_addr[RDV_ADDR_MAX]; /* "ip:port" of its data-plane listener */
+};
+
+struct rdv_member {
+    char pod[RDV_NAME_MAX];
+    char data_addr[RDV_ADDR_MAX];
+};
+
+struct rdv_commit {
+    struct rdv_hdr h;
+    uint32_t nodes;
+    uint32_t pad;
+    struct rdv_member members[RDV_MAX_NODES]; /* only nodes entries travel */
+};
+
+struct rdv_reject {
+    struct rdv_hdr h;
+    char why[RDV_MSG_MAX];
+};
+
+struct rdv_heartbeat {
+    struct rdv_hdr h;
+    uint32_t node_index;
+    uint32_t pad;
+};
+
+struct rdv_abort {
+    struct rdv_hdr h;
+    int32_t code; /* coll_err the epoch's ops fail with */
+    uint32_t node_index; /* who reports it */
+    char why[RDV_MSG_MAX];
+};
+
+union rdv_msg {
+    struct rdv_hdr h;
+    struct rdv_join join;
+    struct rdv_commit commit;
+    struct rdv_reject reject;
+    struct rdv_heartbeat heartbeat;
+    struct rdv_abort abort;
+};
+
+/* Fill the header (the length follows the type; COMMIT's from nodes). */
+void rdv_init(union rdv_msg *m, enum rdv_type t, const char *group, uint32_t epoch);
+/* Size on the wire of m as filled in. */
+size_t rdv_size(const union rdv_msg *m);
+/* Check n bytes from the network and copy them into *out; 0, or -1 with why. */
+int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t whylen);
+
+/* ---- data plane ---------------------------------------------------------------- */
+
+#define DATA_MAGIC 0x41544443u /* "CDTA" */
+
+/* First bytes on every data connection, from the connecting side. */
+struct data_hello {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t channel; /* DATA_CH_COLL or DATA_CH_P2P */
+    uint64_t group_hash; /* FNV of the group name */
+    uint32_t epoch;
+    uint32_t from_index;
+};
+
+/* Sent ahead of each op's first bytes to a peer, so that peers that disagree on the
+ * op fail with MISMATCH instead of misreading each other's bytes. */
+struct data_op_hdr {
+    uint32_t magic;
+    uint8_t kind, dtype, redop, pad;
+    int32_t root;
+    uint32_t src_rank, dst_rank; /* send/recv */
+    uint64_t seq;
+    uint64_t count;
+};
+
+/* Two connections per pair of pods and epoch: collectives run in lockstep on one;
+ * sends and receives, which pods do not run in the same order, are framed messages
+ * on the other. */
+enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1 };
+
+int data_hello_check(const struct data_hello *h, char *why, size_t whylen);
+
+uint64_t rdv_fnv1a(const void *p, size_t n, uint64_t h);
+#define RDV_FNV_INIT 0xcbf29ce484222325ull
+
+#endif

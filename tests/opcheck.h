@@ -1,0 +1,18 @@
+/*
+ * opcheck.h: the op-matrix checker that test_ops and test_multi run in every rank.
+ */
+#ifndef TESTS_OPCHECK_H
+#define TESTS_OPCHECK_H
+
+struct opcheck_job {
+    const char *sock;
+    const char *group; /* NULL: "g" */
+    int explicit_slot;
+    int slot;
+};
+
+/* Connect, open the group, run the matrix, return the number of failures (<= 99);
+ * 100+ for setup failures. For child_run. */
+int opcheck_rank_main(void *arg);
+
+#endif

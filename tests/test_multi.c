@@ -1,0 +1,278 @@
+/*
+ * test_multi.c: groups that span several agents ("pods") on loopback, with real
+ * agent and application processes: the op matrix with 2, 3, 4 and 8 agents and
+ * several local participants per agent; an agent that arrives late; an agent killed
+ * mid-op (the survivors fail within the timeout and the group re-forms when it is
+ * back); configs that disagree; garbage on the rendezvous port.
+ */
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+#include "opcheck.h"
+
+#define MAXA 8
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(sa);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &l);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* Start agent `index` of a group g of `members` pods with `slots` local slots. */
+static int start_member(struct agent *a, int port, int index, int members, int slots,
+                        const char *extra)
+{
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "node:\n  index: %d\n  name: pod-%d\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: host\n    members: %d\n    local_slots: %d\n"
+             "    timeouts: {op_ms: %d, heartbeat_ms: 100, join_ms: 5000}\n%s",
+             index, index, port, members, slots, 20000, extra ? extra : "");
+    return agent_start(a, NULL, body);
+}
+
+static void start_all(struct agent *a, int n, int slots, int *port)
+{
+    *port = free_port();
+    for (int i = 0; i < n; i++)
+        assert_int_equal(start_member(&a[i], *port, i, n, slots, NULL), 0);
+}
+
+static void stop_all(struct agent *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].pid) assert_int_equal(agent_stop(&a[i]), 0);
+}
+
+static void matrix(int n, int slots)
+{
+    struct agent a[MAXA];
+    int port;
+    start_all(a, n, slots, &port);
+    pid_t pids[MAXA * 4];
+    struct opcheck_job jobs[MAXA * 4];
+    int np = 0;
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < slots; s++) {
+            jobs[np] = (struct opcheck_job){.sock = a[i].sock, .explicit_slot = 1, .slot = s};
+            pids[np] = child_run(opcheck_rank_main, &jobs[np]);
+            np++;
+        }
+    for (int i = 0; i < np; i++)
+        assert_int_equal(child_wait(pids[i], 1500000), 0);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(agent_log_count(&a[i], "protocol_error"), 0);
+        assert_true(agent_log_count(&a[i], "group.formed") >= 1);
+    }
+    stop_all(a, n);
+}
+
+static void ops_2_agents(void **state)
+{
+    (void)state;
+    matrix(2, 1);
+}
+
+static void ops_2_agents_3_slots(void **state)
+{
+    (void)state;
+    matrix(2, 3);
+}
+
+static void ops_3_agents_2_slots(void **state)
+{
+    (void)state;
+    matrix(3, 2);
+}
+
+static void ops_4_agents(void **state)
+{
+    (void)state;
+    matrix(4, 1);
+}
+
+static void ops_8_agents(void **state)
+{
+    (void)state;
+    matrix(8, 1);
+}
+
+/* ---- one allreduce per rank, for the failure tests --------------------------------------- */
+
+struct one {
+    const char *sock;
+    int expect; /* coll_err expected from the allreduce */
+    int reopen; /* close and open again first, until it works */
+};
+
+static int allreduce_once(void *arg)
+{
+    struct one *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, o->sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    float *x = coll_mem_ptr(b);
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)(info.rank + 1);
+    coll_request r;
+    coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    if (e != (coll_err)o->expect) {
+        fprintf(stderr, "allreduce: %s (%s), expected %s\n", coll_strerror(e), coll_last_error(),
+                coll_strerror((coll_err)o->expect));
+        return 103;
+    }
+    if (e == COLL_OK) {
+        float want = (float)(info.size * (info.size + 1) / 2);
+        for (int i = 0; i < 16; i++)
+            if (x[16 + i] != want) return 104;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void late_agent_completes_the_group(void **state)
+{
+    (void)state;
+    struct agent a[3];
+    int port = free_port();
+    assert_int_equal(start_member(&a[0], port, 0, 3, 1, NULL), 0);
+    assert_int_equal(start_member(&a[1], port, 1, 3, 1, NULL), 0);
+    struct one ok0 = {.sock = a[0].sock}, ok1 = {.sock = a[1].sock};
+    pid_t p0 = child_run(allreduce_once, &ok0), p1 = child_run(allreduce_once, &ok1);
+    usleep(500000); /* their ops wait for the third pod */
+    assert_int_equal(start_member(&a[2], port, 2, 3, 1, NULL), 0);
+    struct one ok2 = {.sock = a[2].sock};
+    pid_t p2 = child_run(allreduce_once, &ok2);
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    assert_int_equal(child_wait(p2, 30000), 0);
+    assert_true(agent_log_count(&a[0], "rendezvous.commit") >= 1);
+    stop_all(a, 3);
+}
+
+static void killed_agent_fails_survivors_then_group_reforms(void **state)
+{
+    (void)state;
+    struct agent a[3];
+    int port;
+    start_all(a, 3, 1, &port);
+    /* pods 0 and 1 submit; pod 2's agent dies before its application does */
+    struct one lost0 = {.sock = a[0].sock, .expect = COLL_ERR_PEER_LOST};
+    struct one lost1 = {.sock = a[1].sock, .expect = COLL_ERR_PEER_LOST};
+    pid_t p0 = child_run(allreduce_once, &lost0), p1 = child_run(allreduce_once, &lost1);
+    assert_true(agent_log_wait(&a[0], "group.attach", 1, 5000));
+    assert_true(agent_log_wait(&a[1], "group.attach", 1, 5000));
+    usleep(200000);
+    kill(a[2].pid, SIGKILL);
+    child_wait(a[2].pid, 5000);
+    a[2].pid = 0;
+    double t0 = now_ms();
+    /* well inside op_ms (20 s): the heartbeat (3 x 100 ms) notices */
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    assert_true(now_ms() - t0 < 10000);
+    assert_true(agent_log_wait(&a[0], "rendezvous.abort", 1, 2000));
+    /* it comes back: the group re-forms and runs */
+    assert_int_equal(start_member(&a[2], port, 2, 3, 1, NULL), 0);
+    struct one ok[3] = {{.sock = a[0].sock}, {.sock = a[1].sock}, {.sock = a[2].sock}};
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = child_run(allreduce_once, &ok[i]);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(child_wait(p[i], 30000), 0);
+    stop_all(a, 3);
+}
+
+static void mismatched_configs_are_rejected(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    assert_int_equal(start_member(&a[0], port, 0, 2, 1, NULL), 0);
+    assert_int_equal(start_member(&a[1], port, 1, 2, 2, NULL), 0); /* 2 local slots */
+    assert_true(agent_log_wait(&a[1], "differs from coordinator", 1, 5000));
+    assert_true(agent_log_wait(&a[0], "rendezvous.reject", 1, 5000));
+    assert_int_equal(agent_stop(&a[1]), 0);
+    /* world size: three pods against two */
+    char body[512];
+    snprintf(body, sizeof(body),
+             "node:\n  index: 1\ndiscovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: host\n    members: 3\n"
+             "    timeouts: {op_ms: 20000, heartbeat_ms: 100, join_ms: 5000}\n",
+             port);
+    assert_int_equal(agent_start(&a[1], NULL, body), 0);
+    assert_true(agent_log_wait(&a[1], "world size (members) 3, coordinator has 2", 1, 5000));
+    assert_int_equal(agent_log_count(&a[0], "rendezvous.commit"), 0);
+    stop_all(a, 2);
+}
+
+static void garbage_frames_are_dropped(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    assert_int_equal(start_member(&a[0], port, 0, 2, 1, NULL), 0);
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    char junk[300];
+    for (int i = 0; i < 300; i++)
+        junk[i] = (char)(i * 7);
+    zmq_send(d, junk, 3, 0);          /* short */
+    zmq_send(d, junk, sizeof(junk), 0); /* bad magic */
+    uint32_t hdr[20] = {0x56445243u, 9 | (1u << 16)}; /* version 9, JOIN */
+    zmq_send(d, hdr, sizeof(hdr), 0);
+    zmq_send(d, junk, 10, ZMQ_SNDMORE); /* two frames */
+    zmq_send(d, junk, 10, 0);
+    assert_true(agent_log_wait(&a[0], "rendezvous.bad_frame", 4, 5000));
+    assert_true(agent_log_wait(&a[0], "rendezvous version 9", 1, 1000));
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    /* the coordinator still forms the group and runs ops */
+    assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+    struct one ok0 = {.sock = a[0].sock}, ok1 = {.sock = a[1].sock};
+    pid_t p0 = child_run(allreduce_once, &ok0), p1 = child_run(allreduce_once, &ok1);
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    stop_all(a, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ops_2_agents),
+        cmocka_unit_test(ops_2_agents_3_slots),
+        cmocka_unit_test(ops_3_agents_2_slots),
+        cmocka_unit_test(ops_4_agents),
+        cmocka_unit_test(ops_8_agents),
+        cmocka_unit_test(late_agent_completes_the_group),
+        cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
+        cmocka_unit_test(mismatched_configs_are_rejected),
+        cmocka_unit_test(garbage_frames_are_dropped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
