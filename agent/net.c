@@ -82,6 +82,10 @@ struct ngroup {
     uint32_t epoch;      /* committed epoch, or the last one (0: never) */
     int committed, ready;
     int awaiting_mark;   /* aborted by the net: hold ops until the engine's mark */
+    int abort_pending;   /* the epoch is ending: finish the ops all pods have, then abort */
+    struct net_task *running; /* the op tcp_run is moving, off the queue */
+    int abort_code;
+    char abort_why[RDV_MSG_MAX];
     uint32_t floor;      /* ops of engine epochs below this fail */
     struct rdv_member members[RDV_MAX_NODES];
     int fds[RDV_MAX_NODES];  /* collectives, in lockstep */
@@ -289,6 +293,17 @@ static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 }
 
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
+static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char *why,
+                           int tell_others);
+
+/* The send/recv connection to peer broke: that pod is leaving. Collectives already
+ * queued may still complete, so the epoch ends once they have (ng_abort_later). */
+static void p2p_lost(struct net *n, struct ngroup *g, int peer, const char *why)
+{
+    close(g->pfds[peer]);
+    g->pfds[peer] = -1;
+    ng_abort_later(n, g, COLL_ERR_PEER_LOST, why, 1);
+}
 
 static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
 {
@@ -352,7 +367,7 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
         if (r < 0) {
             char why[128];
             snprintf(why, sizeof(why), "send to node %d: %s", peer, strerror(errno));
-            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            p2p_lost(n, g, peer, why);
             return;
         }
         o->done += (size_t)r;
@@ -391,7 +406,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
         if (want && r <= 0) {
             char why[128];
             snprintf(why, sizeof(why), "node %d closed its send/recv connection", peer);
-            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            p2p_lost(n, g, peer, why);
             return;
         }
         if (in->hgot < sizeof(in->hdr)) {
@@ -508,6 +523,7 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
                      int tell_others)
 {
     int had = g->committed;
+    g->abort_pending = 0;
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->epoch,
             coll_strerror((coll_err)code), why);
@@ -539,6 +555,45 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
     } else {
         send_join(n, g);
     }
+}
+
+/*
+ * The epoch ends because of another pod (it left, went silent, or said ABORT). Ops
+ * already queued here may still complete: a pod that finished an op and then left has
+ * delivered its bytes before closing. So tell the others now, but run what is queued
+ * until it completes or fails on its sockets, and only then abort (ng_abort_finish).
+ */
+static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char *why,
+                           int tell_others)
+{
+    if (g->abort_pending) return;
+    if (!g->ready || (!g->q_head && !g->running)) {
+        ng_abort(n, g, code, why, 0, tell_others);
+        return;
+    }
+    if (tell_others) {
+        union rdv_msg m;
+        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
+        m.abort.code = code;
+        m.abort.node_index = (uint32_t)g->me;
+        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
+        if (g->me == 0) {
+            for (int i = 1; i < g->nodes; i++)
+                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+        } else {
+            send_rdv(n, NULL, 0, &m);
+        }
+    }
+    g->abort_pending = 1;
+    g->abort_code = code;
+    snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);
+}
+
+static void ng_abort_finish(struct net *n, struct ngroup *g)
+{
+    if (!g->abort_pending) return;
+    g->abort_pending = 0;
+    ng_abort(n, g, g->abort_code, g->abort_why, 0, 0);
 }
 
 /* Members' table of a committed epoch: connect to lower indices, accept higher ones. */
@@ -698,7 +753,7 @@ static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
     if (g->committed) {
         char why[160];
         snprintf(why, sizeof(why), "node %u (%s) joined again", j->node_index, j->pod);
-        ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+        ng_abort_later(n, g, COLL_ERR_PEER_LOST, why, 1);
     }
     p->present = 1;
     memcpy(p->id, id, idlen);
@@ -707,6 +762,7 @@ static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
     p->last_heard = now_ns();
     log_msg(LOG_INFO, "rendezvous.join", "group=%s node=%u pod=\"%s\" data=%s last_epoch=%u",
             g->cfg->name, j->node_index, j->pod, j->data_addr, j->last_epoch);
+    if (g->committed) return; /* the old epoch is still draining: commit after it ends */
     for (int i = 1; i < g->nodes; i++)
         if (!g->peers[i].present) return;
     coord_commit(n, g);
@@ -747,7 +803,7 @@ static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const
         if (from < 0) return; /* not a member of this group (any more) */
         g->peers[from].last_heard = t;
         if (m.h.type == RDV_ABORT && g->committed && m.h.epoch == g->epoch)
-            ng_abort(n, g, m.abort.code, m.abort.why, 0, 1);
+            ng_abort_later(n, g, m.abort.code, m.abort.why, 1);
         return;
     }
     /* member side: from the coordinator */
@@ -767,7 +823,8 @@ static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const
         }
         break;
     case RDV_ABORT:
-        if (g->committed && m.h.epoch == g->epoch) ng_abort(n, g, m.abort.code, m.abort.why, 0, 0);
+        if (g->committed && m.h.epoch == g->epoch)
+            ng_abort_later(n, g, m.abort.code, m.abort.why, 0);
         break;
     default:
         break;
@@ -824,9 +881,8 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
             char why[160];
             snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i,
                      g->peers[i].join.pod, (long long)((t - g->peers[i].last_heard) / NS_PER_MS));
-            if (g->committed)
-                ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
             g->peers[i].present = 0;
+            if (g->committed) ng_abort_later(n, g, COLL_ERR_PEER_LOST, why, 1);
         }
     } else {
         if (!g->committed && t >= g->next_join) send_join(n, g);
@@ -838,7 +894,7 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
             g->next_hb = t + hb;
         }
         if (g->committed && t - g->coord_heard > 3 * hb)
-            ng_abort(n, g, COLL_ERR_PEER_LOST, "the coordinator is silent", 0, 0);
+            ng_abort_later(n, g, COLL_ERR_PEER_LOST, "the coordinator is silent", 0);
     }
     if (g->committed && !g->ready && t > g->form_deadline)
         ng_abort(n, g, COLL_ERR_PEER_LOST, "data connections not up within join_ms", 0, 1);
@@ -1021,20 +1077,23 @@ static void run_ready_ops(struct net *n)
                                  .fds = g->fds,
                                  .deadline_ns = t->deadline_ns};
             char why[160] = "";
+            /* off the queue while it runs: an abort meanwhile must not hand it back
+             * to the engine while its buffers are in use */
+            g->q_head = t->next;
+            if (!g->q_head) g->q_tail = NULL;
+            g->running = t;
             int st = tcp_run(&c, t, why, sizeof(why));
+            g->running = NULL;
             for (int k = 0; k < 2; k++) { /* the scratch buffers live on with the group */
                 g->scratch[k] = c.scratch[k];
                 g->scratch_cap[k] = c.scratch_cap[k];
             }
-            if (g->q_head != t) break; /* an abort inside the op already returned it */
-            g->q_head = t->next;
-            if (!g->q_head) g->q_tail = NULL;
             return_task(n, t, st); /* t is the engine's from here on */
             g->ops_done++;
-            if (st != COLL_OK && g->committed)
+            if (g->abort_pending && (st != COLL_OK || !g->q_head))
+                ng_abort_finish(n, g);
+            else if (st != COLL_OK && g->committed)
                 ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
-            else if (st != COLL_OK) { /* already aborted while the op ran */
-            }
         }
     }
 }
@@ -1072,6 +1131,11 @@ static void *net_main(void *arg)
             p2p_progress(n, n->groups[i]);
         }
         run_ready_ops(n);
+        for (int i = 0; i < n->ngroups; i++) {
+            struct ngroup *g = n->groups[i];
+            if (g && g->abort_pending && (!g->q_head || !g->ready || g->awaiting_mark))
+                ng_abort_finish(n, g);
+        }
     }
     /* stopping: hand back everything */
     take_engine_tasks(n);

@@ -16,6 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
+/* COLL_TEST_FILTER=pattern runs only the matching tests of a file (cmocka globs). */
+__attribute__((constructor)) static void filter_from_env(void)
+{
+    const char *f = getenv("COLL_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
+}
+
 double now_ms(void)
 {
     struct timespec t;

@@ -156,6 +156,13 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                     return failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection",
                                  t->peer);
                 if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+                if (r < 0 && t->is_send && (errno == EPIPE || errno == ECONNRESET)) {
+                    /* the peer closed: it either finished this op and left (and needs
+                     * nothing more from us) or failed; our own result depends only on
+                     * what we receive, so carry on and let the receives decide */
+                    t->done = t->total;
+                    break;
+                }
                 return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", t->peer,
                              r < 0 ? strerror(errno) : "closed");
             }
