@@ -93,6 +93,9 @@ static void default_config_serves_the_demo_group(void **state)
     tmp_path(sock, sizeof(sock), "sock", 0);
     tmp_path(log, sizeof(log), "log", 0);
     setenv("COLL_AGENT_SOCKET", sock, 1);
+    char port[16];
+    snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+    setenv("COLL_RDV_PORT", port, 1);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *f = freopen(log, "w", stderr);
@@ -108,7 +111,9 @@ static void default_config_serves_the_demo_group(void **state)
     assert_int_equal(coll_group_open(&g, c, "demo", COLL_SLOT_ANY), COLL_OK);
     coll_group_info info;
     coll_group_info_get(g, &info);
-    assert_int_equal(info.size, 4);
+    assert_int_equal(info.size, 4); /* four pods of one slot */
+    assert_int_equal(info.nodes, 4);
+    assert_int_equal(info.node_index, 0);
     assert_string_equal(info.backend, "host"); /* no GPU here, or no GPU path yet */
     /* a second agent on the same socket refuses to start */
     char out[4096];

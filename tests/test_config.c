@@ -108,7 +108,9 @@ static void embedded_default_loads(void **state)
     (void)state;
     struct config *c = load_ok(config_default_yaml);
     assert_non_null(config_find_group(c, "demo"));
-    assert_int_equal(config_find_group(c, "demo")->local_slots, 4);
+    assert_int_equal(config_find_group(c, "demo")->members, 4);
+    assert_int_equal(config_find_group(c, "demo")->local_slots, 1);
+    assert_int_equal(c->discovery.npeers, 1);
     config_free(&c);
 }
 

@@ -4,7 +4,10 @@
  * shared host buffers, check every element against the expected value and print
  * (from rank 0) the time and bandwidth of each op.
  *
- *   coll-demo [-n PROCS] [-g GROUP] [-s SOCKET] [-e MAX_BYTES] [-i ITERS]
+ *   coll-demo [-n PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-e MAX_BYTES] [-i ITERS]
+ *
+ * With several sockets (one per agent, i.e. per pod), process i attaches to socket
+ * i % count: that is how the main job puts one application on each of four agents.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -45,9 +48,10 @@ static int run_rank(const char *sock, const char *group, size_t max_bytes, int i
     rank = info.rank;
     int n = info.size;
     if (rank == 0)
-        printf("group '%s': %d ranks, backend %s, epoch %u\n\n"
+        printf("group '%s': %d ranks on %d pod(s), backend %s, epoch %u\n\n"
                "%-15s %12s %12s %12s %10s %8s\n",
-               info.name, n, info.backend, info.epoch, "op", "bytes", "time(us)", "algbw(GB/s)",
+               info.name, n, info.nodes, info.backend, info.epoch, "op", "bytes", "time(us)",
+               "algbw(GB/s)",
                "busbw", "check");
     size_t maxc = max_bytes / sizeof(float);
     coll_buffer *sb, *rb;
@@ -168,13 +172,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "coll-demo: bad arguments\n");
         return 2;
     }
+    char *socks[64];
+    int nsocks = 0;
+    char *list = sock ? strdup(sock) : NULL, *save = NULL;
+    for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && nsocks < 64;
+         t = strtok_r(NULL, ",", &save))
+        socks[nsocks++] = t;
     pid_t pids[64];
+    fflush(stdout);
     for (int i = 0; i < procs; i++) {
         pids[i] = fork();
-        if (pids[i] == 0) {
-            fflush(stdout);
-            _exit(run_rank(sock, group, max_bytes, iters));
-        }
+        if (pids[i] == 0) _exit(run_rank(nsocks ? socks[i % nsocks] : NULL, group, max_bytes, iters));
     }
     int bad = 0;
     for (int i = 0; i < procs; i++) {
@@ -182,7 +190,8 @@ int main(int argc, char **argv)
         waitpid(pids[i], &st, 0);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
     }
-    printf("\n%d application processes, %d failed: %s\n", procs, bad,
-           bad ? "FAILED" : "all results verified");
+    printf("\n%d application processes on %d agent(s), %d failed: %s\n", procs,
+           nsocks ? nsocks : 1, bad, bad ? "FAILED" : "all results verified");
+    free(list);
     return bad ? 1 : 0;
 }
