@@ -95,6 +95,13 @@ int server_init(struct server *srv, struct config *cfg)
     }
     srv->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (srv->epfd < 0) return -1;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    srv->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (srv->sigfd < 0) return -1;
+    if (bind_socket(srv) < 0) return -1;
     char why[256];
     srv->net = net_start(cfg, why, sizeof(why));
     if (!srv->net && why[0]) {
@@ -107,13 +114,6 @@ int server_init(struct server *srv, struct config *cfg)
         struct epoll_event nev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_net};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, net_notify_fd(srv->net), &nev) < 0) return -1;
     }
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    srv->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (srv->sigfd < 0) return -1;
-    if (bind_socket(srv) < 0) return -1;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ev_listen};
     if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &ev) < 0) return -1;
     ev.data.ptr = &ev_signal;
