@@ -8,6 +8,7 @@
 #include "ipc_server.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -360,6 +361,9 @@ int server_run(struct server *srv)
     int64_t spin_ns = srv->spin_ns;
     while (!srv->stop) {
         if (poll_rings(srv) > 0) last_work = now_ns();
+        int net_outstanding = 0;
+        for (int i = 0; srv->net && i < srv->ngroups; i++)
+            net_outstanding |= srv->groups[i].in_net != NULL;
         if (srv->net && net_has_results(srv->net)) {
             net_results(srv);
             last_work = now_ns();
@@ -375,7 +379,10 @@ int server_run(struct server *srv)
                 if (n > 0) handle_events(srv, evs, n);
                 next_ctl = now + CTL_POLL_NS;
             }
-            ring_cpu_relax();
+            if (net_outstanding)
+                sched_yield(); /* the net thread needs this CPU more than we do */
+            else
+                ring_cpu_relax();
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */

@@ -21,6 +21,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@
 #define NS_PER_MS 1000000LL
 #define ZMQ_ID_MAX 256
 #define MAX_PENDING_ACCEPTS 256
+#define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
 
 struct coord_peer {
     int present;
@@ -127,12 +129,14 @@ struct net {
     pthread_mutex_t in_lock;
     struct net_task *in_head, *in_tail;
     int in_efd;
+    _Atomic int in_pending; /* cheap look for the spin loop */
     /* net -> engine */
     pthread_mutex_t out_lock;
     struct net_task *done_head, *done_tail;
     struct net_event *ev_head, *ev_tail;
     int out_efd;
     _Atomic int results;
+    _Atomic int sleeping; /* the net thread may be asleep in zmq_poll */
     struct pending_conn pend[MAX_PENDING_ACCEPTS];
     int npend;
     int64_t last_service;
@@ -157,9 +161,15 @@ void net_submit(struct net *n, struct net_task *t)
         n->in_head = t;
     n->in_tail = t;
     pthread_mutex_unlock(&n->in_lock);
-    uint64_t one = 1;
-    ssize_t w = write(n->in_efd, &one, sizeof(one));
-    (void)w;
+    atomic_store_explicit(&n->in_pending, 1, memory_order_release);
+    /* the full fence pairs with the net thread's: it either sees in_pending or is
+     * announced asleep, and then gets the doorbell */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&n->sleeping, memory_order_relaxed)) {
+        uint64_t one = 1;
+        ssize_t w = write(n->in_efd, &one, sizeof(one));
+        (void)w;
+    }
 }
 
 int net_notify_fd(const struct net *n)
@@ -865,17 +875,29 @@ static void drain_zmq(struct net *n, void *sock, int is_router)
 
 /* ---- timers ------------------------------------------------------------------------------ */
 
+/* Heartbeats due now; also sent while an op of g runs, however long it takes. */
+static void heartbeat(struct net *n, struct ngroup *g, int64_t t)
+{
+    if (t < g->next_hb) return;
+    union rdv_msg m;
+    rdv_init(&m, RDV_HEARTBEAT, g->cfg->name, g->epoch);
+    if (g->me == 0) {
+        for (int i = 1; i < g->nodes; i++)
+            if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+    } else if (g->committed) {
+        m.heartbeat.node_index = (uint32_t)g->me;
+        send_rdv(n, NULL, 0, &m);
+    } else {
+        return;
+    }
+    g->next_hb = t + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+}
+
 static void timers(struct net *n, struct ngroup *g, int64_t t)
 {
     int64_t hb = (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+    heartbeat(n, g, t);
     if (g->me == 0) {
-        if (t >= g->next_hb) {
-            union rdv_msg m;
-            rdv_init(&m, RDV_HEARTBEAT, g->cfg->name, g->epoch);
-            for (int i = 1; i < g->nodes; i++)
-                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
-            g->next_hb = t + hb;
-        }
         for (int i = 1; i < g->nodes; i++) {
             if (!g->peers[i].present || t - g->peers[i].last_heard < 3 * hb) continue;
             char why[160];
@@ -886,13 +908,6 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
         }
     } else {
         if (!g->committed && t >= g->next_join) send_join(n, g);
-        if (g->committed && t >= g->next_hb) {
-            union rdv_msg m;
-            rdv_init(&m, RDV_HEARTBEAT, g->cfg->name, g->epoch);
-            m.heartbeat.node_index = (uint32_t)g->me;
-            send_rdv(n, NULL, 0, &m);
-            g->next_hb = t + hb;
-        }
         if (g->committed && t - g->coord_heard > 3 * hb)
             ng_abort_later(n, g, COLL_ERR_PEER_LOST, "the coordinator is silent", 0);
     }
@@ -997,7 +1012,10 @@ int net_service(struct net *n, struct ngroup *g)
     for (int i = 0; i < n->ngroups; i++) {
         if (!n->groups[i]) continue;
         p2p_progress(n, n->groups[i]);
-        if (n->groups[i] != g) timers(n, n->groups[i], t);
+        if (n->groups[i] != g)
+            timers(n, n->groups[i], t);
+        else
+            heartbeat(n, g, t);
     }
     if (!g->committed || g->epoch != epoch) return COLL_ERR_PEER_LOST;
     return 0;
@@ -1008,6 +1026,7 @@ static void take_engine_tasks(struct net *n)
     uint64_t v;
     ssize_t r = read(n->in_efd, &v, sizeof(v));
     (void)r;
+    atomic_store_explicit(&n->in_pending, 0, memory_order_relaxed);
     pthread_mutex_lock(&n->in_lock);
     struct net_task *t = n->in_head;
     n->in_head = n->in_tail = NULL;
@@ -1052,8 +1071,10 @@ static void take_engine_tasks(struct net *n)
     }
 }
 
-static void run_ready_ops(struct net *n)
+/* Returns the number of ops started. */
+static int run_ready_ops(struct net *n)
 {
+    int ran = 0;
     for (int i = 0; i < n->ngroups; i++) {
         struct ngroup *g = n->groups[i];
         while (g && g->ready && !g->awaiting_mark && g->q_head) {
@@ -1082,6 +1103,7 @@ static void run_ready_ops(struct net *n)
             g->q_head = t->next;
             if (!g->q_head) g->q_tail = NULL;
             g->running = t;
+            ran++;
             int st = tcp_run(&c, t, why, sizeof(why));
             g->running = NULL;
             for (int k = 0; k < 2; k++) { /* the scratch buffers live on with the group */
@@ -1096,12 +1118,23 @@ static void run_ready_ops(struct net *n)
                 ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
         }
     }
+    return ran;
 }
 
 static void *net_main(void *arg)
 {
     struct net *n = arg;
+    int64_t last_work = 0;
     while (!atomic_load(&n->stop)) {
+        /* spin briefly while ops flow, like the engine, then sleep in zmq_poll */
+        if (now_ns() - last_work < NET_SPIN_NS) {
+            if (!atomic_load_explicit(&n->in_pending, memory_order_acquire)) {
+                sched_yield();
+                if (now_ns() - last_work < NET_SPIN_NS &&
+                    !atomic_load_explicit(&n->in_pending, memory_order_acquire))
+                    continue;
+            }
+        }
         zmq_pollitem_t items[4 + MAX_PENDING_ACCEPTS + 256];
         int ni = 0;
         for (int i = 0; i < n->ngroups; i++) {
@@ -1118,7 +1151,11 @@ static void *net_main(void *arg)
         items[ni++] = (zmq_pollitem_t){.fd = n->in_efd, .events = ZMQ_POLLIN};
         for (int i = 0; i < n->npend; i++)
             items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
-        zmq_poll(items, ni, 20);
+        atomic_store_explicit(&n->sleeping, 1, memory_order_relaxed);
+        atomic_thread_fence(memory_order_seq_cst);
+        int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
+        zmq_poll(items, ni, busy ? 0 : 20);
+        atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
         if (n->router) drain_zmq(n, n->router, 1);
         if (n->dealer) drain_zmq(n, n->dealer, 0);
         accept_conns(n);
@@ -1130,7 +1167,7 @@ static void *net_main(void *arg)
             timers(n, n->groups[i], t);
             p2p_progress(n, n->groups[i]);
         }
-        run_ready_ops(n);
+        if (run_ready_ops(n)) last_work = now_ns();
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
             if (g && g->abort_pending && (!g->q_head || !g->ready || g->awaiting_mark))

@@ -2,8 +2,9 @@
  * coll_bench.c: collective benchmark through the agent, in the style of nccl-tests.
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
- *              [-p PROCS] [-g GROUP] [-s SOCKET] [-G GAP_US] [-c 0|1]
+ *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1]
  *
+ * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
  * per size: bytes, count, time per op in us (mean), algbw and busbw in GB/s, wrong
  * elements, then the median and 90th percentile of single-op round trips. -G sleeps
@@ -332,12 +333,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "coll-bench: bad arguments\n");
         return 2;
     }
-    if (o.procs == 1) return run_rank(&o);
+    char *socks[64];
+    int nsocks = 0;
+    char *list = o.sock ? strdup(o.sock) : NULL, *save = NULL;
+    for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && nsocks < 64;
+         t = strtok_r(NULL, ",", &save))
+        socks[nsocks++] = t;
+    if (o.procs == 1) {
+        o.sock = nsocks ? socks[0] : NULL;
+        return run_rank(&o);
+    }
     pid_t pids[64];
     for (int i = 0; i < o.procs; i++) {
         fflush(stdout);
         pids[i] = fork();
-        if (pids[i] == 0) _exit(run_rank(&o));
+        if (pids[i] == 0) {
+            o.sock = nsocks ? socks[i % nsocks] : NULL;
+            _exit(run_rank(&o));
+        }
     }
     int bad = 0;
     for (int i = 0; i < o.procs; i++) {

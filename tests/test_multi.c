@@ -40,7 +40,7 @@ static int start_member(struct agent *a, int port, int index, int members, int s
              "node:\n  index: %d\n  name: pod-%d\n"
              "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: g\n    backend: host\n    members: %d\n    local_slots: %d\n"
-             "    timeouts: {op_ms: %d, heartbeat_ms: 100, join_ms: 5000}\n%s",
+             "    timeouts: {op_ms: %d, heartbeat_ms: 250, join_ms: 5000}\n%s",
              index, index, port, members, slots, 20000, extra ? extra : "");
     return agent_start(a, NULL, body);
 }
@@ -187,7 +187,7 @@ static void killed_agent_fails_survivors_then_group_reforms(void **state)
     child_wait(a[2].pid, 5000);
     a[2].pid = 0;
     double t0 = now_ms();
-    /* well inside op_ms (20 s): the heartbeat (3 x 100 ms) notices */
+    /* well inside op_ms (20 s): the heartbeat (3 x 250 ms) notices */
     assert_int_equal(child_wait(p0, 30000), 0);
     assert_int_equal(child_wait(p1, 30000), 0);
     assert_true(now_ms() - t0 < 10000);
@@ -218,7 +218,7 @@ static void mismatched_configs_are_rejected(void **state)
     snprintf(body, sizeof(body),
              "node:\n  index: 1\ndiscovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: g\n    backend: host\n    members: 3\n"
-             "    timeouts: {op_ms: 20000, heartbeat_ms: 100, join_ms: 5000}\n",
+             "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
              port);
     assert_int_equal(agent_start(&a[1], NULL, body), 0);
     assert_true(agent_log_wait(&a[1], "world size (members) 3, coordinator has 2", 1, 5000));

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
 #define BCAST_SEG (512 * 1024) /* broadcast pipeline segment */
+#define EXCHANGE_SPINS 50
 
 static int64_t now_ns(void)
 {
@@ -137,6 +139,7 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
     struct tcp_comm *c = o->c;
     struct pollfd pf[2 * RDV_MAX_NODES + 2];
     int idx[2 * RDV_MAX_NODES + 2];
+    int spins = 0;
     for (;;) {
         int left = 0, np = 0;
         for (int i = 0; i < nx; i++) {
@@ -176,6 +179,14 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
             }
         }
         if (!left) return COLL_OK;
+        /* the peers are usually microseconds behind: look again a few times before
+         * sleeping in poll, yielding the CPU to whoever must produce the bytes */
+        if (spins < EXCHANGE_SPINS) {
+            spins++;
+            sched_yield();
+            continue;
+        }
+        spins = 0;
         int64_t rem = c->deadline_ns - now_ns();
         if (rem <= 0) return failf(o, COLL_ERR_TIMEOUT, "op did not complete before its deadline");
         int ms = rem > 20000000 ? 20 : (int)(rem / 1000000) + 1;

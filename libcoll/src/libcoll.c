@@ -727,6 +727,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     memcpy(slot, &s, offsetof(struct wire_sqe, seq));
     ring_publish(&slot->seq, c->sq_next);
     c->sq_next++;
+    /* an op that crosses pods takes longer than a spin is worth: sleep at once and
+     * leave the CPU to the agent's threads */
     r->rang = 0;
     if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
         uint64_t one = 1;

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Collectives across N agents on this machine (loopback TCP), side by side in one run with
+# OpenMPI's TCP transport on the same sizes, and the loopback TCP ceiling (iperf3 --bidir).
+# Usage: bench/cluster.sh [BUILD_DIR] [AGENTS] [OPS] [MIN] [MAX] [ITERS]
+#   e.g. bench/cluster.sh build 2 "allreduce allgather" 8 67108864 20
+set -euo pipefail
+build=${1:-build}
+n=${2:-2}
+ops=${3:-"allreduce reduce_scatter allgather broadcast"}
+minb=${4:-8}
+maxb=${5:-67108864}
+iters=${6:-20}
+dir=$(mktemp -d /tmp/coll-cluster-XXXX)
+port=$((20000 + $$ % 20000))
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+socks=""
+for i in $(seq 0 $((n - 1))); do
+    cat >"$dir/$i.yaml" <<YAML
+agent:
+  socket: $dir/$i.sock
+  log_level: warn
+node:
+  index: $i
+discovery:
+  peers: ["127.0.0.1:$port"]
+groups:
+  - name: bench
+    backend: host
+    members: $n
+    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
+YAML
+    "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+    pids+=($!)
+    socks="${socks:+$socks,}$dir/$i.sock"
+done
+for i in $(seq 0 $((n - 1))); do for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done; done
+mpicc -O2 -o "$dir/mpi_bench" "$(dirname "$0")/mpi_bench.c"
+echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $n agents / ranks, float32, iters $iters"
+if command -v iperf3 >/dev/null; then
+    iperf3 -s -1 -p $((port + 1)) >/dev/null 2>&1 &
+    sleep 0.3
+    iperf3 -c 127.0.0.1 -p $((port + 1)) -t 3 --bidir -f g 2>/dev/null | grep -E "sender|receiver" | tail -4 | sed 's/^/# iperf3 /'
+fi
+for op in $ops; do
+    "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3 -c 1
+    mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl tcp,self \
+        --mca btl_tcp_if_include lo "$dir/mpi_bench" -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3
+done

@@ -1,0 +1,68 @@
+/*
+ * mpi_bench.c: the reference for coll-bench across agents: the same ops, sizes and
+ * output columns through MPI (OpenMPI's TCP transport in bench/cluster.sh), so the two
+ * are measured side by side. Built only when mpicc is present (bench/cluster.sh builds
+ * it); not part of the product.
+ *
+ *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    size_t minb = 8, maxb = 8;
+    double factor = 2;
+    int iters = 100, warmup = 10, c;
+    const char *op = "allreduce";
+    while ((c = getopt(argc, argv, "b:e:f:o:n:w:")) != -1) {
+        if (c == 'b') minb = strtoull(optarg, NULL, 0);
+        if (c == 'e') maxb = strtoull(optarg, NULL, 0);
+        if (c == 'f') factor = atof(optarg);
+        if (c == 'o') op = optarg;
+        if (c == 'n') iters = atoi(optarg);
+        if (c == 'w') warmup = atoi(optarg);
+    }
+    float *s = calloc(maxb / 4 * (size_t)n + 1, 4), *r = calloc(maxb / 4 * (size_t)n + 1, 4);
+    if (rank == 0) {
+        printf("# mpi_bench: op %s ranks %d float32 iters %d\n", op, n, iters);
+        printf("%12s %12s %10s %10s %10s\n", "bytes", "count", "time(us)", "algbw", "busbw");
+    }
+    for (size_t bytes = minb; bytes <= maxb; bytes = (size_t)((double)bytes * factor)) {
+        int count = (int)(bytes / 4);
+        double t0 = 0;
+        for (int i = -warmup; i < iters; i++) {
+            if (i == 0) {
+                MPI_Barrier(MPI_COMM_WORLD);
+                t0 = MPI_Wtime();
+            }
+            if (!strcmp(op, "allreduce"))
+                MPI_Allreduce(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            else if (!strcmp(op, "allgather"))
+                MPI_Allgather(s, count, MPI_FLOAT, r, count, MPI_FLOAT, MPI_COMM_WORLD);
+            else if (!strcmp(op, "broadcast"))
+                MPI_Bcast(s, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+            else if (!strcmp(op, "reduce_scatter"))
+                MPI_Reduce_scatter_block(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        }
+        double t = (MPI_Wtime() - t0) / iters * 1e6;
+        double algbw = (double)bytes / t / 1e3, f = 1;
+        if (!strcmp(op, "allreduce")) f = 2.0 * (n - 1) / n;
+        if (!strcmp(op, "allgather") || !strcmp(op, "reduce_scatter")) {
+            algbw *= n;
+            f = (double)(n - 1) / n;
+        }
+        if (rank == 0)
+            printf("%12zu %12d %10.2f %10.3f %10.3f\n", bytes, count, t, algbw, algbw * f);
+        if (bytes == maxb) break;
+    }
+    MPI_Finalize();
+    return 0;
+}
