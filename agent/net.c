@@ -524,6 +524,23 @@ static void send_join(struct net *n, struct ngroup *g)
 
 static void coord_commit(struct net *n, struct ngroup *g);
 
+/* Tell the other pods that this epoch of g is over: the coordinator tells every member,
+ * a member tells the coordinator (which tells the rest). */
+static void send_abort(struct net *n, struct ngroup *g, int code, const char *why)
+{
+        union rdv_msg m;
+        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
+        m.abort.code = code;
+        m.abort.node_index = (uint32_t)g->me;
+        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
+        if (g->me == 0) {
+            for (int i = 1; i < g->nodes; i++)
+                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+        } else {
+            send_rdv(n, NULL, 0, &m);
+        }
+}
+
 /*
  * End the current epoch of g: close its connections, fail its queued ops with code,
  * tell the engine (from_engine: it already knows), tell the other agents, and start
@@ -545,19 +562,7 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
         g->awaiting_mark = 1;
         post_event(n, g, 1, code, why);
     }
-    if (tell_others) {
-        union rdv_msg m;
-        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
-        m.abort.code = code;
-        m.abort.node_index = (uint32_t)g->me;
-        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
-        if (g->me == 0) {
-            for (int i = 1; i < g->nodes; i++)
-                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
-        } else {
-            send_rdv(n, NULL, 0, &m);
-        }
-    }
+    if (tell_others) send_abort(n, g, code, why);
     if (g->me == 0) {
         /* every member must join again; we are present at once */
         for (int i = 1; i < g->nodes; i++)
@@ -581,19 +586,7 @@ static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char
         ng_abort(n, g, code, why, 0, tell_others);
         return;
     }
-    if (tell_others) {
-        union rdv_msg m;
-        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
-        m.abort.code = code;
-        m.abort.node_index = (uint32_t)g->me;
-        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
-        if (g->me == 0) {
-            for (int i = 1; i < g->nodes; i++)
-                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
-        } else {
-            send_rdv(n, NULL, 0, &m);
-        }
-    }
+    if (tell_others) send_abort(n, g, code, why);
     g->abort_pending = 1;
     g->abort_code = code;
     snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);

@@ -362,6 +362,14 @@ static void out_of_bounds_op_is_dropped(void **state)
 
 /* ---- participants that fail ------------------------------------------------------------ */
 
+/* A new client holding a slot of "pair" and a 4 KiB buffer. */
+static void join_pair(struct fixture *f, coll_conn **c, coll_group **g, coll_buffer **b)
+{
+    assert_int_equal(coll_connect(c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(g, *c, "pair", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(b, *c, 4096, COLL_DEVICE_HOST), COLL_OK);
+}
+
 struct partner {
     const char *sock;
     int ready_fd;
@@ -419,9 +427,7 @@ static void client_killed_mid_op_fails_partner_promptly(void **state)
     coll_conn *c;
     coll_group *g;
     coll_buffer *b;
-    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
-    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    join_pair(f, &c, &g, &b);
     float *x = coll_mem_ptr(b);
     struct partner p;
     pid_t pid = start_partner(&p, f->a.sock, 0, 0);
@@ -472,9 +478,7 @@ static void disagreement_is_an_error_for_everyone(void **state)
     coll_conn *c;
     coll_group *g;
     coll_buffer *b;
-    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
-    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    join_pair(f, &c, &g, &b);
     float *x = coll_mem_ptr(b);
     struct partner p;
     pid_t pid = start_partner(&p, f->a.sock, 1, 5); /* count 5 against our 4 */
@@ -493,9 +497,7 @@ static void lone_participant_times_out_then_reopens(void **state)
     coll_conn *c;
     coll_group *g;
     coll_buffer *b;
-    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
-    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    join_pair(f, &c, &g, &b);
     float *x = coll_mem_ptr(b);
     coll_request r;
     assert_int_equal(coll_allreduce(g, x, x + 64, 4, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
