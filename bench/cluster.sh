@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Collectives across N agents on this machine (loopback TCP), side by side in one run with
-# OpenMPI's TCP transport on the same sizes, and the loopback TCP ceiling (iperf3 --bidir).
+# OpenMPI's TCP transport on the same sizes, Gloo (torch.distributed, when Debian's
+# python3-torch is installed), and the loopback TCP ceiling (iperf3 --bidir).
 # Usage: bench/cluster.sh [BUILD_DIR] [AGENTS] [OPS] [MIN] [MAX] [ITERS]
 #   e.g. bench/cluster.sh build 2 "allreduce allgather" 8 67108864 20
 set -euo pipefail
@@ -47,4 +48,13 @@ for op in $ops; do
     "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3 -c 1
     mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl tcp,self \
         --mca btl_tcp_if_include lo "$dir/mpi_bench" -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3
+    if /usr/bin/python3 -c "import torch.distributed" 2>/dev/null; then
+        gport=$((port + 2 + RANDOM % 100))
+        gpids=()
+        for r in $(seq 0 $((n - 1))); do
+            /usr/bin/python3 "$(dirname "$0")/gloo_bench.py" "$r" "$n" "$gport" "$op" "$minb" "$maxb" "$iters" &
+            gpids+=($!)
+        done
+        for p in "${gpids[@]}"; do wait "$p" || true; done
+    fi
 done

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Second reference for coll-bench across agents: torch.distributed with the Gloo backend
+(Debian's python3-torch), the same ops, sizes and columns. bench/cluster.sh runs it when
+torch imports. Not part of the product.
+
+    gloo_bench.py RANK WORLD PORT OP MIN MAX ITERS
+"""
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+rank, world, port, op = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+minb, maxb, iters = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world)
+if rank == 0:
+    print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters}")
+    print("%12s %12s %10s %10s %10s" % ("bytes", "count", "time(us)", "algbw", "busbw"))
+size = minb
+while size <= maxb:
+    count = max(size // 4, 1)
+    s = torch.ones(count * (world if op == "reduce_scatter" else 1))
+    r = torch.zeros(count)
+    outs = [torch.zeros(count) for _ in range(world)]
+    ins = list(s.chunk(world)) if op == "reduce_scatter" else None
+
+    def run():
+        if op == "allreduce":
+            dist.all_reduce(s)
+        elif op == "allgather":
+            dist.all_gather(outs, s)
+        elif op == "broadcast":
+            dist.broadcast(s, 0)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter(r, ins)  # Gloo may not implement it
+
+    try:
+        for _ in range(3):
+            run()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            run()
+        t = (time.perf_counter() - t0) / iters * 1e6
+    except RuntimeError as e:
+        if rank == 0:
+            print(f"# {op}: {str(e).splitlines()[0]}")
+        break
+    algbw = size / t / 1e3
+    f = 2.0 * (world - 1) / world if op == "allreduce" else 1.0
+    if op in ("allgather", "reduce_scatter"):
+        algbw *= world
+        f = (world - 1) / world
+    if rank == 0:
+        print("%12d %12d %10.2f %10.3f %10.3f" % (size, count, t, algbw, algbw * f), flush=True)
+    if size == maxb:
+        break
+    size *= 8
+dist.destroy_process_group()
