@@ -52,15 +52,18 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
         g->p2p_free = &g->p2p_pool[i];
     }
     if (g->nodes > 1) {
-        g->task_pool = calloc(WIRE_RING_ENTRIES, sizeof(struct net_task));
-        struct op *tops = calloc(nops, sizeof(struct op));
+        /* one task per op in flight: every slot may have a ring's worth of sends and
+         * receives with other pods, each its own task */
+        size_t ntasks = nops;
+        g->task_pool = calloc(ntasks, sizeof(struct net_task));
+        struct op *tops = calloc(ntasks * (size_t)g->nslots, sizeof(struct op));
         if (!g->task_pool || !tops) {
             free(tops);
             snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
             return -1;
         }
-        for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
-            g->task_pool[i].ops = tops + (size_t)i * (size_t)g->nslots;
+        for (size_t i = 0; i < ntasks; i++) {
+            g->task_pool[i].ops = tops + i * (size_t)g->nslots;
             g->task_pool[i].engine_next = g->task_free;
             g->task_free = &g->task_pool[i];
         }

@@ -68,7 +68,7 @@ struct group {
     /* groups that span several pods: matched ops go to the net thread */
     struct net *net;
     int index; /* in the config, as the net thread knows it */
-    struct net_task *task_pool; /* WIRE_RING_ENTRIES tasks, each with nslots ops */
+    struct net_task *task_pool; /* WIRE_RING_ENTRIES x nslots tasks, each with nslots ops */
     struct net_task *task_free;
     struct net_task *in_net; /* tasks lent to the net thread (engine_next list) */
     struct net_task mark;    /* the epoch mark; at most one in flight */
