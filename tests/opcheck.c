@@ -12,6 +12,7 @@
 #include "coll/coll.h"
 #include "opcheck.h"
 #include "reduce.h"
+#include "values.h"
 
 static const size_t counts[] = {0, 1, 7, 4097, 20011};
 #define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
@@ -23,38 +24,6 @@ static double val(int rank, size_t i, int redop)
 {
     if (redop == COLL_PROD) return 1 + (double)((rank + i) % 2);
     return (double)((rank * 3 + i * 5) % 4);
-}
-
-static void put(void *p, size_t i, int dt, double v)
-{
-    switch (dt) {
-    case COLL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case COLL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case COLL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case COLL_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
-    case COLL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case COLL_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
-    case COLL_FLOAT16: ((uint16_t *)p)[i] = reduce_float_to_half((float)v); break;
-    case COLL_BFLOAT16: ((uint16_t *)p)[i] = reduce_float_to_bf16((float)v); break;
-    case COLL_FLOAT32: ((float *)p)[i] = (float)v; break;
-    case COLL_FLOAT64: ((double *)p)[i] = v; break;
-    }
-}
-
-static double get(const void *p, size_t i, int dt)
-{
-    switch (dt) {
-    case COLL_INT8: return ((const int8_t *)p)[i];
-    case COLL_UINT8: return ((const uint8_t *)p)[i];
-    case COLL_INT32: return ((const int32_t *)p)[i];
-    case COLL_UINT32: return ((const uint32_t *)p)[i];
-    case COLL_INT64: return (double)((const int64_t *)p)[i];
-    case COLL_UINT64: return (double)((const uint64_t *)p)[i];
-    case COLL_FLOAT16: return reduce_half_to_float(((const uint16_t *)p)[i]);
-    case COLL_BFLOAT16: return reduce_bf16_to_float(((const uint16_t *)p)[i]);
-    case COLL_FLOAT32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
-    }
 }
 
 static int is_int(int dt)
@@ -130,7 +99,7 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         if (kind == 4) recv = x->R + (size_t)rank * count * es; /* reduce_scatter */
     }
     for (size_t i = 0; i < in_elems; i++)
-        put(in, i, dt, val(rank, i, redop));
+        val_put(in, i, dt, val(rank, i, redop));
     coll_request req, req2;
     coll_err e;
     const void *sp = count ? send : NULL;
@@ -172,7 +141,7 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         case 5: want = val((int)(i / count), (size_t)rank * count + i % count, redop); break;
         default: want = val((rank + n - 1) % n, i, redop); break;
         }
-        double got = get(recv, i, dt);
+        double got = val_get(recv, i, dt);
         if (!close_enough(got, want, dt)) {
             report(x, names[kind], dt, count, inplace, i, got, want);
             return -1;

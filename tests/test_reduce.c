@@ -8,6 +8,7 @@
 #include "coll/coll.h"
 #include "harness.h"
 #include "reduce.h"
+#include "values.h"
 
 /* Reference half -> float by the definition: (-1)^s * 2^(e-15) * 1.m, or subnormal. */
 static double half_ref(uint16_t h)
@@ -59,38 +60,6 @@ static void bf16_conversions_round_to_nearest_even(void **state)
     assert_true(isnan(reduce_bf16_to_float(reduce_float_to_bf16(NAN))));
 }
 
-static double rd(const void *p, size_t i, int dt)
-{
-    switch (dt) {
-    case COLL_INT8: return ((const int8_t *)p)[i];
-    case COLL_UINT8: return ((const uint8_t *)p)[i];
-    case COLL_INT32: return ((const int32_t *)p)[i];
-    case COLL_UINT32: return ((const uint32_t *)p)[i];
-    case COLL_INT64: return (double)((const int64_t *)p)[i];
-    case COLL_UINT64: return (double)((const uint64_t *)p)[i];
-    case COLL_FLOAT16: return reduce_half_to_float(((const uint16_t *)p)[i]);
-    case COLL_BFLOAT16: return reduce_bf16_to_float(((const uint16_t *)p)[i]);
-    case COLL_FLOAT32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
-    }
-}
-
-static void wr(void *p, size_t i, int dt, double v)
-{
-    switch (dt) {
-    case COLL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case COLL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case COLL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case COLL_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
-    case COLL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case COLL_UINT64: ((uint64_t *)p)[i] = (uint64_t)v; break;
-    case COLL_FLOAT16: ((uint16_t *)p)[i] = reduce_float_to_half((float)v); break;
-    case COLL_BFLOAT16: ((uint16_t *)p)[i] = reduce_float_to_bf16((float)v); break;
-    case COLL_FLOAT32: ((float *)p)[i] = (float)v; break;
-    default: ((double *)p)[i] = v; break;
-    }
-}
-
 static void every_kernel_matches_a_scalar_reference(void **state)
 {
     (void)state;
@@ -102,15 +71,15 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                 const void *srcs[SRC];
                 for (int k = 0; k < nsrc; k++) {
                     for (size_t i = 0; i < N; i++)
-                        wr(bufs[k], i, dt, op == COLL_PROD ? 1 + (double)((i + (size_t)k) % 2)
+                        val_put(bufs[k], i, dt, op == COLL_PROD ? 1 + (double)((i + (size_t)k) % 2)
                                                            : (double)((i * 7 + (size_t)k * 3) % 9));
                     srcs[k] = bufs[k];
                 }
                 reduce_n(dt, op, dst, srcs, nsrc, N, (uint32_t)nsrc);
                 for (size_t i = 0; i < N; i++) {
-                    double acc = rd(srcs[0], i, dt);
+                    double acc = val_get(srcs[0], i, dt);
                     for (int k = 1; k < nsrc; k++) {
-                        double v = rd(srcs[k], i, dt);
+                        double v = val_get(srcs[k], i, dt);
                         if (op == COLL_SUM || op == COLL_AVG) acc += v;
                         if (op == COLL_PROD) acc *= v;
                         if (op == COLL_MIN) acc = fmin(acc, v);
@@ -118,7 +87,7 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                     }
                     if (op == COLL_AVG)
                         acc = dt <= COLL_UINT64 ? (double)((long long)acc / nsrc) : acc / nsrc;
-                    double got = rd(dst, i, dt), tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16
+                    double got = val_get(dst, i, dt), tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16
                                                            ? 8e-3 * fabs(acc)
                                                            : 1e-6 * fabs(acc);
                     if (fabs(got - acc) > tol)
