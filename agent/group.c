@@ -82,6 +82,12 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
 void group_fini(struct group *g)
 {
     if (!g->slots) return;
+    if (g->nodes > 1)
+        log_msg(LOG_INFO, "group.stats",
+                "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu",
+                g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
+                (unsigned long long)g->inline_count[1], (unsigned long long)g->inline_count[2],
+                (unsigned long long)g->inline_count[0]);
     if (g->be) g->be->ctx_free(g->be_ctx);
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
@@ -205,7 +211,9 @@ void group_net_done(struct group *g, struct net_task *t)
     g->task_free = t;
 }
 
-/* Lend a matched op (its ops copied into a task) to the net thread. */
+/* Lend a matched op (its ops copied into a task) to the net thread; a tiny one the
+ * engine may run itself (net_inline) when nothing of the group is with the net thread,
+ * which keeps the group's ops in order. */
 static void to_net(struct group *g, const struct op *ops, int nops, const struct wire_sqe *s,
                    uint64_t seq, int64_t deadline)
 {
@@ -239,9 +247,21 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
         t->recv[slot] = ops[k].recv;
         t->local_slot = slot;
     }
+    int rc = NET_INLINE_NO;
+    if (!g->in_net && !g->mark_busy && !g->mark_pending && nops == g->nslots)
+        rc = net_inline(g->net, t);
+    g->inline_count[rc]++;
+    if (rc == NET_INLINE_DONE) {
+        for (int k = 0; k < t->nops; k++)
+            finish_op(g, &t->ops[k], t->status);
+        t->nops = 0;
+        t->engine_next = g->task_free;
+        g->task_free = t;
+        return;
+    }
     t->engine_next = g->in_net;
     g->in_net = t;
-    net_submit(g->net, t);
+    if (rc == NET_INLINE_NO) net_submit(g->net, t);
 }
 
 static void break_local(struct group *g, int err, const char *why)

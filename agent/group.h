@@ -73,6 +73,7 @@ struct group {
     struct net_task *in_net; /* tasks lent to the net thread (engine_next list) */
     struct net_task mark;    /* the epoch mark; at most one in flight */
     int mark_busy, mark_pending_abort, mark_pending, mark_code;
+    uint64_t inline_count[3]; /* by net_inline's answer: queued, run here, handed over */
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in

@@ -29,6 +29,7 @@
 
 #define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
+#define SPIN_PAUSE_NS 5000LL /* of the spin window, spent in pause before yielding */
 #define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 
 /* epoll tags: the address tells what fired (see owner_of) */
@@ -379,10 +380,13 @@ int server_run(struct server *srv)
                 if (n > 0) handle_events(srv, evs, n);
                 next_ctl = now + CTL_POLL_NS;
             }
-            if (net_outstanding)
-                sched_yield(); /* the net thread needs this CPU more than we do */
-            else
+            /* pause right after work (the next op of a busy client comes within a
+             * microsecond); past that, yield, so that threads sharing this CPU (the net
+             * thread, other agents, the clients) get to run */
+            if (!net_outstanding && now - last_work < SPIN_PAUSE_NS)
                 ring_cpu_relax();
+            else
+                sched_yield();
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */

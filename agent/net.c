@@ -43,6 +43,7 @@
 #define ZMQ_ID_MAX 256
 #define MAX_PENDING_ACCEPTS 256
 #define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
+#define INLINE_BUDGET_NS 50000LL /* the engine gives a tiny op this long, then hands it over */
 
 struct coord_peer {
     int present;
@@ -86,6 +87,11 @@ struct ngroup {
     int awaiting_mark;   /* aborted by the net: hold ops until the engine's mark */
     int abort_pending;   /* the epoch is ending: finish the ops all pods have, then abort */
     struct net_task *running; /* the op tcp_run is moving, off the queue */
+    /* tiny ops the engine runs itself (net_inline) */
+    struct tcp_tiny *tiny;
+    struct net_task *handoff; /* started by the engine, to be finished here */
+    int inline_abort;         /* the engine's tiny op failed: end the epoch */
+    char inline_why[160];
     int abort_code;
     char abort_why[RDV_MSG_MAX];
     uint32_t floor;      /* ops of engine epochs below this fail */
@@ -137,6 +143,10 @@ struct net {
     int out_efd;
     _Atomic int results;
     _Atomic int sleeping; /* the net thread may be asleep in zmq_poll */
+    /* held by the net thread while it works (not while it waits or spins), and by the
+     * engine while it runs a tiny op: whoever holds it owns the groups' connections */
+    pthread_mutex_t coll_lock;
+    int64_t inline_ns, inline_n;
     struct pending_conn pend[MAX_PENDING_ACCEPTS];
     int npend;
     int64_t last_service;
@@ -487,6 +497,10 @@ static void p2p_progress(struct net *n, struct ngroup *g)
 
 static void fail_queue(struct net *n, struct ngroup *g, int code)
 {
+    if (g->handoff) {
+        return_task(n, g->handoff, code);
+        g->handoff = NULL;
+    }
     while (g->q_head) {
         struct net_task *t = g->q_head;
         g->q_head = t->next;
@@ -582,7 +596,7 @@ static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char
                            int tell_others)
 {
     if (g->abort_pending) return;
-    if (!g->ready || (!g->q_head && !g->running)) {
+    if (!g->ready || (!g->q_head && !g->running && !g->handoff)) {
         ng_abort(n, g, code, why, 0, tell_others);
         return;
     }
@@ -1014,6 +1028,58 @@ int net_service(struct net *n, struct ngroup *g)
     return 0;
 }
 
+int net_inline(struct net *n, struct net_task *t)
+{
+    struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
+    if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
+    int rc = NET_INLINE_NO;
+    if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
+        !g->handoff && !g->inline_abort && t->lepoch >= g->floor) {
+        struct tcp_comm c = {.net = n,
+                             .g = g,
+                             .nodes = g->nodes,
+                             .me = g->me,
+                             .nlocal = g->nlocal,
+                             .fds = g->fds,
+                             .seq = g->ops_done,
+                             .deadline_ns = t->deadline_ns,
+                             .scratch = {g->scratch[0], g->scratch[1]},
+                             .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]}};
+        if (tcp_tiny_start(g->tiny, &c, t) == 0) {
+            int64_t t0 = now_ns();
+            char why[160] = "";
+            c.budget_until = now_ns() + INLINE_BUDGET_NS;
+            int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
+            for (int k = 0; k < 2; k++) {
+                g->scratch[k] = c.scratch[k];
+                g->scratch_cap[k] = c.scratch_cap[k];
+            }
+            n->inline_ns += now_ns() - t0;
+            n->inline_n++;
+            if (st == TCP_AGAIN) { /* slow peers: the net thread finishes it */
+                g->handoff = t;
+                rc = NET_INLINE_HANDED;
+            } else {
+                g->ops_done++;
+                t->status = st;
+                if (st != COLL_OK) {
+                    g->inline_abort = st;
+                    snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
+                }
+                rc = NET_INLINE_DONE;
+            }
+        }
+    }
+    pthread_mutex_unlock(&n->coll_lock);
+    if (rc == NET_INLINE_HANDED || (rc == NET_INLINE_DONE && t->status != COLL_OK)) {
+        atomic_store_explicit(&n->in_pending, 1, memory_order_release);
+        uint64_t one = 1;
+        ssize_t w = write(n->in_efd, &one, sizeof(one));
+        (void)w;
+    }
+    return rc;
+}
+
 static void take_engine_tasks(struct net *n)
 {
     uint64_t v;
@@ -1070,7 +1136,29 @@ static int run_ready_ops(struct net *n)
     int ran = 0;
     for (int i = 0; i < n->ngroups; i++) {
         struct ngroup *g = n->groups[i];
-        while (g && g->ready && !g->awaiting_mark && g->q_head) {
+        if (g && g->handoff && g->ready) { /* a tiny op the engine started */
+            struct net_task *t = g->handoff;
+            struct tcp_comm c = {.net = n,
+                                 .g = g,
+                                 .scratch = {g->scratch[0], g->scratch[1]},
+                                 .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]}};
+            char why[160] = "";
+            g->running = t;
+            int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
+            g->running = NULL;
+            g->handoff = NULL;
+            for (int k = 0; k < 2; k++) {
+                g->scratch[k] = c.scratch[k];
+                g->scratch_cap[k] = c.scratch_cap[k];
+            }
+            return_task(n, t, st);
+            g->ops_done++;
+            ran++;
+            if (g->abort_pending) ng_abort_finish(n, g);
+            else if (st != COLL_OK && g->committed)
+                ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
+        }
+        while (g && g->ready && !g->awaiting_mark && !g->handoff && g->q_head) {
             struct net_task *t = g->q_head;
             if (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV) {
                 /* pods do not run sends and receives in the same order: they never
@@ -1149,6 +1237,15 @@ static void *net_main(void *arg)
         int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
         zmq_poll(items, ni, busy ? 0 : 20);
         atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
+        pthread_mutex_lock(&n->coll_lock);
+        for (int i = 0; i < n->ngroups; i++) {
+            struct ngroup *g = n->groups[i];
+            if (g && g->inline_abort) {
+                int code = g->inline_abort;
+                g->inline_abort = 0;
+                if (g->committed) ng_abort(n, g, code, g->inline_why, 0, 1);
+            }
+        }
         if (n->router) drain_zmq(n, n->router, 1);
         if (n->dealer) drain_zmq(n, n->dealer, 0);
         accept_conns(n);
@@ -1163,17 +1260,20 @@ static void *net_main(void *arg)
         if (run_ready_ops(n)) last_work = now_ns();
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
-            if (g && g->abort_pending && (!g->q_head || !g->ready || g->awaiting_mark))
+            if (g && g->abort_pending && !g->handoff && (!g->q_head || !g->ready || g->awaiting_mark))
                 ng_abort_finish(n, g);
         }
+        pthread_mutex_unlock(&n->coll_lock);
     }
     /* stopping: hand back everything */
+    pthread_mutex_lock(&n->coll_lock);
     take_engine_tasks(n);
     for (int i = 0; i < n->ngroups; i++)
         if (n->groups[i]) {
             fail_queue(n, n->groups[i], COLL_ERR_SHUTDOWN);
             p2p_reset(n, n->groups[i], COLL_ERR_SHUTDOWN);
         }
+    pthread_mutex_unlock(&n->coll_lock);
     return NULL;
 }
 
@@ -1223,6 +1323,7 @@ struct net *net_start(const struct config *cfg, char *why, size_t whylen)
     n->lfd = n->in_efd = n->out_efd = -1;
     pthread_mutex_init(&n->in_lock, NULL);
     pthread_mutex_init(&n->out_lock, NULL);
+    pthread_mutex_init(&n->coll_lock, NULL);
     n->ngroups = cfg->ngroups;
     n->groups = calloc((size_t)cfg->ngroups, sizeof(*n->groups));
     n->in_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1243,6 +1344,11 @@ struct net *net_start(const struct config *cfg, char *why, size_t whylen)
         g->me = cfg->node.index;
         g->nlocal = gc->local_slots;
         g->config_hash = group_config_hash(gc);
+        g->tiny = malloc(tcp_tiny_size());
+        if (!g->tiny) {
+            free(g);
+            goto fail;
+        }
         g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
         for (int k = 0; k < RDV_MAX_NODES; k++)
             g->fds[k] = g->pfds[k] = -1;
@@ -1304,6 +1410,7 @@ void net_free(struct net **np)
     for (int i = 0; i < n->ngroups; i++) {
         if (!n->groups || !n->groups[i]) continue;
         close_data(n->groups[i]);
+        free(n->groups[i]->tiny);
         free(n->groups[i]->scratch[0]);
         free(n->groups[i]->scratch[1]);
         free(n->groups[i]);
@@ -1311,6 +1418,9 @@ void net_free(struct net **np)
     free(n->groups);
     for (int i = 0; i < n->npend; i++)
         close(n->pend[i].fd);
+    if (n->inline_n)
+        log_msg(LOG_INFO, "net.inline", "ops=%lld mean_us=%.1f", (long long)n->inline_n,
+                (double)n->inline_ns / (double)n->inline_n / 1000.0);
     if (n->router) zmq_close(n->router);
     if (n->dealer) zmq_close(n->dealer);
     if (n->zctx) zmq_ctx_term(n->zctx);
@@ -1326,5 +1436,6 @@ void net_free(struct net **np)
     if (n->out_efd >= 0) close(n->out_efd);
     pthread_mutex_destroy(&n->in_lock);
     pthread_mutex_destroy(&n->out_lock);
+    pthread_mutex_destroy(&n->coll_lock);
     free(n);
 }

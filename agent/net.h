@@ -70,6 +70,15 @@ void net_free(struct net **n);
 
 /* Engine thread. Queue t (FIFO per group). Never blocks. */
 void net_submit(struct net *n, struct net_task *t);
+/*
+ * Engine thread: run t (an op that crosses pods) right here if it is tiny (an allreduce
+ * of a few KiB, a barrier), the group is formed and idle, and the net thread is not
+ * busy; one hand-off fewer per pod for the ops where latency is everything. Returns
+ * NET_INLINE_DONE (t->status set), NET_INLINE_HANDED (peers were slow: the net thread
+ * finishes t and returns it through net_collect), or NET_INLINE_NO (submit it).
+ */
+enum { NET_INLINE_NO = 0, NET_INLINE_DONE, NET_INLINE_HANDED };
+int net_inline(struct net *n, struct net_task *t);
 /* Engine thread: readable when tasks or events are ready (edge-triggered use). */
 int net_notify_fd(const struct net *n);
 /* Engine thread: take every returned task and event (lists, oldest first). */

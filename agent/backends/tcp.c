@@ -187,12 +187,14 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
             continue;
         }
         spins = 0;
-        int64_t rem = c->deadline_ns - now_ns();
+        int64_t t = now_ns(), rem = c->deadline_ns - t;
         if (rem <= 0) return failf(o, COLL_ERR_TIMEOUT, "op did not complete before its deadline");
+        if (c->budget_until && t >= c->budget_until) return TCP_AGAIN;
         int ms = rem > 20000000 ? 20 : (int)(rem / 1000000) + 1;
+        if (c->budget_until) ms = 0; /* on the engine thread: never sleep, give up instead */
         int r = poll(pf, (nfds_t)np, ms);
         if (r < 0 && errno != EINTR) return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
-        int st = net_service(c->net, c->g);
+        int st = c->budget_until ? 0 : net_service(c->net, c->g);
         if (st) return failf(o, st, "the group's epoch ended during the op");
         for (int i = 0; i < np; i++)
             if (pf[i].revents & (POLLERR | POLLNVAL))
@@ -630,18 +632,108 @@ static int op_alltoall(struct opctx *o)
     return COLL_OK;
 }
 
+/* ---- tiny ops, resumable ------------------------------------------------------------ */
+
+/*
+ * An allreduce of a few KiB or a barrier is one direct exchange between the local
+ * reduction and the pod-order reduction. Its state lives in struct tcp_tiny, so the
+ * engine thread can start it and, if the peers are slow, hand it to the net thread
+ * half done (tcp_tiny_progress picks up where the last call stopped).
+ */
+struct tcp_tiny {
+    struct tcp_comm c;
+    struct opctx o;
+    struct xfer x[2 * RDV_MAX_NODES];
+    int nx;
+    char *tmp;
+    char why[160];
+};
+
+size_t tcp_tiny_size(void)
+{
+    return sizeof(struct tcp_tiny);
+}
+
+static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why,
+                     size_t whylen);
+
+int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
+{
+    size_t es = coll_dtype_size((coll_dtype)t->dtype);
+    size_t bytes = t->count * es;
+    if (!(t->kind == WIRE_OP_BARRIER ||
+          (t->kind == WIRE_OP_ALLREDUCE && bytes <= TCP_TINY_BYTES && t->count >= 1)))
+        return -1;
+    s->c = *c;
+    init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
+    s->why[0] = '\0';
+    s->nx = 0;
+    s->tmp = NULL;
+    void *buf = NULL;
+    if (t->kind == WIRE_OP_ALLREDUCE) {
+        buf = t->recv[0];
+        local_reduce(&s->o, buf, 0, t->count);
+        s->tmp = scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
+        if (!s->tmp) return -1;
+    }
+    for (int p = 0; p < s->c.nodes; p++) {
+        if (p == s->c.me) continue;
+        x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, buf ? bytes : 0);
+        x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+               s->tmp ? s->tmp + (size_t)p * bytes : NULL, buf ? bytes : 0);
+    }
+    return 0;
+}
+
+int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
+{
+    /* the caller's view: budget (engine) or none (net thread), scratch it keeps */
+    s->c.budget_until = c->budget_until;
+    s->c.net = c->net;
+    s->c.g = c->g;
+    int st = exchange(&s->o, s->x, s->nx);
+    if (st == TCP_AGAIN) return st;
+    for (int p = 0; st == COLL_OK && p < s->c.nodes; p++)
+        if (p != s->c.me) st = check_hdr(&s->o, p);
+    struct net_task *t = s->o.t;
+    if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
+        size_t bytes = t->count * s->o.es;
+        const void *srcs[RDV_MAX_NODES];
+        for (int p = 0; p < s->c.nodes; p++)
+            srcs[p] = p == s->c.me ? t->recv[0] : s->tmp + (size_t)p * bytes;
+        void *out = s->c.me == 0 ? t->recv[0] : s->tmp + (size_t)s->c.me * bytes;
+        reduce_all(&s->o, out, srcs, s->c.nodes, t->count);
+        if (out != t->recv[0]) memcpy(t->recv[0], out, bytes);
+        finish_avg(&s->o, t->recv[0], t->count);
+        copy_to_locals(&s->o, t->recv[0], bytes);
+    }
+    for (int k = 0; k < 2; k++) {
+        c->scratch[k] = s->c.scratch[k];
+        c->scratch_cap[k] = s->c.scratch_cap[k];
+    }
+    if (st != COLL_OK) snprintf(why, whylen, "%s", s->why);
+    return st;
+}
+
+static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why,
+                     size_t whylen)
+{
+    *o = (struct opctx){.c = c, .t = t, .why = why, .whylen = whylen};
+    o->es = coll_dtype_size((coll_dtype)t->dtype);
+    o->red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
+    o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
+                                  .kind = t->kind,
+                                  .dtype = t->dtype,
+                                  .redop = t->redop,
+                                  .root = t->root,
+                                  .seq = c->seq,
+                                  .count = t->count};
+}
+
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
-    struct opctx o = {.c = c, .t = t, .why = why, .whylen = whylen};
-    o.es = coll_dtype_size((coll_dtype)t->dtype);
-    o.red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
-    o.hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
-                                 .kind = t->kind,
-                                 .dtype = t->dtype,
-                                 .redop = t->redop,
-                                 .root = t->root,
-                                 .seq = c->seq,
-                                 .count = t->count};
+    struct opctx o;
+    init_ctx(&o, c, t, why, whylen);
     switch (t->kind) {
     case WIRE_OP_ALLREDUCE:
         return op_allreduce(&o);

@@ -24,7 +24,19 @@ struct tcp_comm {
     int64_t deadline_ns;
     void *scratch[2]; /* grown on demand, kept by the caller between ops */
     size_t scratch_cap[2];
+    int64_t budget_until; /* nonzero: on the engine thread; never sleep, stop here */
 };
+
+/* A tiny op (allreduce of at most TCP_TINY_BYTES, barrier) as a resumable state. */
+struct tcp_tiny;
+#define TCP_TINY_BYTES 4096
+#define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
+size_t tcp_tiny_size(void);
+/* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny. */
+int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t);
+/* Move the op on with c's budget and scratch; COLL_OK when finished, TCP_AGAIN, or an
+ * error (why). */
+int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen);
 
 /* Run t to completion; returns a coll_err (why says more on failure). Blocks the net
  * thread until done, a peer fails, the deadline passes or the epoch is aborted. */
