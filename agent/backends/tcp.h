@@ -29,7 +29,7 @@ struct tcp_comm {
 
 /* A tiny op (allreduce of at most TCP_TINY_BYTES, barrier) as a resumable state. */
 struct tcp_tiny;
-#define TCP_TINY_BYTES 4096
+#define TCP_TINY_BYTES (64 * 1024)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny. */
