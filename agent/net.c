@@ -471,12 +471,30 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
         if (in->task) {
             return_task(n, in->task, in->discard ? COLL_ERR_MISMATCH : COLL_OK);
         } else {
-            in->unx->next = NULL;
-            if (g->unx_tail)
-                g->unx_tail->next = in->unx;
-            else
-                g->unx_head = in->unx;
-            g->unx_tail = in->unx;
+            /* its receive may have been posted while the bytes were arriving */
+            struct unexpected *u = in->unx;
+            struct net_task **pp = &g->posted_head, *prev = NULL, *match = NULL;
+            for (; *pp; prev = *pp, pp = &(*pp)->next) {
+                if (!p2p_matches(g, *pp, &u->hdr)) continue;
+                match = *pp;
+                *pp = match->next;
+                if (g->posted_tail == match) g->posted_tail = prev;
+                break;
+            }
+            if (match) {
+                int ok = p2p_agree(match, &u->hdr);
+                if (ok && match->count) memcpy(match->recv[match->local_slot], u->data, in->plen);
+                free(u->data);
+                free(u);
+                return_task(n, match, ok ? COLL_OK : COLL_ERR_MISMATCH);
+            } else {
+                u->next = NULL;
+                if (g->unx_tail)
+                    g->unx_tail->next = u;
+                else
+                    g->unx_head = u;
+                g->unx_tail = u;
+            }
         }
         memset(in, 0, sizeof(*in));
     }
