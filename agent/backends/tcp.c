@@ -660,15 +660,45 @@ static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, ch
 int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
 {
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
-    size_t bytes = t->count * es;
-    if (!(t->kind == WIRE_OP_BARRIER ||
-          (t->kind == WIRE_OP_ALLREDUCE && bytes <= TCP_TINY_BYTES && t->count >= 1)))
-        return -1;
+    size_t bytes = t->count * es, L = (size_t)c->nlocal;
+    int ok = t->kind == WIRE_OP_BARRIER ||
+             (t->count >= 1 && ((t->kind == WIRE_OP_ALLREDUCE && bytes <= TCP_TINY_BYTES) ||
+                                (t->kind == WIRE_OP_BROADCAST && bytes <= TCP_TINY_BYTES) ||
+                                (t->kind == WIRE_OP_ALLGATHER &&
+                                 bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES)));
+    if (!ok) return -1;
     s->c = *c;
     init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
     s->why[0] = '\0';
     s->nx = 0;
     s->tmp = NULL;
+    if (t->kind == WIRE_OP_BROADCAST) {
+        int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
+        char *buf = t->recv[0];
+        if (c->me == rnode) {
+            if (t->send[rslot] != buf) memcpy(buf, t->send[rslot], bytes);
+            for (int p = 0; p < c->nodes; p++)
+                if (p != c->me) x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
+        } else {
+            x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), buf, bytes);
+        }
+        return 0;
+    }
+    if (t->kind == WIRE_OP_ALLGATHER) {
+        char *buf = t->recv[0];
+        size_t bb = L * bytes; /* per pod */
+        for (size_t k = 0; k < L; k++) {
+            char *dst = buf + ((size_t)c->me * L + k) * bytes;
+            if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
+        }
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf + (size_t)c->me * bb, bb);
+            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), buf + (size_t)p * bb,
+                   bb);
+        }
+        return 0;
+    }
     void *buf = NULL;
     if (t->kind == WIRE_OP_ALLREDUCE) {
         buf = t->recv[0];
@@ -693,9 +723,14 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     s->c.g = c->g;
     int st = exchange(&s->o, s->x, s->nx);
     if (st == TCP_AGAIN) return st;
-    for (int p = 0; st == COLL_OK && p < s->c.nodes; p++)
-        if (p != s->c.me) st = check_hdr(&s->o, p);
     struct net_task *t = s->o.t;
+    for (int i = 0; st == COLL_OK && i < s->nx; i++) /* every peer we heard from */
+        if (!s->x[i].is_send) st = check_hdr(&s->o, s->x[i].peer);
+    if (st == COLL_OK && (t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_ALLGATHER)) {
+        size_t total = t->count * s->o.es *
+                       (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
+        copy_to_locals(&s->o, t->recv[0], total);
+    }
     if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
         size_t bytes = t->count * s->o.es;
         const void *srcs[RDV_MAX_NODES];

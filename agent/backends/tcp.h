@@ -27,7 +27,8 @@ struct tcp_comm {
     int64_t budget_until; /* nonzero: on the engine thread; never sleep, stop here */
 };
 
-/* A tiny op (allreduce of at most TCP_TINY_BYTES, barrier) as a resumable state. */
+/* A tiny op (allreduce or broadcast of at most TCP_TINY_BYTES, allgather whose result
+ * is at most that, barrier) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
