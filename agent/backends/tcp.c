@@ -295,24 +295,6 @@ static void copy_to_locals(struct opctx *o, const void *src, size_t bytes)
 
 /* ---- building blocks between pods --------------------------------------------------- */
 
-/* Everybody sends `mine` (bytes) to every peer with the header and receives theirs
- * into slots[peer] (bytes each); checks headers. */
-static int direct_all(struct opctx *o, const void *mine, size_t bytes, void *const *slots)
-{
-    struct tcp_comm *c = o->c;
-    struct xfer x[2 * RDV_MAX_NODES];
-    int nx = 0;
-    for (int p = 0; p < c->nodes; p++) {
-        if (p == c->me) continue;
-        x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), mine, bytes);
-        x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), slots[p], bytes);
-    }
-    int st = exchange(o, x, nx);
-    for (int p = 0; st == COLL_OK && p < c->nodes; p++)
-        if (p != c->me) st = check_hdr(o, p);
-    return st;
-}
-
 /* Chunk k of n over count elements: [*off, *off + *len). */
 static void chunk(size_t count, int n, int k, size_t *off, size_t *len)
 {
@@ -372,28 +354,6 @@ static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit,
     return COLL_OK;
 }
 
-/* Direct exchange then reduction in pod order: buf (count) ends up reduced everywhere. */
-static int direct_allreduce(struct opctx *o, void *buf, size_t count)
-{
-    struct tcp_comm *c = o->c;
-    size_t bytes = count * o->es;
-    char *tmp = scratch(c, 1, bytes * (size_t)c->nodes);
-    if (!tmp) return failf(o, COLL_ERR_NOMEM, "scratch");
-    void *slots[RDV_MAX_NODES];
-    const void *srcs[RDV_MAX_NODES];
-    for (int p = 0; p < c->nodes; p++) {
-        slots[p] = tmp + (size_t)p * bytes;
-        srcs[p] = p == c->me ? buf : slots[p];
-    }
-    int st = direct_all(o, buf, bytes, slots);
-    if (st != COLL_OK) return st;
-    /* reduce into our own slot first (srcs[0] may be buf only when me == 0) */
-    void *out = c->me == 0 ? buf : tmp + (size_t)c->me * bytes;
-    reduce_all(o, out, srcs, c->nodes, count);
-    if (out != buf && bytes) memcpy(buf, out, bytes);
-    return COLL_OK;
-}
-
 /* ---- ops ---------------------------------------------------------------------------------- */
 
 static int op_allreduce(struct opctx *o)
@@ -402,13 +362,9 @@ static int op_allreduce(struct opctx *o)
     size_t count = t->count, bytes = count * o->es;
     void *buf = t->recv[0];
     local_reduce(o, buf, 0, count);
-    int st;
-    if (bytes <= TCP_SMALL_BYTES || count < (size_t)o->c->nodes) {
-        st = direct_allreduce(o, buf, count);
-    } else {
-        st = ring_reduce_scatter(o, buf, count, 1);
-        if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0);
-    }
+    /* small ones went the tiny way (tcp_run) */
+    int st = ring_reduce_scatter(o, buf, count, 1);
+    if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0);
     if (st != COLL_OK) return st;
     finish_avg(o, buf, count);
     copy_to_locals(o, buf, bytes);
@@ -469,15 +425,7 @@ static int op_allgather(struct opctx *o)
         char *dst = buf + ((size_t)c->me * L + s) * count * o->es;
         if (t->send[s] != dst && count) memcpy(dst, t->send[s], count * o->es);
     }
-    int st;
-    if (bb * N <= TCP_SMALL_BYTES || count == 0) {
-        void *slots[RDV_MAX_NODES];
-        for (int p = 0; p < c->nodes; p++)
-            slots[p] = buf + (size_t)p * bb;
-        st = direct_all(o, buf + (size_t)c->me * bb, bb, slots);
-    } else {
-        st = ring_allgather(o, buf, N, L * count, 1);
-    }
+    int st = ring_allgather(o, buf, N, L * count, 1); /* small ones went the tiny way */
     if (st != COLL_OK) return st;
     copy_to_locals(o, buf, bb * N);
     return COLL_OK;
@@ -494,19 +442,7 @@ static int op_broadcast(struct opctx *o)
     int n = c->nodes, pos = (c->me - rnode + n) % n;
     int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
     int st = COLL_OK;
-    if (bytes <= TCP_SMALL_BYTES) {
-        struct xfer x[RDV_MAX_NODES];
-        int nx = 0;
-        if (c->me == rnode) {
-            for (int p = 0; p < n; p++)
-                if (p != c->me) x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), buf, bytes);
-        } else {
-            x_recv(&x[nx++], rnode, &o->peer_hdr[rnode], sizeof(o->hdr), buf, bytes);
-        }
-        st = exchange(o, x, nx);
-        if (st == COLL_OK && c->me != rnode) st = check_hdr(o, rnode);
-    } else {
-        /* a chain from the root, pipelined in segments */
+    { /* a chain from the root, pipelined in segments (small ones went the tiny way) */
         size_t nseg = (bytes + BCAST_SEG - 1) / BCAST_SEG;
         if (pos == 0) {
             struct xfer x;
@@ -662,10 +598,9 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
     int ok = t->kind == WIRE_OP_BARRIER ||
-             (t->count >= 1 && ((t->kind == WIRE_OP_ALLREDUCE && bytes <= TCP_TINY_BYTES) ||
-                                (t->kind == WIRE_OP_BROADCAST && bytes <= TCP_TINY_BYTES) ||
-                                (t->kind == WIRE_OP_ALLGATHER &&
-                                 bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES)));
+             ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) &&
+              bytes <= TCP_TINY_BYTES) ||
+             (t->kind == WIRE_OP_ALLGATHER && bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
     init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
@@ -676,7 +611,7 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
         char *buf = t->recv[0];
         if (c->me == rnode) {
-            if (t->send[rslot] != buf) memcpy(buf, t->send[rslot], bytes);
+            if (t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
             for (int p = 0; p < c->nodes; p++)
                 if (p != c->me) x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
         } else {
@@ -687,15 +622,16 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
     if (t->kind == WIRE_OP_ALLGATHER) {
         char *buf = t->recv[0];
         size_t bb = L * bytes; /* per pod */
-        for (size_t k = 0; k < L; k++) {
+        for (size_t k = 0; bytes && k < L; k++) {
             char *dst = buf + ((size_t)c->me * L + k) * bytes;
             if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
         }
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
-            x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf + (size_t)c->me * bb, bb);
-            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), buf + (size_t)p * bb,
-                   bb);
+            x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr),
+                   bb ? buf + (size_t)c->me * bb : NULL, bb);
+            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                   bb ? buf + (size_t)p * bb : NULL, bb);
         }
         return 0;
     }
@@ -738,7 +674,7 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
             srcs[p] = p == s->c.me ? t->recv[0] : s->tmp + (size_t)p * bytes;
         void *out = s->c.me == 0 ? t->recv[0] : s->tmp + (size_t)s->c.me * bytes;
         reduce_all(&s->o, out, srcs, s->c.nodes, t->count);
-        if (out != t->recv[0]) memcpy(t->recv[0], out, bytes);
+        if (out != t->recv[0] && bytes) memcpy(t->recv[0], out, bytes);
         finish_avg(&s->o, t->recv[0], t->count);
         copy_to_locals(&s->o, t->recv[0], bytes);
     }
@@ -767,6 +703,8 @@ static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, ch
 
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
+    struct tcp_tiny tiny;
+    if (tcp_tiny_start(&tiny, c, t) == 0) return tcp_tiny_progress(&tiny, c, why, whylen);
     struct opctx o;
     init_ctx(&o, c, t, why, whylen);
     switch (t->kind) {
@@ -782,10 +720,6 @@ int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
         return op_reduce(&o);
     case WIRE_OP_ALLTOALL:
         return op_alltoall(&o);
-    case WIRE_OP_BARRIER: {
-        void *slots[RDV_MAX_NODES] = {0};
-        return direct_all(&o, NULL, 0, slots);
-    }
     default:
         return failf(&o, COLL_ERR_UNSUPPORTED, "op kind %u", t->kind);
     }
