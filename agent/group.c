@@ -72,7 +72,7 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
     if (g->be) g->be_ctx = g->be->ctx_new();
     log_msg(g->be ? LOG_INFO : LOG_ERROR, "group.backend", "group=%s backend=%s reason=\"%s\"",
             cfg->name, g->be ? g->be->name : "none", g->backend_why);
-    if (g->be && !g->be_ctx && g->be != &backend_nccl) {
+    if (g->be && !g->be_ctx) {
         g->be = NULL;
         snprintf(g->backend_why, sizeof(g->backend_why), "backend state: out of memory");
     }

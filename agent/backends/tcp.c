@@ -254,6 +254,19 @@ static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, int 
     }
 }
 
+/* mine = the reduction, in pod order, of every pod's contribution: ours in mine, pod p's
+ * at in + p * bytes (our own slot there is unused and serves as the output). The same
+ * order on every pod is what makes the results identical everywhere. */
+static void reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count)
+{
+    const void *srcs[RDV_MAX_NODES];
+    for (int p = 0; p < o->c->nodes; p++)
+        srcs[p] = p == o->c->me ? (const void *)mine : in + (size_t)p * bytes;
+    void *out = in + (size_t)o->c->me * bytes;
+    reduce_all(o, out, srcs, o->c->nodes, count);
+    if (bytes) memcpy(mine, out, bytes);
+}
+
 /* dst = reduction of the local participants' send buffers at element offset off. */
 static void local_reduce(struct opctx *o, void *dst, size_t off, size_t count)
 {
@@ -397,13 +410,7 @@ static int op_reduce_scatter(struct opctx *o)
         for (int p = 0; st == COLL_OK && p < c->nodes; p++)
             if (p != c->me) st = check_hdr(o, p);
         if (st != COLL_OK) return st;
-        const void *srcs[RDV_MAX_NODES];
-        for (int p = 0; p < c->nodes; p++)
-            srcs[p] = p == c->me ? (const void *)mine : in + (size_t)p * bb;
-        /* reduce in pod order into in's own (unused) slot, then back */
-        void *out = in + (size_t)c->me * bb;
-        reduce_all(o, out, srcs, c->nodes, block);
-        memcpy(mine, out, bb);
+        reduce_in_pod_order(o, mine, in, bb, block);
     } else {
         st = ring_reduce_scatter(o, T, N, block);
         if (st != COLL_OK) return st;
@@ -500,12 +507,7 @@ static int op_reduce(struct opctx *o)
         for (int p = 0; st == COLL_OK && c->me == rnode && p < c->nodes; p++)
             if (p != c->me) st = check_hdr(o, p);
         if (st != COLL_OK || c->me != rnode) return st;
-        const void *srcs[RDV_MAX_NODES];
-        for (int p = 0; p < c->nodes; p++)
-            srcs[p] = p == c->me ? (const void *)T : in + (size_t)p * bytes;
-        void *out = in + (size_t)c->me * bytes;
-        reduce_all(o, out, srcs, c->nodes, count);
-        memcpy(T, out, bytes);
+        reduce_in_pod_order(o, T, in, bytes, count);
     } else {
         st = ring_reduce_scatter(o, T, count, 1);
         if (st != COLL_OK) return st;
@@ -669,12 +671,7 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     }
     if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
         size_t bytes = t->count * s->o.es;
-        const void *srcs[RDV_MAX_NODES];
-        for (int p = 0; p < s->c.nodes; p++)
-            srcs[p] = p == s->c.me ? t->recv[0] : s->tmp + (size_t)p * bytes;
-        void *out = s->c.me == 0 ? t->recv[0] : s->tmp + (size_t)s->c.me * bytes;
-        reduce_all(&s->o, out, srcs, s->c.nodes, t->count);
-        if (out != t->recv[0] && bytes) memcpy(t->recv[0], out, bytes);
+        reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
         finish_avg(&s->o, t->recv[0], t->count);
         copy_to_locals(&s->o, t->recv[0], bytes);
     }
