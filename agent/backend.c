@@ -4,15 +4,26 @@
 #include "backend.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "config.h"
 
-const struct backend_ops *backend_choose(int config_backend, char *why, size_t whylen)
+const struct backend_ops *backend_choose(const struct group_config *gc, char *why, size_t whylen)
 {
     char reason[192];
+    int config_backend = gc->backend;
     if (config_backend == CONFIG_BACKEND_HOST) {
         snprintf(why, whylen, "configured as host");
         return &backend_host;
+    }
+    if (config_backend == CONFIG_BACKEND_AUTO) {
+        int gpus = gc->ndevices > 0;
+        for (int i = 0; i < gc->ndevices; i++)
+            if (strcmp(gc->devices[i], "cpu") == 0) gpus = 0;
+        if (!gpus) {
+            snprintf(why, whylen, "auto chose host: the group's devices are not GPUs");
+            return &backend_host;
+        }
     }
     if (backend_nccl.probe(reason, sizeof(reason)) == 0) {
         snprintf(why, whylen, "nccl usable: %s", reason);

@@ -37,12 +37,13 @@ struct backend_ops {
 extern const struct backend_ops backend_host;
 extern const struct backend_ops backend_nccl;
 
+struct group_config;
 /*
- * The backend for a group configured as config_backend (enum config_backend): nccl
- * when asked for and usable, host for host, and for auto nccl when it probes fine and
- * host otherwise. Returns NULL (why says why) when nccl was demanded but cannot run.
- * why always receives the reason for the choice, for the log.
+ * The backend for a group: host for `host`; nccl for `nccl` when it probes fine (NULL,
+ * why says why, when it cannot run); for `auto` nccl when the group's devices are GPUs
+ * (a list without `cpu`) and NCCL probes fine, host otherwise. why always receives the
+ * reason for the choice, for the log.
  */
-const struct backend_ops *backend_choose(int config_backend, char *why, size_t whylen);
+const struct backend_ops *backend_choose(const struct group_config *gc, char *why, size_t whylen);
 
 #endif

@@ -60,6 +60,9 @@ void buffer_unref(struct buffer **bp)
     struct buffer *b = *bp;
     *bp = NULL;
     if (--b->refs > 0) return;
-    munmap(b->map, b->size);
+    if (b->release)
+        b->release(b);
+    else
+        munmap(b->map, b->size);
     free(b);
 }

@@ -6,14 +6,19 @@
 #ifndef AGENT_BUFFER_H
 #define AGENT_BUFFER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct buffer {
     uint32_t refs;
-    int device; /* -1: host */
-    void *map;
+    int device; /* -1: host; else the agent's ordinal of the GPU that holds it */
+    void *map;  /* address in the agent (a device address for GPU buffers) */
     size_t size;
+    /* how the last reference lets go; NULL: munmap(map, size) */
+    void (*release)(struct buffer *b);
+    void *priv;
+    atomic_int gone; /* session regions: the client went away (read by launchers) */
 };
 
 /*

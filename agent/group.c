@@ -19,7 +19,49 @@
 #include "net.h"
 
 #define WMASK (WIRE_RING_ENTRIES - 1u)
+
+/* A GPU task and the op it carries (the task first, so a returned task is its gtask). */
+struct gtask {
+    struct gpu_task t;
+    struct op op;
+    struct gtask *free_next;
+    int live;
+};
 #define NS_PER_MS 1000000LL
+
+/* Devices of the slots and the task pool of a group on the NCCL backend. */
+static int gpu_setup(struct group *g)
+{
+    const struct group_config *cfg = g->cfg;
+    g->gpu_dev = calloc((size_t)g->nslots, sizeof(int));
+    g->gt_count = 2 * (size_t)WIRE_RING_ENTRIES * (size_t)g->nslots;
+    g->gt_pool = calloc(g->gt_count, sizeof(struct gtask));
+    if (!g->gpu_dev || !g->gt_pool) {
+        snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
+        return -1;
+    }
+    for (int k = 0; k < g->nslots; k++) {
+        char why[160], spec[16];
+        if (!cfg->ndevices) snprintf(spec, sizeof(spec), "%d", k);
+        g->gpu_dev[k] = gpu_resolve_device(cfg->ndevices ? cfg->devices[k] : spec, why, sizeof(why));
+        if (g->gpu_dev[k] < 0) {
+            snprintf(g->backend_why, sizeof(g->backend_why), "slot %d: %s", k, why);
+            return -1;
+        }
+        for (int j = 0; j < k; j++)
+            if (g->gpu_dev[j] == g->gpu_dev[k]) {
+                snprintf(g->backend_why, sizeof(g->backend_why),
+                         "slots %d and %d are on the same GPU (NCCL takes one rank per GPU)", j, k);
+                return -1;
+            }
+    }
+    for (size_t i = 0; i < g->gt_count; i++) {
+        g->gt_pool[i].free_next = g->gt_free;
+        g->gt_free = &g->gt_pool[i];
+    }
+    g->comm_gen = 1;
+    return 0;
+}
 
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
                group_complete_fn complete)
@@ -68,7 +110,8 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
             g->task_free = &g->task_pool[i];
         }
     }
-    g->be = backend_choose(cfg->backend, g->backend_why, sizeof(g->backend_why));
+    g->be = backend_choose(cfg, g->backend_why, sizeof(g->backend_why));
+    if (g->be == &backend_nccl && gpu_setup(g) < 0) g->be = NULL;
     if (g->be) g->be_ctx = g->be->ctx_new();
     log_msg(g->be ? LOG_INFO : LOG_ERROR, "group.backend", "group=%s backend=%s reason=\"%s\"",
             cfg->name, g->be ? g->be->name : "none", g->backend_why);
@@ -89,6 +132,12 @@ void group_fini(struct group *g)
                 (unsigned long long)g->inline_count[1], (unsigned long long)g->inline_count[2],
                 (unsigned long long)g->inline_count[0]);
     if (g->be) g->be->ctx_free(g->be_ctx);
+    if (g->gpu_dev)
+        log_msg(LOG_INFO, "group.stats", "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u",
+                g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
+                g->comm_gen);
+    free(g->gpu_dev);
+    free(g->gt_pool);
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
     free(g->p2p_pool);
@@ -184,8 +233,96 @@ void group_set_net(struct group *g, struct net *n, int index)
     g->index = index;
 }
 
+void group_set_gpu(struct group *g, struct gpu *gpu, int index)
+{
+    g->gpu = gpu;
+    g->index = index;
+}
+
+/* Hand one rank's op to the launcher of its GPU. */
+static void to_gpu(struct group *g, struct op *op)
+{
+    struct gtask *x = g->gt_free;
+    if (!x || !g->gpu || !op->sync) {
+        finish_op(g, op, !x ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL);
+        return;
+    }
+    if (g->commid_gen != g->comm_gen && g->nodes > 1) {
+        finish_op(g, op, COLL_ERR_UNSUPPORTED);
+        return;
+    }
+    if (g->commid_gen != g->comm_gen) {
+        /* this pod is the whole group: it makes the generation's id itself */
+        char why[160];
+        if (gpu_new_commid(g->commid, why, sizeof(why)) < 0) {
+            log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, why);
+            finish_op(g, op, COLL_ERR_INTERNAL);
+            return;
+        }
+        g->commid_gen = g->comm_gen;
+    }
+    g->gt_free = x->free_next;
+    x->live = 1;
+    x->op = *op;
+    struct gpu_task *t = &x->t;
+    memset(t, 0, sizeof(*t));
+    int slot = op->rank - g->node_index * g->nslots;
+    t->type = GPU_TASK_OP;
+    t->group = g->index;
+    t->gen = g->comm_gen;
+    t->nranks = g->size;
+    t->rank = op->rank;
+    memcpy(t->commid, g->commid, sizeof(t->commid));
+    t->device = g->gpu_dev[slot];
+    t->kind = op->sqe.kind;
+    t->dtype = op->sqe.dtype;
+    t->redop = op->sqe.redop;
+    t->peer = op->sqe.peer;
+    t->count = op->sqe.count;
+    t->send = op->send;
+    t->recv = op->recv;
+    struct wire_shm *w = op->sync->map;
+    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
+    intptr_t delta = (intptr_t)op->sync->priv - 1;
+    t->ready = &w->ready[idx];
+    t->done = &w->done[idx];
+    t->ready_dev = (char *)t->ready + delta;
+    t->done_dev = (char *)t->done + delta;
+    t->tag = op->sqe.tag;
+    t->client_gone = &op->sync->gone;
+    t->deadline_ns = op->deadline_ns;
+    t->init_ms = g->cfg->join_timeout_ms;
+    g->gpu_inflight++;
+    gpu_submit(g->gpu, t);
+}
+
+void group_gpu_done(struct group *g, struct gpu_task *t)
+{
+    struct gtask *x = (struct gtask *)t;
+    if (t->type == GPU_TASK_OP) {
+        g->gpu_inflight--;
+        g->comms_created += (uint64_t)t->created_comm;
+        if (t->status != COLL_OK)
+            log_msg(LOG_WARN, "group.gpu_op", "group=%s rank=%d op=%s error=\"%s\" detail=\"%s\"",
+                    g->cfg->name, t->rank, wire_kind_name(t->kind),
+                    coll_strerror((coll_err)t->status), t->why);
+        finish_op(g, &x->op, t->status);
+        if (t->comm_failed && t->gen == g->comm_gen) {
+            /* the communicator is gone: the next op makes a new one, and what is
+             * pending now cannot run on it */
+            g->comm_gen++;
+            group_break(g, t->status, t->why);
+        }
+    }
+    x->live = 0;
+    x->free_next = g->gt_free;
+    g->gt_free = x;
+}
+
 void group_forget_session(struct group *g, const struct session *s)
 {
+    for (size_t i = 0; i < g->gt_count; i++)
+        if (g->gt_pool[i].live && g->gt_pool[i].op.s == s) g->gt_pool[i].op.s = NULL;
     for (struct net_task *t = g->in_net; t; t = t->engine_next)
         for (int k = 0; k < t->nops; k++)
             if (t->ops[k].s == s) t->ops[k].s = NULL;
@@ -330,6 +467,15 @@ static void run_round(struct group *g, struct round *r)
     void *send[64], *recv[64];
     int status = r->status;
     const struct wire_sqe *s = &r->ops[0].sqe;
+    if (status == COLL_OK && g->gpu_dev) {
+        for (int k = 0; k < g->nslots; k++) {
+            r->present[k] = 0;
+            to_gpu(g, &r->ops[k]);
+        }
+        r->arrived = 0;
+        g->lo_seq++;
+        return;
+    }
     if (status == COLL_OK && g->nodes > 1) {
         to_net(g, r->ops, g->nslots, s, r->seq, r->deadline_ns);
         for (int k = 0; k < g->nslots; k++)
@@ -407,6 +553,10 @@ static void submit_collective(struct group *g, int slot, struct op *op)
 static void submit_p2p(struct group *g, struct op *op)
 {
     int is_send = op->sqe.kind == WIRE_OP_SEND;
+    if (g->gpu_dev) { /* NCCL pairs sends with receives itself, in issue order */
+        to_gpu(g, op);
+        return;
+    }
     if (op->sqe.peer / g->nslots != g->node_index) { /* the partner is on another pod */
         to_net(g, op, 1, &op->sqe, 0, op->deadline_ns);
         return;

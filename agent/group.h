@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "gpu.h"
 #include "net.h"
 #include "wire.h"
 
@@ -25,6 +26,7 @@ struct op {
     struct session *s;
     struct wire_sqe sqe; /* snapshot taken from the ring */
     struct buffer *sb, *rb; /* references held while in flight */
+    struct buffer *sync;    /* GPU ops: the session region (stream-order words) */
     void *send, *recv;      /* resolved addresses (NULL if unused) */
     int rank;
     int64_t deadline_ns;
@@ -74,6 +76,15 @@ struct group {
     struct net_task mark;    /* the epoch mark; at most one in flight */
     int mark_busy, mark_pending_abort, mark_pending, mark_code;
     uint64_t inline_count[3]; /* by net_inline's answer: queued, run here, handed over */
+    /* groups on the NCCL backend: ops go to the GPU launchers */
+    struct gpu *gpu;
+    int *gpu_dev;            /* [nslots] the agent's GPU ordinal of each slot */
+    struct gtask *gt_pool, *gt_free;
+    size_t gt_count;
+    uint32_t comm_gen;       /* bumped when a communicator breaks */
+    uint32_t commid_gen;     /* generation commid belongs to (0: none yet) */
+    uint8_t commid[GPU_COMMID_BYTES];
+    uint64_t gpu_inflight, comms_created;
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -105,6 +116,10 @@ void group_net_done(struct group *g, struct net_task *t);
 void group_set_net(struct group *g, struct net *n, int index);
 /* s is going away: ops it has lent to the net thread must not complete to it. */
 void group_forget_session(struct group *g, const struct session *s);
+/* Hand the GPU launchers to a group on the NCCL backend (before the first op). */
+void group_set_gpu(struct group *g, struct gpu *gpu, int index);
+/* A task came back from a launcher. */
+void group_gpu_done(struct group *g, struct gpu_task *t);
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);
 

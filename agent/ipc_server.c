@@ -33,7 +33,7 @@
 #define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 
 /* epoll tags: the address tells what fired (see owner_of) */
-static struct session_ev ev_listen, ev_signal, ev_net;
+static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
 
 static int64_t now_ns(void)
 {
@@ -81,6 +81,29 @@ fail:
     return -1;
 }
 
+/* Launchers for the GPUs of the groups on the NCCL backend. */
+static int start_gpu(struct server *srv)
+{
+    int devs[CONFIG_MAX_GROUPS * CONFIG_MAX_DEVICES], n = 0;
+    for (int i = 0; i < srv->ngroups; i++) {
+        struct group *g = &srv->groups[i];
+        if (!g->gpu_dev || !g->be) continue;
+        for (int k = 0; k < g->nslots && n < (int)(sizeof(devs) / sizeof(devs[0])); k++)
+            devs[n++] = g->gpu_dev[k];
+    }
+    if (!n) return 0;
+    char why[256];
+    srv->gpu = gpu_start(devs, n, why, sizeof(why));
+    if (!srv->gpu) {
+        log_msg(LOG_ERROR, "agent.gpu", "error=\"%s\"", why);
+        return -1;
+    }
+    for (int i = 0; i < srv->ngroups; i++)
+        if (srv->groups[i].gpu_dev && srv->groups[i].be) group_set_gpu(&srv->groups[i], srv->gpu, i);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_gpu};
+    return epoll_ctl(srv->epfd, EPOLL_CTL_ADD, gpu_notify_fd(srv->gpu), &ev);
+}
+
 int server_init(struct server *srv, struct config *cfg)
 {
     memset(srv, 0, sizeof(*srv));
@@ -116,6 +139,7 @@ int server_init(struct server *srv, struct config *cfg)
         struct epoll_event nev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_net};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, net_notify_fd(srv->net), &nev) < 0) return -1;
     }
+    if (start_gpu(srv) < 0) return -1;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ev_listen};
     if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &ev) < 0) return -1;
     ev.data.ptr = &ev_signal;
@@ -312,6 +336,17 @@ static void net_results(struct server *srv)
     }
 }
 
+/* Ops back from the GPU launchers. */
+static void gpu_results(struct server *srv)
+{
+    struct gpu_task *t = gpu_collect(srv->gpu);
+    while (t) {
+        struct gpu_task *next = t->next;
+        group_gpu_done(&srv->groups[t->group], t);
+        t = next;
+    }
+}
+
 static void handle_events(struct server *srv, struct epoll_event *evs, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -320,6 +355,8 @@ static void handle_events(struct server *srv, struct epoll_event *evs, int n)
             on_accept(srv);
         } else if (e == &ev_net) {
             net_results(srv);
+        } else if (e == &ev_gpu) {
+            gpu_results(srv);
         } else if (e == &ev_signal) {
             struct signalfd_siginfo si;
             while (read(srv->sigfd, &si, sizeof(si)) == sizeof(si)) {
@@ -367,6 +404,10 @@ int server_run(struct server *srv)
             net_outstanding |= srv->groups[i].in_net != NULL;
         if (srv->net && net_has_results(srv->net)) {
             net_results(srv);
+            last_work = now_ns();
+        }
+        if (srv->gpu && gpu_has_results(srv->gpu)) {
+            gpu_results(srv);
             last_work = now_ns();
         }
         now = now_ns();
@@ -430,6 +471,10 @@ void server_fini(struct server *srv)
         for (int i = 0; i < srv->ngroups; i++)
             srv->groups[i].net = NULL;
     }
+    if (srv->gpu) {
+        gpu_stop(srv->gpu);
+        gpu_results(srv);
+    }
     for (int i = 0; i < srv->ngroups; i++)
         if (srv->groups[i].be) group_break(&srv->groups[i], COLL_ERR_SHUTDOWN, "agent stopping");
     while (srv->sessions) {
@@ -443,6 +488,7 @@ void server_fini(struct server *srv)
     free(srv->groups);
     srv->groups = NULL;
     net_free(&srv->net);
+    gpu_free(&srv->gpu);
     if (srv->lfd >= 0) {
         close(srv->lfd);
         unlink(srv->cfg->agent.socket);

@@ -35,6 +35,7 @@ struct server {
     uint64_t next_session_id;
     struct server_stats stats;
     struct net *net; /* NULL when every group lives in this pod */
+    struct gpu *gpu; /* NULL when no group runs on the NCCL backend */
 };
 
 /* Bind the socket (refusing one a live agent still answers on), set up groups and

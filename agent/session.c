@@ -20,6 +20,7 @@
 
 #include "buffer.h"
 #include "coll/coll.h"
+#include "gpu.h"
 #include "ipc_server.h"
 #include "log.h"
 #include "ring.h"
@@ -68,7 +69,13 @@ void session_destroy(struct session **sp)
     for (uint32_t i = 0; i < s->nbufs; i++)
         buffer_unref(&s->bufs[i]);
     free(s->bufs);
-    if (s->shm) munmap(s->shm, s->shm_size);
+    /* GPU ops in flight keep the region (their streams use its words) */
+    if (s->shm_buf) {
+        atomic_store(&s->shm_buf->gone, 1);
+        buffer_unref(&s->shm_buf);
+    } else if (s->shm) {
+        munmap(s->shm, s->shm_size);
+    }
     /* the client holds duplicates of the doorbell: closing ours alone would leave it
      * in the epoll set, so remove it first */
     if (s->efd_agent >= 0) epoll_ctl(s->srv->epfd, EPOLL_CTL_DEL, s->efd_agent, NULL);
@@ -145,12 +152,37 @@ static int violation(struct session *s, const char *fmt, ...)
 
 /* ---- handshake ---------------------------------------------------------------- */
 
+static void release_shm(struct buffer *b)
+{
+    if (b->priv) gpu_unregister_host(b->map);
+    munmap(b->map, b->size);
+}
+
+/* Register the session's region with CUDA once, for the stream-order words of GPU
+ * ops. priv holds the host-to-device address delta + 1 (0: not registered). */
+static int shm_for_gpu(struct session *s, char *why, size_t whylen)
+{
+    if (s->shm_gpu > 0) return 0;
+    if (s->shm_gpu < 0) {
+        snprintf(why, whylen, "the session region could not be registered with CUDA");
+        return -1;
+    }
+    intptr_t delta = 0;
+    if (gpu_register_host(s->shm, s->shm_size, &delta, why, whylen) < 0) {
+        s->shm_gpu = -1;
+        return -1;
+    }
+    s->shm_buf->priv = (void *)(delta + 1);
+    s->shm_gpu = 1;
+    return 0;
+}
+
 static int on_hello(struct session *s, const struct wire_hello *h)
 {
     snprintf(s->client, sizeof(s->client), "%s", h->client);
     int memfd = memfd_create("coll-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (memfd < 0) return violation(s, "agent cannot create the rings: %s", strerror(errno));
-    s->shm_size = sizeof(struct wire_shm);
+    s->shm_size = (sizeof(struct wire_shm) + 4095) & ~(size_t)4095;
     int err = 0;
     if (ftruncate(memfd, (off_t)s->shm_size) < 0 ||
         fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
@@ -172,6 +204,16 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     s->shm->magic = WIRE_MAGIC;
     s->shm->version = WIRE_VERSION;
     s->shm->entries = WIRE_RING_ENTRIES;
+    s->shm_buf = calloc(1, sizeof(*s->shm_buf));
+    if (!s->shm_buf) {
+        close(memfd);
+        return violation(s, "agent out of memory");
+    }
+    s->shm_buf->refs = 1;
+    s->shm_buf->device = -1;
+    s->shm_buf->map = s->shm;
+    s->shm_buf->size = s->shm_size;
+    s->shm_buf->release = release_shm;
     /* edge-triggered: every write is an edge, so the doorbell never needs draining */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &s->ev_bell};
     if (epoll_ctl(s->srv->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
@@ -183,6 +225,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     m.hello_ok.session_id = s->id;
     m.hello_ok.shm_size = s->shm_size;
     m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
+    m.hello_ok.flags = s->srv->gpu ? WIRE_HELLO_F_GPU : 0;
     snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
     int rc = send_reply(s, &m, fds, 3);
@@ -247,9 +290,19 @@ static int on_group_close(struct session *s, const struct wire_group_close *c)
 
 static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
 {
-    if (r->device != -1)
+    if ((r->kind == WIRE_MEM_MEMFD) != (r->device == -1))
+        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u with device %d", r->kind,
+                      r->device);
+    if (r->kind != WIRE_MEM_MEMFD && !s->srv->gpu)
         return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
-                      "device %d: GPU buffers need the NCCL backend", r->device);
+                      "device %d: this agent has no GPU group (GPU buffers need the NCCL backend)",
+                      r->device);
+    if ((r->kind == WIRE_MEM_CUDA_IPC) != (fd < 0))
+        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u %s a descriptor", r->kind,
+                      fd < 0 ? "without" : "with");
+    if (r->size == 0 || r->size > ((uint64_t)1 << 46))
+        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer size %llu",
+                      (unsigned long long)r->size);
     uint32_t i = 0;
     while (i < s->nbufs && s->bufs[i])
         i++;
@@ -267,8 +320,20 @@ static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
     }
     char why[160];
     int code = 0;
-    struct buffer *b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
+    struct buffer *b = NULL;
+    if (r->kind != WIRE_MEM_MEMFD && shm_for_gpu(s, why, sizeof(why)) < 0)
+        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED, "%s", why);
+    if (r->kind == WIRE_MEM_MEMFD)
+        b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
+    else if (r->kind == WIRE_MEM_CUMEM_FD)
+        b = gpu_import_cumem(fd, (size_t)r->size, r->uuid, why, sizeof(why), &code);
+    else
+        b = gpu_import_ipc(r->ipc, r->offset, (size_t)r->size, r->uuid, why, sizeof(why), &code);
     if (!b) return refuse(s, r->h.req_id, code, "%s", why);
+    if (b->device >= 0)
+        log_msg(LOG_INFO, "session.gpu_buffer", "session=%llu kind=%s device=%d bytes=%zu",
+                (unsigned long long)s->id, r->kind == WIRE_MEM_CUMEM_FD ? "cumem" : "cuda_ipc",
+                b->device, b->size);
     s->bufs[i] = b;
     union wire_msg m;
     wire_init(&m, WIRE_MEM_REG_OK, r->h.req_id);
@@ -344,7 +409,7 @@ int session_on_message(struct session *s)
         rc = violation(s, "expected HELLO first, got message type %u", m.h.type);
     } else if (s->state != SESSION_HANDSHAKE && m.h.type == WIRE_HELLO) {
         rc = violation(s, "second HELLO");
-    } else if ((m.h.type == WIRE_MEM_REG) != (nfds == 1)) {
+    } else if (m.h.type == WIRE_MEM_REG ? nfds > 1 : nfds != 0) {
         rc = violation(s, "message type %u carried %d descriptors", m.h.type, nfds);
     } else {
         switch (m.h.type) {
@@ -358,7 +423,7 @@ int session_on_message(struct session *s)
             rc = on_group_close(s, &m.group_close);
             break;
         case WIRE_MEM_REG:
-            rc = on_mem_reg(s, &m.mem_reg, fds[0]);
+            rc = on_mem_reg(s, &m.mem_reg, nfds ? fds[0] : -1);
             break;
         case WIRE_MEM_RELEASE:
             rc = on_mem_release(s, &m.mem_release);
@@ -380,6 +445,16 @@ void session_complete(struct op *op, int status)
     struct session *s = op->s;
     buffer_unref(&op->sb);
     buffer_unref(&op->rb);
+    struct wire_shm *w = op->sync ? op->sync->map : s && s->state != SESSION_DEAD ? s->shm : NULL;
+    if (w && (op->sqe.flags & WIRE_SQE_F_GPU) && status != COLL_OK) {
+        /* release a client stream that waits for this op's done word */
+        uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
+        uint64_t cur = atomic_load(&w->done[idx]);
+        while ((int64_t)(cur - op->sqe.tag) < 0 &&
+               !atomic_compare_exchange_weak(&w->done[idx], &cur, op->sqe.tag))
+            ;
+    }
+    buffer_unref(&op->sync);
     if (!s || s->state == SESSION_DEAD) return;
     struct wire_shm *shm = s->shm;
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
@@ -390,8 +465,8 @@ void session_complete(struct op *op, int status)
     s->inflight--;
     if (ring_peer_sleeping(&shm->client_sleeping)) {
         uint64_t one = 1;
-        ssize_t w = write(s->efd_client, &one, sizeof(one));
-        (void)w;
+        ssize_t wr = write(s->efd_client, &one, sizeof(one));
+        (void)wr;
     }
 }
 
@@ -412,6 +487,46 @@ static int resolve(struct session *s, const char *what, uint32_t id, uint64_t of
     *bp = buffer_ref(b);
     *pp = (char *)b->map + off;
     return 0;
+}
+
+/* Buffers must live where the group runs: GPU groups take GPU ops (device buffers on
+ * the slot's GPU, stream-order words), host groups host buffers. A misplaced op fails
+ * with INVALID (the session stays). Returns 1 when op may run, 0 when it was failed
+ * here, -1 for a protocol violation. */
+static int check_placement(struct session *s, struct group *g, int slot, struct op *op)
+{
+    const struct wire_sqe *q = &op->sqe;
+    int gpu_group = g->gpu_dev != NULL;
+    int gpu_op = (q->flags & WIRE_SQE_F_GPU) != 0;
+    char why[192] = "";
+    int want = gpu_group ? g->gpu_dev[slot] : -1;
+    if (gpu_group != gpu_op)
+        snprintf(why, sizeof(why), "group '%s' runs on %s: its ops need %s", g->cfg->name,
+                 g->be->name, gpu_group ? "GPU buffers and a stream" : "host buffers");
+    else if ((op->sb && op->sb->device != want) || (op->rb && op->rb->device != want))
+        snprintf(why, sizeof(why), "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
+                 slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
+                 (op->sb && op->sb->device != want ? op->sb : op->rb)->device < 0 ? "the host" : "GPU",
+                 (op->sb && op->sb->device != want ? op->sb : op->rb)->device);
+    if (gpu_op) {
+        uint32_t idx = (uint32_t)(q->tag & 0xffffffffu) - 1;
+        if (idx >= WIRE_RING_ENTRIES) {
+            buffer_unref(&op->sb);
+            buffer_unref(&op->rb);
+            return violation(s, "GPU op tag %llx names no request slot",
+                             (unsigned long long)q->tag);
+        }
+        char w[160];
+        if (!why[0] && shm_for_gpu(s, w, sizeof(w)) < 0) snprintf(why, sizeof(why), "%s", w);
+        if (s->shm_gpu > 0) op->sync = buffer_ref(s->shm_buf);
+    }
+    if (why[0]) {
+        log_msg(LOG_INFO, "session.refuse_op", "session=%llu pid=%d detail=\"%s\"",
+                (unsigned long long)s->id, (int)s->pid, why);
+        session_complete(op, COLL_ERR_INVALID);
+        return 0;
+    }
+    return 1;
 }
 
 static int handle_sqe(struct session *s, const struct wire_sqe *q)
@@ -451,7 +566,9 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         return -1;
     }
     op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
-    group_submit(g, h->slot, &op);
+    int placed = check_placement(s, g, h->slot, &op);
+    if (placed < 0) return -1;
+    if (placed > 0) group_submit(g, h->slot, &op);
     return 0;
 }
 

@@ -14,6 +14,10 @@
 #include "reduce.h"
 #include "values.h"
 
+#ifdef COLL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 static const size_t counts[] = {0, 1, 7, 4097, 20011};
 #define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
 #define MAXC 20011
@@ -65,7 +69,45 @@ struct ctx {
     int rank, n;
     unsigned char *S, *R;
     int failures;
+    /* GPU mode: device twins of S and R, the stream, and how results are awaited */
+    int gpu;
+    unsigned char *dS, *dR;
+    void *stream;
+    size_t bytes;
+    int iter;
 };
+
+/* The address the op uses for host address p of S or R. */
+static void *dev(const struct ctx *x, const void *p)
+{
+    if (!x->gpu || !p) return (void *)p;
+    const unsigned char *c = p;
+    if (c >= x->S && c < x->S + x->bytes) return x->dS + (c - x->S);
+    return x->dR + (c - x->R);
+}
+
+#ifdef COLL_HAVE_CUDA
+static int copy(struct ctx *x, int to_dev)
+{
+    cudaStream_t st = (cudaStream_t)x->stream;
+    cudaError_t e;
+    if (to_dev) {
+        e = cudaMemcpyAsync(x->dS, x->S, x->bytes, cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(x->dR, x->R, x->bytes, cudaMemcpyHostToDevice, st);
+    } else {
+        e = cudaMemcpyAsync(x->R, x->dR, x->bytes, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    }
+    if (e != cudaSuccess) fprintf(stderr, "rank %d: CUDA copy: %s\n", x->rank, cudaGetErrorString(e));
+    return e == cudaSuccess ? 0 : -1;
+}
+#else
+static int copy(struct ctx *x, int to_dev)
+{
+    (void)x, (void)to_dev;
+    return -1;
+}
+#endif
 
 static void report(struct ctx *x, const char *what, int kind_dt, size_t count, int inplace,
                    size_t i, double got, double want)
@@ -102,25 +144,35 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         val_put(in, i, dt, val(rank, i, redop));
     coll_request req, req2;
     coll_err e;
-    const void *sp = count ? send : NULL;
-    void *rp = count ? recv : NULL;
+    const void *sp = count ? dev(x, send) : NULL;
+    void *rp = count ? dev(x, recv) : NULL;
+    void *st = x->stream;
+    /* GPU: half the ops are awaited by the stream alone (no host sync until the copy
+     * back), the others on the host */
+    int by_stream = x->gpu && (x->iter++ % 2 == 0);
+    if (x->gpu && copy(x, 1) < 0) {
+        x->failures++;
+        return -1;
+    }
     const char *names[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
                            "alltoall", "sendrecv", "barrier"};
     switch (kind) {
-    case 0: e = coll_allreduce(x->g, sp, rp, count, dt, redop, NULL, &req); break;
-    case 1: e = coll_broadcast(x->g, sp, rp, count, dt, root, NULL, &req); break;
-    case 2: e = coll_reduce(x->g, sp, rp, count, dt, redop, root, NULL, &req); break;
-    case 3: e = coll_allgather(x->g, sp, rp, count, dt, NULL, &req); break;
-    case 4: e = coll_reduce_scatter(x->g, sp, rp, count, dt, redop, NULL, &req); break;
-    case 5: e = coll_alltoall(x->g, sp, rp, count, dt, NULL, &req); break;
+    case 0: e = coll_allreduce(x->g, sp, rp, count, dt, redop, st, &req); break;
+    case 1: e = coll_broadcast(x->g, sp, rp, count, dt, root, st, &req); break;
+    case 2: e = coll_reduce(x->g, sp, rp, count, dt, redop, root, st, &req); break;
+    case 3: e = coll_allgather(x->g, sp, rp, count, dt, st, &req); break;
+    case 4: e = coll_reduce_scatter(x->g, sp, rp, count, dt, redop, st, &req); break;
+    case 5: e = coll_alltoall(x->g, sp, rp, count, dt, st, &req); break;
     case 6:
-        e = coll_send(x->g, sp, count, dt, (rank + 1) % n, NULL, &req);
-        if (e == COLL_OK) e = coll_recv(x->g, rp, count, dt, (rank + n - 1) % n, NULL, &req2);
-        if (e == COLL_OK) e = coll_wait(x->c, req2, 60000);
+        e = coll_send(x->g, sp, count, dt, (rank + 1) % n, st, &req);
+        if (e == COLL_OK) e = coll_recv(x->g, rp, count, dt, (rank + n - 1) % n, st, &req2);
+        if (e == COLL_OK)
+            e = by_stream ? coll_wait_stream(x->c, req2, st) : coll_wait(x->c, req2, 60000);
         break;
-    default: e = coll_barrier(x->g, NULL, &req); break;
+    default: e = coll_barrier(x->g, st, &req); break;
     }
-    if (e == COLL_OK) e = coll_wait(x->c, req, 60000);
+    if (e == COLL_OK) e = by_stream ? coll_wait_stream(x->c, req, st) : coll_wait(x->c, req, 60000);
+    if (e == COLL_OK && x->gpu && copy(x, 0) < 0) e = COLL_ERR_INTERNAL;
     if (e != COLL_OK) {
         fprintf(stderr, "rank %d: %s dtype=%s count=%zu: %s (%s)\n", rank, names[kind],
                 coll_dtype_name(dt), count, coll_strerror(e), coll_last_error());
@@ -174,13 +226,47 @@ int opcheck_rank_main(void *arg)
     x.n = info.size;
     if (j->explicit_slot && info.local_slot != j->slot) return 102;
     size_t bytes = (size_t)MAXC * (size_t)x.n * 8 + 64;
-    if (coll_mem_alloc(&sb, x.c, bytes, COLL_DEVICE_HOST) ||
-        coll_mem_alloc(&rb, x.c, bytes, COLL_DEVICE_HOST))
-        return 103;
-    x.S = coll_mem_ptr(sb);
-    x.R = coll_mem_ptr(rb);
+    x.bytes = bytes;
+    void *ipc_mem[2] = {NULL, NULL};
+    if (!j->on_gpu) {
+        if (coll_mem_alloc(&sb, x.c, bytes, COLL_DEVICE_HOST) ||
+            coll_mem_alloc(&rb, x.c, bytes, COLL_DEVICE_HOST))
+            return 103;
+        x.S = coll_mem_ptr(sb);
+        x.R = coll_mem_ptr(rb);
+    } else {
+#ifdef COLL_HAVE_CUDA
+        x.gpu = 1;
+        cudaStream_t st;
+        if (cudaSetDevice(j->device) != cudaSuccess || cudaStreamCreate(&st) != cudaSuccess ||
+            cudaMallocHost((void **)&x.S, bytes) != cudaSuccess ||
+            cudaMallocHost((void **)&x.R, bytes) != cudaSuccess)
+            return 104;
+        x.stream = st;
+        coll_err e1, e2;
+        if (j->ipc) {
+            if (cudaMalloc(&ipc_mem[0], bytes) != cudaSuccess ||
+                cudaMalloc(&ipc_mem[1], bytes) != cudaSuccess)
+                return 105;
+            e1 = coll_mem_register_cuda(&sb, x.c, ipc_mem[0], bytes);
+            e2 = e1 ? e1 : coll_mem_register_cuda(&rb, x.c, ipc_mem[1], bytes);
+        } else {
+            e1 = coll_mem_alloc(&sb, x.c, bytes, j->device);
+            e2 = e1 ? e1 : coll_mem_alloc(&rb, x.c, bytes, j->device);
+        }
+        if (e1 || e2) {
+            fprintf(stderr, "rank %d: GPU buffers: %s\n", x.rank, coll_last_error());
+            return 106;
+        }
+        x.dS = coll_mem_ptr(sb);
+        x.dR = coll_mem_ptr(rb);
+#else
+        return 104;
+#endif
+    }
     int iter = 0;
     for (int kind = 0; kind <= 7; kind++) {
+        if (kind == 6 && x.gpu && x.n == 1) continue; /* NCCL: no send to oneself */
         int reducing = kind == 0 || kind == 2 || kind == 4;
         for (int dt = 0; dt < COLL_DTYPE_COUNT; dt++) {
             for (int redop = 0; redop < (reducing ? COLL_REDOP_COUNT : 1); redop++) {
@@ -198,6 +284,17 @@ int opcheck_rank_main(void *arg)
     }
 out:
     if (coll_mem_release(&sb) || coll_mem_release(&rb)) x.failures++;
+#ifdef COLL_HAVE_CUDA
+    if (x.gpu) {
+        cudaFree(ipc_mem[0]);
+        cudaFree(ipc_mem[1]);
+        cudaFreeHost(x.S);
+        cudaFreeHost(x.R);
+        cudaStreamDestroy((cudaStream_t)x.stream);
+    }
+#else
+    (void)ipc_mem;
+#endif
     coll_group_close(&x.g);
     coll_disconnect(&x.c);
     return x.failures > 99 ? 99 : x.failures;

@@ -9,6 +9,12 @@ struct opcheck_job {
     const char *group; /* NULL: "g" */
     int explicit_slot;
     int slot;
+    /* GPU groups: buffers on this device (a CUDA ordinal), shared through cuMem (or
+     * legacy CUDA IPC with ipc); inputs copied in and results out with async copies on
+     * one stream, the op ordered on that stream. 0: host buffers. */
+    int on_gpu;
+    int device;
+    int ipc;
 };
 
 /* Connect, open the group, run the matrix, return the number of failures (<= 99);

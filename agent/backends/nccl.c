@@ -1,19 +1,49 @@
 /*
- * nccl.c: the NCCL backend. The only agent file that includes CUDA or NCCL headers.
- * This version probes the CUDA runtime and NCCL (so the agent links both, starts
- * without a GPU driver and reports why NCCL is unusable); the GPU data path lands
- * with the GPU issue, and until then the probe reports that it is missing so that
- * `auto` groups fall back to the host backend.
+ * nccl.c: the NCCL backend and the agent's GPU side (gpu.h). The only agent file
+ * that includes CUDA or NCCL headers.
+ *
+ * One launcher thread per GPU owns everything NCCL and CUDA-stream related for that
+ * GPU: its communicators (a cache keyed by group, generation and device, touched by
+ * no other thread, which is what makes it safe), a stream per communicator, and the
+ * order in which NCCL calls are issued. For every op it enqueues, on the
+ * communicator's stream: a wait until the client's stream has written the op's ready
+ * word, the NCCL call, and a write of the op's done word, which the client's stream
+ * can wait on (coll_wait_stream) and which the launcher polls (host memory) to post
+ * the host-side completion. No CUDA event and no host round trip sits between the
+ * two streams.
+ *
+ * Failures: communicators are created non-blocking and polled against a deadline;
+ * async errors are polled while ops are in flight; an op past its deadline, an async
+ * error or an abandoned generation aborts the communicator, and every op on it is
+ * failed with the words stored from the CPU, so neither side's stream stays blocked.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../backend.h"
+#include "../buffer.h"
+#include "../gpu.h"
+#include "../log.h"
 #include "coll/coll.h"
+#include "ring.h"
+#include "wire.h"
 
 #ifdef COLL_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "cudrv.h"
+#include "lcgpu.h"
 #endif
+
+/* ---- backend table (probe only: the data path is the launchers below) ---------- */
 
 static int nccl_probe(char *why, size_t whylen)
 {
@@ -24,20 +54,30 @@ static int nccl_probe(char *why, size_t whylen)
         snprintf(why, whylen, "no usable GPU (cudaGetDeviceCount: %s)", cudaGetErrorString(ce));
         return -1;
     }
+    if (ndev == 0) {
+        snprintf(why, whylen, "no GPU visible");
+        return -1;
+    }
+    char dwhy[160];
+    if (!cudrv_get(dwhy, sizeof(dwhy))) {
+        snprintf(why, whylen, "CUDA driver: %s", dwhy);
+        return -1;
+    }
     int ver = 0;
     ncclGetVersion(&ver);
-    snprintf(why, whylen, "NCCL %d and %d GPU(s) found, but this build has no GPU data path yet",
-             ver, ndev);
-    return -1;
+    snprintf(why, whylen, "NCCL %d, %d GPU(s)", ver, ndev);
+    return 0;
 #else
     snprintf(why, whylen, "built without CUDA and NCCL");
     return -1;
 #endif
 }
 
+static int dummy_ctx;
+
 static void *nccl_ctx_new(void)
 {
-    return NULL;
+    return &dummy_ctx;
 }
 
 static void nccl_ctx_free(void *ctx)
@@ -49,7 +89,7 @@ static int nccl_run(void *ctx, const struct backend_task *t)
 {
     (void)ctx;
     (void)t;
-    return COLL_ERR_UNSUPPORTED;
+    return COLL_ERR_UNSUPPORTED; /* GPU ops go through gpu_submit */
 }
 
 const struct backend_ops backend_nccl = {
@@ -59,3 +99,877 @@ const struct backend_ops backend_nccl = {
     .ctx_free = nccl_ctx_free,
     .run = nccl_run,
 };
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+#ifndef COLL_HAVE_NCCL
+
+/* ---- without CUDA: every entry point says so ------------------------------------ */
+
+struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen)
+{
+    (void)devices, (void)ndevices;
+    snprintf(why, whylen, "built without CUDA and NCCL");
+    return NULL;
+}
+void gpu_stop(struct gpu *g)
+{
+    (void)g;
+}
+void gpu_free(struct gpu **g)
+{
+    if (g) *g = NULL;
+}
+void gpu_submit(struct gpu *g, struct gpu_task *t)
+{
+    (void)g;
+    (void)t;
+}
+int gpu_notify_fd(const struct gpu *g)
+{
+    (void)g;
+    return -1;
+}
+struct gpu_task *gpu_collect(struct gpu *g)
+{
+    (void)g;
+    return NULL;
+}
+int gpu_has_results(struct gpu *g)
+{
+    (void)g;
+    return 0;
+}
+int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
+{
+    (void)id;
+    snprintf(why, whylen, "built without NCCL");
+    return -1;
+}
+int gpu_resolve_device(const char *spec, char *why, size_t whylen)
+{
+    (void)spec;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
+                                size_t whylen, int *code)
+{
+    (void)fd, (void)size, (void)uuid;
+    snprintf(why, whylen, "this agent was built without CUDA");
+    *code = COLL_ERR_UNSUPPORTED;
+    return NULL;
+}
+struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
+                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
+{
+    (void)handle, (void)offset, (void)size, (void)uuid;
+    snprintf(why, whylen, "this agent was built without CUDA");
+    *code = COLL_ERR_UNSUPPORTED;
+    return NULL;
+}
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
+{
+    (void)p, (void)size, (void)dev_delta;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+void gpu_unregister_host(void *p)
+{
+    (void)p;
+}
+
+#else
+
+/* ---- devices and imports --------------------------------------------------------- */
+
+int gpu_resolve_device(const char *spec, char *why, size_t whylen)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        snprintf(why, whylen, "no GPU visible");
+        return -1;
+    }
+    uint8_t u[16];
+    if (cudrv_uuid_parse(spec, u) == 0) {
+        int d = cudrv_device_by_uuid(u);
+        if (d < 0) snprintf(why, whylen, "no GPU with UUID %s is visible to the agent", spec);
+        return d;
+    }
+    char *end;
+    long v = strtol(spec, &end, 10);
+    if (*spec && !*end && v >= 0 && v < n) return (int)v;
+    snprintf(why, whylen, "device '%s' is neither a GPU UUID nor an ordinal below %d", spec, n);
+    return -1;
+}
+
+static void release_cumem(struct buffer *b)
+{
+    struct cumem *m = b->priv;
+    cumem_free(m);
+    free(m);
+}
+
+struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
+                                size_t whylen, int *code)
+{
+    char us[48];
+    cudrv_uuid_str(uuid, us, sizeof(us));
+    int dev = cudrv_device_by_uuid(uuid);
+    if (dev < 0) {
+        snprintf(why, whylen, "buffer on %s, a GPU the agent cannot see", us);
+        *code = COLL_ERR_INVALID;
+        return NULL;
+    }
+    struct cumem *m = calloc(1, sizeof(*m));
+    struct buffer *b = calloc(1, sizeof(*b));
+    char w[160];
+    if (!m || !b || cumem_import_fd(m, fd, size, dev, w, sizeof(w)) < 0) {
+        if (m && b)
+            snprintf(why, whylen, "importing a %zu-byte cuMem buffer on %s: %s", size, us, w);
+        else
+            snprintf(why, whylen, "out of memory");
+        *code = m && b ? COLL_ERR_INVALID : COLL_ERR_NOMEM;
+        free(m);
+        free(b);
+        return NULL;
+    }
+    b->refs = 1;
+    b->device = dev;
+    b->map = (void *)(uintptr_t)m->ptr;
+    b->size = size;
+    b->release = release_cumem;
+    b->priv = m;
+    return b;
+}
+
+static void release_ipc(struct buffer *b)
+{
+    cudaIpcCloseMemHandle(b->priv);
+}
+
+struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
+                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
+{
+    char us[48];
+    cudrv_uuid_str(uuid, us, sizeof(us));
+    const struct cudrv *d = cudrv_get(why, whylen);
+    int dev = d ? cudrv_device_by_uuid(uuid) : -1;
+    *code = COLL_ERR_INVALID;
+    if (dev < 0) {
+        if (d) snprintf(why, whylen, "buffer on %s, a GPU the agent cannot see", us);
+        return NULL;
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    void *p = NULL;
+    cudaSetDevice(dev);
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        /* a sticky-free error: clear it so later calls on this thread are unaffected */
+        cudaGetLastError();
+        snprintf(why, whylen,
+                 "opening a CUDA IPC handle on %s: %s (legacy IPC needs a shared PID namespace)",
+                 us, cudaGetErrorString(e));
+        return NULL;
+    }
+    CUdeviceptr base = 0;
+    size_t asize = 0;
+    if (d->addr_range(&base, &asize, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS ||
+        offset > asize || size > asize - offset) {
+        cudaIpcCloseMemHandle(p);
+        snprintf(why, whylen, "buffer of %zu bytes at offset %llu exceeds its %zu-byte allocation",
+                 size, (unsigned long long)offset, asize);
+        return NULL;
+    }
+    struct buffer *b = calloc(1, sizeof(*b));
+    if (!b) {
+        cudaIpcCloseMemHandle(p);
+        snprintf(why, whylen, "out of memory");
+        *code = COLL_ERR_NOMEM;
+        return NULL;
+    }
+    b->refs = 1;
+    b->device = dev;
+    b->map = (char *)p + offset;
+    b->size = size;
+    b->release = release_ipc;
+    b->priv = p;
+    return b;
+}
+
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
+{
+    return lcgpu_register(p, size, dev_delta, why, whylen);
+}
+
+void gpu_unregister_host(void *p)
+{
+    cudaHostUnregister(p);
+}
+
+int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
+{
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) {
+        snprintf(why, whylen, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return -1;
+    }
+    _Static_assert(sizeof(u) == GPU_COMMID_BYTES, "NCCL unique id size");
+    memcpy(id, &u, sizeof(u));
+    return 0;
+}
+
+/* ---- launchers ------------------------------------------------------------------- */
+
+enum comm_state { COMM_INIT = 0, COMM_READY, COMM_BROKEN };
+
+struct comm {
+    struct comm *next;
+    int group;
+    uint32_t gen;
+    int nranks, rank;
+    enum comm_state state;
+    ncclComm_t c;
+    cudaStream_t stream;
+    void *scratch; /* barrier's element */
+    int64_t init_deadline, next_check;
+    int64_t created_ns;
+    char why[160];
+    struct gpu_task *fly_head, *fly_tail; /* issued, in stream order */
+};
+
+struct launcher {
+    struct gpu *g;
+    int device;
+    pthread_t thread;
+    int started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct gpu_task *in_head, *in_tail; /* from the engine */
+    int sleeping;                       /* guarded by lock */
+    struct gpu_task *pend_head, *pend_tail; /* taken, not yet issued */
+    struct comm *comms;
+    uint64_t created, issued;
+};
+
+struct gpu {
+    const struct cudrv *drv;
+    int nl;
+    struct launcher *l;
+    int by_device[CONFIG_MAX_DEVICES * 4];
+    atomic_int stop;
+    pthread_mutex_t out_lock;
+    struct gpu_task *out_head, *out_tail;
+    atomic_int has_out;
+    int out_efd;
+};
+
+#define SPIN_NS 200000LL      /* keep polling this long after the last progress */
+#define CHECK_NS 1000000LL    /* async-error poll interval per communicator */
+#define ISSUE_WAIT_NS 5000000000LL /* an enqueue NCCL leaves in progress gets this long */
+
+static const ncclDataType_t nccl_dtype[COLL_DTYPE_COUNT] = {
+    [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,     [COLL_INT32] = ncclInt32,
+    [COLL_UINT32] = ncclUint32,   [COLL_INT64] = ncclInt64,     [COLL_UINT64] = ncclUint64,
+    [COLL_FLOAT16] = ncclFloat16, [COLL_BFLOAT16] = ncclBfloat16, [COLL_FLOAT32] = ncclFloat32,
+    [COLL_FLOAT64] = ncclFloat64,
+};
+
+static const ncclRedOp_t nccl_redop[COLL_REDOP_COUNT] = {
+    [COLL_SUM] = ncclSum, [COLL_PROD] = ncclProd, [COLL_MIN] = ncclMin,
+    [COLL_MAX] = ncclMax, [COLL_AVG] = ncclAvg,
+};
+
+static void post(struct gpu *g, struct gpu_task *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&g->out_lock);
+    if (g->out_tail)
+        g->out_tail->next = t;
+    else
+        g->out_head = t;
+    g->out_tail = t;
+    atomic_store_explicit(&g->has_out, 1, memory_order_release);
+    pthread_mutex_unlock(&g->out_lock);
+    uint64_t one = 1;
+    ssize_t w = write(g->out_efd, &one, sizeof(one));
+    (void)w;
+}
+
+static void store_max(_Atomic uint64_t *w, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(w, memory_order_acquire);
+    while ((int64_t)(cur - v) < 0 &&
+           !atomic_compare_exchange_weak_explicit(w, &cur, v, memory_order_release,
+                                                  memory_order_acquire))
+        ;
+}
+
+/* Fail t without the GPU: release both streams (ours may wait for ready, the client's
+ * for done) and hand it back. */
+static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed,
+                      const char *why)
+{
+    if (t->type == GPU_TASK_OP) {
+        store_max(t->ready, t->tag);
+        store_max(t->done, t->tag);
+    }
+    t->status = code;
+    t->comm_failed = comm_failed;
+    snprintf(t->why, sizeof(t->why), "%s", why);
+    post(g, t);
+}
+
+/* Abort c: every op on it fails with code. The entry stays (BROKEN) so that later
+ * ops of the same generation fail fast until the engine moves to a new one. */
+static void comm_break(struct launcher *l, struct comm *c, int code, const char *why)
+{
+    if (c->state != COMM_BROKEN) {
+        log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
+                l->device, c->group, c->gen, c->rank, c->nranks, why);
+        snprintf(c->why, sizeof(c->why), "%s", why);
+        if (c->c) ncclCommAbort(c->c);
+        c->c = NULL;
+        c->state = COMM_BROKEN;
+    }
+    while (c->fly_head) {
+        struct gpu_task *t = c->fly_head;
+        c->fly_head = t->next;
+        fail_task(l->g, t, code, 1, why);
+    }
+    c->fly_tail = NULL;
+}
+
+static void comm_destroy(struct launcher *l, struct comm *c)
+{
+    if (c->c) {
+        if (c->state == COMM_READY) {
+            ncclCommFinalize(c->c);
+            /* finalize of a non-blocking communicator may be in progress: poll briefly */
+            int64_t end = now_ns() + 1000000000LL;
+            ncclResult_t r = ncclInProgress;
+            while (now_ns() < end && ncclCommGetAsyncError(c->c, &r) == ncclSuccess &&
+                   r == ncclInProgress)
+                sched_yield();
+            if (r == ncclSuccess)
+                ncclCommDestroy(c->c);
+            else
+                ncclCommAbort(c->c);
+        } else {
+            ncclCommAbort(c->c);
+        }
+    }
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    (void)l;
+    free(c);
+}
+
+static struct comm *comm_find(struct launcher *l, int group, uint32_t gen)
+{
+    for (struct comm *c = l->comms; c; c = c->next)
+        if (c->group == group && c->gen == gen) return c;
+    return NULL;
+}
+
+/* The communicator for t, created (non-blocking) if it is not cached. */
+static struct comm *comm_get(struct launcher *l, struct gpu_task *t)
+{
+    struct comm *c = comm_find(l, t->group, t->gen);
+    if (c) return c;
+    /* a newer generation of the group makes older ones useless */
+    for (struct comm **pp = &l->comms; *pp;) {
+        struct comm *o = *pp;
+        if (o->group == t->group && !o->fly_head) {
+            *pp = o->next;
+            comm_destroy(l, o);
+        } else {
+            pp = &o->next;
+        }
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->group = t->group;
+    c->gen = t->gen;
+    c->nranks = t->nranks;
+    c->rank = t->rank;
+    c->created_ns = now_ns();
+    c->init_deadline = c->created_ns + t->init_ms * 1000000LL;
+    c->next = l->comms;
+    l->comms = c;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc(&c->scratch, 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(c->why, sizeof(c->why), "CUDA stream or scratch: %s", cudaGetErrorString(e));
+        c->state = COMM_BROKEN;
+        return c;
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclUniqueId id;
+    memcpy(&id, t->commid, sizeof(id));
+    ncclResult_t r = ncclCommInitRankConfig(&c->c, t->nranks, id, t->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(c->why, sizeof(c->why), "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+        if (c->c) ncclCommAbort(c->c);
+        c->c = NULL;
+        c->state = COMM_BROKEN;
+        return c;
+    }
+    l->created++;
+    t->created_comm = 1;
+    log_msg(LOG_INFO, "gpu.comm_init", "device=%d group=%d gen=%u rank=%d/%d", l->device,
+            t->group, t->gen, t->rank, t->nranks);
+    return c;
+}
+
+/* Wait out a call NCCL left in progress (non-blocking communicator). */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t r)
+{
+    int64_t end = now_ns() + ISSUE_WAIT_NS;
+    while (r == ncclInProgress && now_ns() < end) {
+        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+    }
+    return r;
+}
+
+static ncclResult_t launch(struct comm *c, const struct gpu_task *t)
+{
+    ncclDataType_t dt = nccl_dtype[t->dtype];
+    ncclRedOp_t op = nccl_redop[t->redop];
+    size_t n = (size_t)t->count;
+    ncclResult_t r = ncclSuccess;
+    switch (t->kind) {
+    case WIRE_OP_ALLREDUCE:
+        r = ncclAllReduce(t->send, t->recv, n, dt, op, c->c, c->stream);
+        break;
+    case WIRE_OP_BROADCAST:
+        r = ncclBroadcast(t->send, t->recv, n, dt, t->peer, c->c, c->stream);
+        break;
+    case WIRE_OP_REDUCE:
+        r = ncclReduce(t->send, t->recv, n, dt, op, t->peer, c->c, c->stream);
+        break;
+    case WIRE_OP_ALLGATHER:
+        r = ncclAllGather(t->send, t->recv, n, dt, c->c, c->stream);
+        break;
+    case WIRE_OP_REDUCE_SCATTER:
+        r = ncclReduceScatter(t->send, t->recv, n, dt, op, c->c, c->stream);
+        break;
+    case WIRE_OP_ALLTOALL: {
+        size_t bytes = n * coll_dtype_size((coll_dtype)t->dtype);
+        r = ncclGroupStart();
+        for (int p = 0; p < c->nranks && r == ncclSuccess; p++) {
+            r = ncclSend((const char *)t->send + (size_t)p * bytes, n, dt, p, c->c, c->stream);
+            if (r == ncclSuccess)
+                r = ncclRecv((char *)t->recv + (size_t)p * bytes, n, dt, p, c->c, c->stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+        break;
+    }
+    case WIRE_OP_SEND:
+        r = ncclSend(t->send, n, dt, t->peer, c->c, c->stream);
+        break;
+    case WIRE_OP_RECV:
+        r = ncclRecv(t->recv, n, dt, t->peer, c->c, c->stream);
+        break;
+    case WIRE_OP_BARRIER:
+        r = ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat32, ncclSum, c->c, c->stream);
+        break;
+    default:
+        r = ncclInvalidArgument;
+        break;
+    }
+    return r;
+}
+
+/* Enqueue t on c's stream: wait for ready, the NCCL call, write done. */
+static int issue(struct launcher *l, struct comm *c, struct gpu_task *t)
+{
+    const struct cudrv *d = l->g->drv;
+    CUresult cr = d->wait_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->ready_dev,
+                                  t->tag, CU_STREAM_WAIT_VALUE_GEQ);
+    if (cr != CUDA_SUCCESS) {
+        snprintf(t->why, sizeof(t->why), "cuStreamWaitValue64: %s", cudrv_str(cr));
+        return COLL_ERR_INTERNAL;
+    }
+    int empty = t->count == 0 && t->kind != WIRE_OP_BARRIER;
+    if (!empty) {
+        ncclResult_t r = settle(c->c, launch(c, t));
+        if (r != ncclSuccess) {
+            snprintf(t->why, sizeof(t->why), "NCCL %s: %s", wire_kind_name(t->kind),
+                     ncclGetErrorString(r));
+            return r == ncclInvalidArgument || r == ncclInvalidUsage ? COLL_ERR_INVALID
+                                                                     : COLL_ERR_INTERNAL;
+        }
+    }
+    cr = d->write_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->done_dev, t->tag,
+                          CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (cr != CUDA_SUCCESS) {
+        snprintf(t->why, sizeof(t->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
+        return COLL_ERR_INTERNAL;
+    }
+    l->issued++;
+    return COLL_OK;
+}
+
+static void drop_generation(struct launcher *l, int group, uint32_t gen)
+{
+    for (struct comm **pp = &l->comms; *pp;) {
+        struct comm *c = *pp;
+        if (c->group == group && c->gen <= gen) {
+            comm_break(l, c, COLL_ERR_PEER_LOST, "the group moved to a new generation");
+            *pp = c->next;
+            comm_destroy(l, c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+/* Issue what is pending, in order. Returns 1 if anything moved. */
+static int issue_pending(struct launcher *l)
+{
+    int moved = 0;
+    while (l->pend_head) {
+        struct gpu_task *t = l->pend_head;
+        if (t->type == GPU_TASK_DROP) {
+            l->pend_head = t->next;
+            drop_generation(l, t->group, t->gen);
+            t->status = COLL_OK;
+            post(l->g, t);
+            moved = 1;
+            continue;
+        }
+        struct comm *c = comm_get(l, t);
+        if (!c) {
+            l->pend_head = t->next;
+            fail_task(l->g, t, COLL_ERR_NOMEM, 0, "out of memory");
+            moved = 1;
+            continue;
+        }
+        if (c->state == COMM_INIT) {
+            ncclResult_t r = ncclInProgress;
+            ncclCommGetAsyncError(c->c, &r);
+            if (r == ncclSuccess) {
+                c->state = COMM_READY;
+                log_msg(LOG_INFO, "gpu.comm_ready", "device=%d group=%d gen=%u rank=%d/%d ms=%.1f",
+                        l->device, c->group, c->gen, c->rank, c->nranks,
+                        (now_ns() - c->created_ns) / 1e6);
+            } else if (r == ncclInProgress && now_ns() < c->init_deadline) {
+                break; /* later ops of this device wait: one order per device */
+            } else {
+                char w[160];
+                snprintf(w, sizeof(w), "creating the communicator: %s",
+                         r == ncclInProgress ? "deadline passed" : ncclGetErrorString(r));
+                comm_break(l, c, r == ncclInProgress ? COLL_ERR_TIMEOUT : COLL_ERR_INTERNAL, w);
+            }
+        }
+        l->pend_head = t->next;
+        moved = 1;
+        if (c->state == COMM_BROKEN) {
+            fail_task(l->g, t, COLL_ERR_PEER_LOST, 1, c->why);
+            continue;
+        }
+        int rc = issue(l, c, t);
+        if (rc != COLL_OK) {
+            char w[160];
+            snprintf(w, sizeof(w), "%s", t->why);
+            if (rc == COLL_ERR_INVALID) {
+                /* the op was refused, the communicator is fine; nothing was enqueued
+                 * after the wait, so release our stream and fail the op */
+                fail_task(l->g, t, rc, 0, w);
+            } else {
+                t->next = NULL;
+                if (c->fly_tail)
+                    c->fly_tail->next = t;
+                else
+                    c->fly_head = t;
+                c->fly_tail = t;
+                comm_break(l, c, rc, w);
+            }
+            continue;
+        }
+        t->next = NULL;
+        if (c->fly_tail)
+            c->fly_tail->next = t;
+        else
+            c->fly_head = t;
+        c->fly_tail = t;
+    }
+    if (!l->pend_head) l->pend_tail = NULL;
+    return moved;
+}
+
+/* Complete what the GPU finished; enforce deadlines and poll async errors. */
+static int poll_flying(struct launcher *l, int64_t now)
+{
+    int moved = 0;
+    for (struct comm *c = l->comms; c; c = c->next) {
+        while (c->fly_head) {
+            struct gpu_task *t = c->fly_head;
+            uint64_t v = atomic_load_explicit(t->done, memory_order_acquire);
+            if ((int64_t)(v - t->tag) >= 0) {
+                c->fly_head = t->next;
+                if (!c->fly_head) c->fly_tail = NULL;
+                t->status = COLL_OK;
+                post(l->g, t);
+                moved = 1;
+                continue;
+            }
+            break;
+        }
+        if (!c->fly_head) continue;
+        /* a client that went away never writes ready: do it, so the stream moves on */
+        for (struct gpu_task *t = c->fly_head; t; t = t->next)
+            if (atomic_load_explicit(t->client_gone, memory_order_relaxed))
+                store_max(t->ready, t->tag);
+        if (c->fly_head->deadline_ns <= now) {
+            char w[160];
+            snprintf(w, sizeof(w), "%s did not finish on the GPU within the op timeout",
+                     wire_kind_name(c->fly_head->kind));
+            comm_break(l, c, COLL_ERR_TIMEOUT, w);
+            moved = 1;
+        } else if (now >= c->next_check && c->c) {
+            c->next_check = now + CHECK_NS;
+            ncclResult_t r = ncclSuccess;
+            ncclCommGetAsyncError(c->c, &r);
+            if (r != ncclSuccess && r != ncclInProgress) {
+                char w[160];
+                snprintf(w, sizeof(w), "NCCL async error: %s", ncclGetErrorString(r));
+                comm_break(l, c, COLL_ERR_PEER_LOST, w);
+                moved = 1;
+            }
+        }
+    }
+    return moved;
+}
+
+static int flying(const struct launcher *l)
+{
+    for (const struct comm *c = l->comms; c; c = c->next)
+        if (c->fly_head) return 1;
+    return 0;
+}
+
+static void *launcher_main(void *arg)
+{
+    struct launcher *l = arg;
+    struct gpu *g = l->g;
+    cudaError_t e = cudaSetDevice(l->device);
+    if (e != cudaSuccess)
+        log_msg(LOG_ERROR, "gpu.launcher", "device=%d error=\"%s\"", l->device,
+                cudaGetErrorString(e));
+    int64_t last = now_ns();
+    while (!atomic_load(&g->stop)) {
+        pthread_mutex_lock(&l->lock);
+        if (l->in_head) {
+            if (l->pend_tail)
+                l->pend_tail->next = l->in_head;
+            else
+                l->pend_head = l->in_head;
+            l->pend_tail = l->in_tail;
+            l->in_head = l->in_tail = NULL;
+        }
+        pthread_mutex_unlock(&l->lock);
+        int64_t now = now_ns();
+        int moved = issue_pending(l);
+        moved |= poll_flying(l, now);
+        if (moved) {
+            last = now;
+            continue;
+        }
+        int busy = l->pend_head || flying(l);
+        if (now - last < SPIN_NS) {
+            ring_cpu_relax();
+            continue;
+        }
+        if (busy) {
+            /* an op is on the GPU or a communicator is being created: poll gently */
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        pthread_mutex_lock(&l->lock);
+        if (!l->in_head && !atomic_load(&g->stop)) {
+            l->sleeping = 1;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+            l->sleeping = 0;
+        }
+        pthread_mutex_unlock(&l->lock);
+        last = now_ns();
+    }
+    /* stopping: fail what is queued, abort what is in flight */
+    pthread_mutex_lock(&l->lock);
+    if (l->in_head) {
+        if (l->pend_tail)
+            l->pend_tail->next = l->in_head;
+        else
+            l->pend_head = l->in_head;
+        l->in_head = l->in_tail = NULL;
+    }
+    pthread_mutex_unlock(&l->lock);
+    while (l->pend_head) {
+        struct gpu_task *t = l->pend_head;
+        l->pend_head = t->next;
+        fail_task(g, t, COLL_ERR_SHUTDOWN, 0, "the agent is stopping");
+    }
+    while (l->comms) {
+        struct comm *c = l->comms;
+        l->comms = c->next;
+        if (c->fly_head) comm_break(l, c, COLL_ERR_SHUTDOWN, "the agent is stopping");
+        comm_destroy(l, c);
+    }
+    log_msg(LOG_INFO, "gpu.launcher_stopped", "device=%d comms_created=%llu ops_issued=%llu",
+            l->device, (unsigned long long)l->created, (unsigned long long)l->issued);
+    return NULL;
+}
+
+void gpu_submit(struct gpu *g, struct gpu_task *t)
+{
+    int dev = t->device;
+    struct launcher *l = NULL;
+    if (dev >= 0 && dev < (int)(sizeof(g->by_device) / sizeof(g->by_device[0])) &&
+        g->by_device[dev] >= 0)
+        l = &g->l[g->by_device[dev]];
+    if (!l) {
+        fail_task(g, t, COLL_ERR_INTERNAL, 0, "no launcher for that device");
+        return;
+    }
+    t->next = NULL;
+    pthread_mutex_lock(&l->lock);
+    if (l->in_tail)
+        l->in_tail->next = t;
+    else
+        l->in_head = t;
+    l->in_tail = t;
+    if (l->sleeping) pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+int gpu_notify_fd(const struct gpu *g)
+{
+    return g->out_efd;
+}
+
+int gpu_has_results(struct gpu *g)
+{
+    return atomic_load_explicit(&g->has_out, memory_order_acquire);
+}
+
+struct gpu_task *gpu_collect(struct gpu *g)
+{
+    uint64_t v;
+    ssize_t r = read(g->out_efd, &v, sizeof(v));
+    (void)r;
+    pthread_mutex_lock(&g->out_lock);
+    struct gpu_task *h = g->out_head;
+    g->out_head = g->out_tail = NULL;
+    atomic_store_explicit(&g->has_out, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&g->out_lock);
+    return h;
+}
+
+struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen)
+{
+    int used[sizeof(((struct gpu *)0)->by_device) / sizeof(int)];
+    int nused = 0;
+    const int maxdev = (int)(sizeof(used) / sizeof(used[0]));
+    memset(used, 0, sizeof(used));
+    for (int i = 0; i < ndevices; i++) {
+        int d = devices[i];
+        if (d >= 0 && d < maxdev && !used[d]) {
+            used[d] = 1;
+            nused++;
+        }
+    }
+    if (!nused) {
+        snprintf(why, whylen, "no group uses a GPU");
+        return NULL;
+    }
+    struct gpu *g = calloc(1, sizeof(*g));
+    if (!g) {
+        snprintf(why, whylen, "out of memory");
+        return NULL;
+    }
+    g->drv = cudrv_get(why, whylen);
+    g->out_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    g->l = calloc((size_t)nused, sizeof(*g->l));
+    if (!g->drv || g->out_efd < 0 || !g->l) {
+        if (g->drv) snprintf(why, whylen, "out of memory or eventfd");
+        if (g->out_efd >= 0) close(g->out_efd);
+        free(g->l);
+        free(g);
+        return NULL;
+    }
+    pthread_mutex_init(&g->out_lock, NULL);
+    for (int d = 0; d < maxdev; d++)
+        g->by_device[d] = -1;
+    for (int d = 0; d < maxdev; d++) {
+        if (!used[d]) continue;
+        struct launcher *l = &g->l[g->nl];
+        l->g = g;
+        l->device = d;
+        pthread_mutex_init(&l->lock, NULL);
+        pthread_cond_init(&l->cond, NULL);
+        g->by_device[d] = g->nl++;
+    }
+    for (int i = 0; i < g->nl; i++) {
+        if (pthread_create(&g->l[i].thread, NULL, launcher_main, &g->l[i]) != 0) {
+            snprintf(why, whylen, "cannot start a launcher thread");
+            gpu_stop(g);
+            gpu_free(&g);
+            return NULL;
+        }
+        g->l[i].started = 1;
+        log_msg(LOG_INFO, "gpu.launcher", "device=%d", g->l[i].device);
+    }
+    return g;
+}
+
+void gpu_stop(struct gpu *g)
+{
+    if (!g) return;
+    atomic_store(&g->stop, 1);
+    for (int i = 0; i < g->nl; i++) {
+        struct launcher *l = &g->l[i];
+        if (!l->started) continue;
+        pthread_mutex_lock(&l->lock);
+        pthread_cond_signal(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+        l->started = 0;
+    }
+}
+
+void gpu_free(struct gpu **gp)
+{
+    if (!gp || !*gp) return;
+    struct gpu *g = *gp;
+    *gp = NULL;
+    for (int i = 0; i < g->nl; i++) {
+        pthread_mutex_destroy(&g->l[i].lock);
+        pthread_cond_destroy(&g->l[i].cond);
+    }
+    pthread_mutex_destroy(&g->out_lock);
+    close(g->out_efd);
+    free(g->l);
+    free(g);
+}
+
+#endif

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "lcgpu.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -57,6 +58,8 @@ struct req {
     uint32_t gen;
     uint8_t state;
     uint8_t rang; /* submission woke a sleeping agent: sleep at once, don't spin */
+    uint8_t gpu;  /* a GPU op: its done word can be waited on by a stream */
+    uint8_t detached; /* handed to a stream (coll_wait_stream): freed when it completes */
     int32_t status;
     coll_buffer *sb, *rb;
 };
@@ -65,6 +68,8 @@ struct coll_buffer {
     coll_conn *conn;
     uint32_t id;
     int device;
+    int kind;                /* enum wire_mem_kind */
+    struct lcgpu_mem *gmem;  /* CUMEM_FD buffers libcoll allocated */
     void *ptr;
     size_t size;
     uint32_t inflight; /* ops in flight that use it; guarded by conn->lock */
@@ -92,6 +97,11 @@ struct coll_conn {
     struct req reqs[WIRE_RING_ENTRIES];
     uint32_t free_idx[WIRE_RING_ENTRIES];
     uint32_t nfree;
+    int agent_gpu;      /* the agent imports GPU buffers */
+    int shm_gpu;        /* the region is registered with CUDA */
+    intptr_t shm_delta; /* host -> GPU address of the region */
+    coll_err stream_err; /* a failed op that was handed to a stream, not yet reported */
+    char stream_err_msg[160];
     coll_buffer **bufs; /* sorted by ptr */
     size_t nbufs, capbufs;
     coll_group *groups;
@@ -194,11 +204,25 @@ static void close_fds(int *fds, int n)
         close(fds[i]);
 }
 
+/* Store the newest tag of every request slot into the done words from the CPU, so
+ * that no stream waits for an agent that will not write them. */
+static void release_streams(coll_conn *c)
+{
+    if (!c->shm_gpu) return;
+    for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
+        uint64_t v = ((uint64_t)c->reqs[i].gen << 32) | (i + 1);
+        uint64_t cur = atomic_load(&c->shm->done[i]);
+        while ((int64_t)(cur - v) < 0 && !atomic_compare_exchange_weak(&c->shm->done[i], &cur, v))
+            ;
+    }
+}
+
 static void mark_lost(coll_conn *c, coll_err why, const char *msg)
 {
     if (c->lost) return;
     c->lost = why;
     snprintf(c->lost_msg, sizeof(c->lost_msg), "%s", msg);
+    release_streams(c);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
         struct req *r = &c->reqs[i];
         if (r->state == REQ_PENDING) {
@@ -322,6 +346,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     }
     c->efd_agent = fds[1];
     c->efd_client = fds[2];
+    c->agent_gpu = (reply.hello_ok.flags & WIRE_HELLO_F_GPU) != 0;
     struct stat st;
     if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < reply.hello_ok.shm_size ||
         reply.hello_ok.shm_size < sizeof(struct wire_shm) ||
@@ -365,7 +390,8 @@ fail_conn:
 
 static void buffer_free(coll_buffer *b)
 {
-    if (b->ptr) munmap(b->ptr, b->size);
+    if (b->kind == WIRE_MEM_MEMFD && b->ptr) munmap(b->ptr, b->size);
+    if (b->gmem) lcgpu_free(b->gmem);
     free(b);
 }
 
@@ -378,7 +404,10 @@ void coll_disconnect(coll_conn **conn)
     if (c->efd_agent >= 0) close(c->efd_agent);
     if (c->efd_client >= 0) close(c->efd_client);
     if (c->epfd >= 0) close(c->epfd);
-    if (c->shm) munmap(c->shm, c->shm_size);
+    /* A stream may still wait on the region's words: release them and keep the
+     * region mapped (and registered) for the life of the process. */
+    release_streams(c);
+    if (c->shm && !c->shm_gpu) munmap(c->shm, c->shm_size);
     for (size_t i = 0; i < c->nbufs; i++)
         buffer_free(c->bufs[i]);
     free(c->bufs);
@@ -470,25 +499,34 @@ void coll_group_close(coll_group **group)
 
 /* ---- buffers ------------------------------------------------------------------- */
 
-static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size, int device)
+/* Register the session region with CUDA once (caller holds the lock). */
+static coll_err shm_for_gpu(coll_conn *c)
 {
-    void *ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (ptr == MAP_FAILED) return fail(COLL_ERR_SYSTEM, "mmap of %zu bytes: %s", size, strerror(errno));
-    coll_buffer *b = calloc(1, sizeof(*b));
-    if (!b) {
-        munmap(ptr, size);
-        return fail(COLL_ERR_NOMEM, "allocating the buffer");
-    }
+    if (c->shm_gpu) return COLL_OK;
+    char why[160];
+    if (lcgpu_register(c->shm, c->shm_size, &c->shm_delta, why, sizeof(why)) < 0)
+        return fail(COLL_ERR_UNSUPPORTED, "%s", why);
+    c->shm_gpu = 1;
+    return COLL_OK;
+}
+
+/* Share b (ptr, size, device, kind set) with the agent through m (fd: -1 or the
+ * descriptor to pass) and add it to the table. Frees b on failure. */
+static coll_err register_buffer(coll_buffer **out, coll_conn *c, coll_buffer *b, union wire_msg *m,
+                                int fd)
+{
+    union wire_msg r;
+    void *ptr = b->ptr;
     b->conn = c;
-    b->ptr = ptr;
-    b->size = size;
-    b->device = device;
-    union wire_msg m, r;
-    wire_init(&m, WIRE_MEM_REG, 0);
-    m.mem_reg.size = size;
-    m.mem_reg.device = device;
     pthread_mutex_lock(&c->lock);
     coll_err rc = COLL_OK;
+    if (b->kind != WIRE_MEM_MEMFD) {
+        if (!c->agent_gpu)
+            rc = fail(COLL_ERR_UNSUPPORTED, "the agent has no GPU group (GPU buffers need the "
+                                            "NCCL backend)");
+        else
+            rc = shm_for_gpu(c);
+    }
     if (c->nbufs == c->capbufs) {
         size_t cap = c->capbufs ? c->capbufs * 2 : 16;
         coll_buffer **nb = realloc(c->bufs, cap * sizeof(*nb));
@@ -499,7 +537,7 @@ static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size
             c->capbufs = cap;
         }
     }
-    if (rc == COLL_OK) rc = rpc(c, &m, fd, WIRE_MEM_REG_OK, &r, NULL, NULL);
+    if (rc == COLL_OK) rc = rpc(c, m, fd, WIRE_MEM_REG_OK, &r, NULL, NULL);
     if (rc == COLL_OK) {
         b->id = r.mem_reg_ok.buf_id;
         size_t i = c->nbufs;
@@ -519,13 +557,86 @@ static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size
     return COLL_OK;
 }
 
+static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size)
+{
+    void *ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ptr == MAP_FAILED) return fail(COLL_ERR_SYSTEM, "mmap of %zu bytes: %s", size, strerror(errno));
+    coll_buffer *b = calloc(1, sizeof(*b));
+    if (!b) {
+        munmap(ptr, size);
+        return fail(COLL_ERR_NOMEM, "allocating the buffer");
+    }
+    b->ptr = ptr;
+    b->size = size;
+    b->device = COLL_DEVICE_HOST;
+    b->kind = WIRE_MEM_MEMFD;
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG, 0);
+    m.mem_reg.size = size;
+    m.mem_reg.device = COLL_DEVICE_HOST;
+    m.mem_reg.kind = WIRE_MEM_MEMFD;
+    return register_buffer(out, c, b, &m, fd);
+}
+
+static coll_err gpu_alloc(coll_buffer **out, coll_conn *c, size_t size, int device)
+{
+    if (device < 0) return fail(COLL_ERR_INVALID, "device %d", device);
+    coll_buffer *b = calloc(1, sizeof(*b));
+    if (!b) return fail(COLL_ERR_NOMEM, "allocating the buffer");
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG, 0);
+    size_t mapped = 0;
+    int fd = -1;
+    char why[160];
+    if (lcgpu_alloc(device, size, &b->ptr, &mapped, &fd, m.mem_reg.uuid, &b->gmem, why,
+                    sizeof(why)) < 0) {
+        free(b);
+        return fail(COLL_ERR_UNSUPPORTED, "GPU buffer of %zu bytes on device %d: %s", size, device,
+                    why);
+    }
+    b->size = size;
+    b->device = device;
+    b->kind = WIRE_MEM_CUMEM_FD;
+    m.mem_reg.size = mapped;
+    m.mem_reg.device = device;
+    m.mem_reg.kind = WIRE_MEM_CUMEM_FD;
+    coll_err rc = register_buffer(out, c, b, &m, fd);
+    close(fd);
+    return rc;
+}
+
+coll_err coll_mem_register_cuda(coll_buffer **out, coll_conn *c, void *ptr, size_t size)
+{
+    if (!out || !c || !ptr) return fail(COLL_ERR_INVALID, "NULL argument");
+    *out = NULL;
+    if (size == 0) return fail(COLL_ERR_INVALID, "size is 0");
+    coll_buffer *b = calloc(1, sizeof(*b));
+    if (!b) return fail(COLL_ERR_NOMEM, "allocating the buffer");
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG, 0);
+    char why[160];
+    int device = -1;
+    if (lcgpu_ipc(ptr, size, &device, m.mem_reg.uuid, m.mem_reg.ipc, &m.mem_reg.offset, why,
+                  sizeof(why)) < 0) {
+        free(b);
+        return fail(COLL_ERR_INVALID, "%s", why);
+    }
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    b->kind = WIRE_MEM_CUDA_IPC;
+    m.mem_reg.size = size;
+    m.mem_reg.device = device;
+    m.mem_reg.kind = WIRE_MEM_CUDA_IPC;
+    return register_buffer(out, c, b, &m, -1);
+}
+
 coll_err coll_mem_alloc(coll_buffer **out, coll_conn *c, size_t size, int device)
 {
     if (!out || !c) return fail(COLL_ERR_INVALID, "NULL argument");
     *out = NULL;
     if (size == 0) return fail(COLL_ERR_INVALID, "size is 0");
-    if (device != COLL_DEVICE_HOST)
-        return fail(COLL_ERR_UNSUPPORTED, "device %d: GPU buffers need the NCCL backend", device);
+    if (device != COLL_DEVICE_HOST) return gpu_alloc(out, c, size, device);
     int fd = memfd_create("coll-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fail(COLL_ERR_SYSTEM, "memfd_create: %s", strerror(errno));
     coll_err rc;
@@ -537,7 +648,7 @@ coll_err coll_mem_alloc(coll_buffer **out, coll_conn *c, size_t size, int device
         rc = fail(COLL_ERR_SYSTEM, "sealing the buffer: %s", strerror(errno));
         goto out;
     }
-    rc = register_fd(out, c, fd, size, COLL_DEVICE_HOST);
+    rc = register_fd(out, c, fd, size);
 out:
     close(fd);
     return rc;
@@ -548,7 +659,7 @@ coll_err coll_mem_register_fd(coll_buffer **out, coll_conn *c, int fd, size_t si
     if (!out || !c) return fail(COLL_ERR_INVALID, "NULL argument");
     *out = NULL;
     if (size == 0 || fd < 0) return fail(COLL_ERR_INVALID, "fd %d, size %zu", fd, size);
-    return register_fd(out, c, fd, size, COLL_DEVICE_HOST);
+    return register_fd(out, c, fd, size);
 }
 
 void *coll_mem_ptr(const coll_buffer *b)
@@ -636,6 +747,17 @@ static void reap(coll_conn *c)
             if (r->sb) r->sb->inflight--;
             if (r->rb) r->rb->inflight--;
             r->sb = r->rb = NULL;
+            if (r->detached) { /* its stream waits for it; nobody else will ask */
+                if (e.status != COLL_OK && !c->stream_err) {
+                    c->stream_err = (coll_err)e.status;
+                    snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
+                             "an op handed to a stream earlier failed: %s",
+                             coll_strerror((coll_err)e.status));
+                }
+                r->state = REQ_FREE;
+                r->detached = 0;
+                c->free_idx[c->nfree++] = idx;
+            }
         }
     }
     if (c->cq_head != start) ring_store_release(&c->shm->cq_head, c->cq_head);
@@ -648,6 +770,7 @@ struct op_args {
     const void *send;
     void *recv;
     int send_used, recv_used; /* whether this rank reads send / writes recv */
+    void *stream;
 };
 
 static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems,
@@ -697,32 +820,61 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         wire_sqe_extent(&s, 1, (uint32_t)g->info.size, &relems) < 0)
         return fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)a->count);
     coll_buffer *sb, *rb;
+    int gpu = strcmp(g->info.backend, "nccl") == 0;
     pthread_mutex_lock(&c->lock);
     coll_err rc;
     if (c->lost) {
         rc = fail(c->lost, "agent connection lost: %s", c->lost_msg);
         goto out;
     }
+    if (c->stream_err) {
+        rc = fail(c->stream_err, "%s", c->stream_err_msg);
+        c->stream_err = COLL_OK;
+        goto out;
+    }
     rc = resolve(c, "send", a->send, selems, es, a->send_used, &sb, &s.send_off, &s.send_buf);
     if (rc) goto out;
     rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, &rb, &s.recv_off, &s.recv_buf);
     if (rc) goto out;
+    if ((sb && (sb->device >= 0) != gpu) || (rb && (rb->device >= 0) != gpu)) {
+        rc = fail(COLL_ERR_INVALID,
+                  gpu ? "group '%s' runs on NCCL: its ops take GPU buffers (coll_mem_alloc with a "
+                        "device, or coll_mem_register_cuda)"
+                      : "group '%s' runs on the host backend: its ops take host buffers",
+                  g->info.name);
+        goto out;
+    }
     if (c->nfree == 0) reap(c);
     if (c->nfree == 0) {
         rc = fail(COLL_ERR_LIMIT, "%d requests are pending: wait for some first",
                   WIRE_RING_ENTRIES);
         goto out;
     }
-    uint32_t idx = c->free_idx[--c->nfree];
+    uint32_t idx = c->free_idx[c->nfree - 1];
     struct req *r = &c->reqs[idx];
+    s.tag = ((uint64_t)(r->gen + 1) << 32) | (idx + 1);
+    if (gpu) {
+        /* the agent's stream starts the op once this stream has written ready */
+        char why[160];
+        rc = shm_for_gpu(c);
+        if (rc) goto out;
+        void *word = (char *)&c->shm->ready[idx] + c->shm_delta;
+        if (lcgpu_write(a->stream, word, s.tag, why, sizeof(why)) < 0) {
+            rc = fail(COLL_ERR_INVALID, "%s", why);
+            goto out;
+        }
+        s.flags |= WIRE_SQE_F_GPU;
+    }
+    c->nfree--;
     r->gen++;
+    r->gpu = (uint8_t)gpu;
+    r->detached = 0;
     r->state = REQ_PENDING;
     r->status = COLL_OK;
     r->sb = sb;
     r->rb = rb;
     if (sb) sb->inflight++;
     if (rb) rb->inflight++;
-    s.tag = ((uint64_t)r->gen << 32) | (idx + 1);
     struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
     memcpy(slot, &s, offsetof(struct wire_sqe, seq));
     ring_publish(&slot->seq, c->sq_next);
@@ -750,74 +902,74 @@ static int rank_of(const coll_group *g)
 coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                         coll_redop op, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_ALLREDUCE, (uint8_t)dt, (uint8_t)op, 0, count, send, recv, 1, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                         int root, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_BROADCAST, (uint8_t)dt, 0, root, count, send, recv,
                         rank_of(g) == root, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                      coll_redop op, int root, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_REDUCE, (uint8_t)dt, (uint8_t)op, root, count, send, recv, 1,
                         rank_of(g) == root};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t sendcount,
                         coll_dtype dt, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_ALLGATHER, (uint8_t)dt, 0, 0, sendcount, send, recv, 1, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t recvcount,
                              coll_dtype dt, coll_redop op, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_REDUCE_SCATTER, (uint8_t)dt, (uint8_t)op, 0, recvcount, send, recv,
                         1, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                        void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_ALLTOALL, (uint8_t)dt, 0, 0, count, send, recv, 1, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
                    void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_SEND, (uint8_t)dt, 0, peer, count, send, NULL, 1, 0};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer, void *stream,
                    coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_RECV, (uint8_t)dt, 0, peer, count, NULL, recv, 0, 1};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
 coll_err coll_barrier(coll_group *g, void *stream, coll_request *req)
 {
-    (void)stream;
     struct op_args a = {WIRE_OP_BARRIER, 0, 0, 0, 0, NULL, NULL, 0, 0};
+    a.stream = stream;
     return submit(g, &a, req);
 }
 
@@ -954,6 +1106,32 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
     if (r < 0) return fail(COLL_ERR_INVALID, "unknown or already completed request");
     *done = r;
     return r ? st : COLL_OK;
+}
+
+coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
+{
+    if (!c) return fail(COLL_ERR_INVALID, "NULL connection");
+    pthread_mutex_lock(&c->lock);
+    struct req *r = lookup(c, req);
+    coll_err rc = COLL_OK;
+    if (!r || r->detached) {
+        rc = fail(COLL_ERR_INVALID, "unknown or already completed request");
+    } else if (!r->gpu) {
+        rc = fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
+    } else {
+        uint32_t idx = (uint32_t)(r - c->reqs);
+        char why[160];
+        void *word = (char *)&c->shm->done[idx] + c->shm_delta;
+        if (lcgpu_wait(stream, word, req.id, why, sizeof(why)) < 0) {
+            rc = fail(COLL_ERR_INVALID, "%s", why);
+        } else if (r->state == REQ_DONE) {
+            rc = consume(c, r); /* the stream passes at once */
+        } else {
+            r->detached = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }
 
 coll_err coll_wait_all(coll_conn *c, coll_request *reqs, size_t n, int timeout_ms)

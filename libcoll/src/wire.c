@@ -92,6 +92,12 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
     case WIRE_ERROR:
         if (!terminated(out->error.msg, sizeof(out->error.msg))) goto unterminated;
         break;
+    case WIRE_MEM_REG:
+        if (out->mem_reg.kind >= WIRE_MEM_KIND_COUNT) {
+            snprintf(err, errlen, "buffer kind %u out of range", out->mem_reg.kind);
+            return -1;
+        }
+        break;
     case WIRE_GROUP_OPEN:
         if (!terminated(out->group_open.name, sizeof(out->group_open.name))) goto unterminated;
         break;
@@ -132,8 +138,8 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
         snprintf(err, errlen, "reduction %u out of range", s->redop);
         return -1;
     }
-    if (s->flags != 0 || s->reserved != 0) {
-        snprintf(err, errlen, "reserved fields are not zero");
+    if ((s->flags & ~WIRE_SQE_F_ALL) != 0 || s->reserved != 0) {
+        snprintf(err, errlen, "unknown flags 0x%x or reserved field set", s->flags);
         return -1;
     }
     if (s->kind == WIRE_OP_BARRIER && s->count != 0) {

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
-#define WIRE_VERSION 1
+#define WIRE_VERSION 2
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_MAX_MSG 512 /* no control message is larger */
@@ -51,12 +51,14 @@ struct wire_hello {
     char client[WIRE_NAME_MAX]; /* free-form name for logs */
 };
 
+#define WIRE_HELLO_F_GPU 1u /* the agent can import GPU buffers */
+
 struct wire_hello_ok {
     struct wire_hdr h;
     uint64_t session_id;
     uint64_t shm_size;
     uint32_t ring_entries;
-    uint32_t flags;
+    uint32_t flags; /* WIRE_HELLO_F_* */
     char agent_version[32];
 };
 
@@ -88,11 +90,22 @@ struct wire_group_close {
     uint32_t pad;
 };
 
+/* How a shared buffer travels. */
+enum wire_mem_kind {
+    WIRE_MEM_MEMFD = 0,   /* host memory: a sealed memfd (the fd) */
+    WIRE_MEM_CUMEM_FD,    /* GPU memory: a cuMem allocation exported as a POSIX fd */
+    WIRE_MEM_CUDA_IPC,    /* GPU memory: a legacy cudaIpcMemHandle_t (no fd) */
+    WIRE_MEM_KIND_COUNT
+};
+
 struct wire_mem_reg {
     struct wire_hdr h;
-    uint64_t size;
-    int32_t device; /* -1: host memfd */
-    uint32_t pad;
+    uint64_t size;   /* bytes the client uses, from the start of the buffer */
+    uint64_t offset; /* CUDA_IPC: where the buffer starts in the allocation the handle names */
+    int32_t device;  /* -1: host; else the client's ordinal (for logs: the uuid names the GPU) */
+    uint32_t kind;   /* enum wire_mem_kind */
+    uint8_t uuid[16];  /* GPU kinds: the device's UUID */
+    uint8_t ipc[64];   /* CUDA_IPC: the handle */
 };
 
 struct wire_mem_reg_ok {
@@ -152,6 +165,12 @@ enum wire_kind {
 const char *wire_kind_name(unsigned kind);
 
 #define WIRE_BUF_NONE 0u
+
+/* sqe flags */
+#define WIRE_SQE_F_GPU 1u /* GPU op: the client's stream writes ready[i] = tag before the op may
+                             start, and the agent writes done[i] = tag after it, where
+                             i = (tag & 0xffffffff) - 1 (see struct wire_shm) */
+#define WIRE_SQE_F_ALL WIRE_SQE_F_GPU
 
 /* One submitted op; 64 bytes, one cache line. seq is written last (release) and says
  * the entry is complete: the n-th entry (from 0) carries seq n + 1. */
@@ -213,6 +232,17 @@ struct wire_shm {
     struct wire_ring_idx cq_head;
     struct wire_sqe sq[WIRE_RING_ENTRIES];
     struct wire_cqe cq[WIRE_RING_ENTRIES];
+    /*
+     * Stream order of GPU ops, one pair of words per request slot. Both sides register
+     * this region with CUDA, so streams read and write it: the client's stream writes
+     * ready[i], the agent's stream waits for it (>= tag) before the op; the agent's
+     * stream writes done[i] after the op, and the client's stream may wait for it.
+     * Values only grow per slot (the tag's generation), so a late write never blocks a
+     * waiter. Either side may also store them from the CPU to release the other's stream
+     * when an op cannot run (client gone, op failed, agent gone).
+     */
+    _Atomic uint64_t ready[WIRE_RING_ENTRIES];
+    _Atomic uint64_t done[WIRE_RING_ENTRIES];
 };
 
 #endif

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define COLL_VERSION_MAJOR 0
-#define COLL_VERSION_MINOR 2
+#define COLL_VERSION_MINOR 3
 #define COLL_VERSION_PATCH 0
 
 /*
@@ -163,17 +163,31 @@ COLL_API void coll_group_close(coll_group **group);
 
 #define COLL_DEVICE_HOST (-1)
 
-/* Allocate size bytes shared with the agent (device COLL_DEVICE_HOST: host memory in a
- * sealed memfd), mapped read-write in this process and zero-filled. Blocks for one
- * round trip. The caller owns *out and frees it with coll_mem_release.
- * Errors: INVALID, NOMEM, UNSUPPORTED (device buffers need the GPU backend), LIMIT. */
+/* Allocate size bytes shared with the agent, mapped read-write in this process.
+ * device COLL_DEVICE_HOST: host memory in a sealed memfd, zero-filled. device >= 0 (a
+ * CUDA ordinal of this process): GPU memory allocated with cuMem and shared with the
+ * agent as a file descriptor (no shared PID namespace needed; the agent finds the GPU
+ * by UUID), contents undefined. Blocks for one round trip. The caller owns *out and
+ * frees it with coll_mem_release.
+ * Errors: INVALID, NOMEM, UNSUPPORTED (GPU buffers need CUDA here and a GPU group in
+ * the agent), LIMIT. */
 COLL_API coll_err coll_mem_alloc(coll_buffer **out, coll_conn *conn, size_t size, int device);
 /* Share host memory the caller already holds as a file descriptor (memfd or shm),
  * size bytes from offset 0. libcoll maps it and duplicates fd; the caller keeps fd.
  * The fd must be sealed against shrinking (F_SEAL_SHRINK), so the agent never faults
  * on it. Blocks for one round trip. The caller owns *out. */
 COLL_API coll_err coll_mem_register_fd(coll_buffer **out, coll_conn *conn, int fd, size_t size);
-/* Address of the buffer in this process; valid until the buffer is released. */
+/* Share a range of GPU memory the caller allocated with cudaMalloc (or a framework
+ * allocator built on it) through a legacy CUDA IPC handle. Opt-in: the agent can open
+ * the handle only when it shares the caller's PID namespace (Kubernetes:
+ * shareProcessNamespace: true). The caller keeps ownership of the memory and must not
+ * free it before coll_mem_release. Blocks for one round trip. The caller owns *out.
+ * Errors: INVALID (not device memory, range past its allocation, or the agent cannot
+ * open the handle), UNSUPPORTED (no GPU support on either side). */
+COLL_API coll_err coll_mem_register_cuda(coll_buffer **out, coll_conn *conn, void *ptr,
+                                         size_t size);
+/* Address of the buffer in this process (a device address for GPU buffers); valid
+ * until the buffer is released. */
 COLL_API void *coll_mem_ptr(const coll_buffer *buf);
 COLL_API size_t coll_mem_size(const coll_buffer *buf);
 /* Unshare and unmap the buffer; sets *buf to NULL. Returns BUSY (and keeps the buffer)
@@ -189,7 +203,10 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
  * The n-th op of every rank of a group is matched with the n-th op of the others;
  * they must agree on kind, dtype, count, reduction and root, or every rank gets
  * COLL_ERR_MISMATCH. send/recv pair in order per (sender, receiver).
- * stream: a CUDA stream for device buffers, NULL for host buffers.
+ * stream: for groups on the NCCL backend (GPU buffers), the CUDA stream (cudaStream_t;
+ * NULL: the legacy default stream) whose earlier work the op must follow: the agent
+ * starts the op only after that work is done, with no host synchronisation. Ignored
+ * for host groups.
  * Errors at submission: INVALID, EPOCH, LIMIT (too many ops in flight), AGENT_LOST.
  */
 COLL_API coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count,
@@ -227,6 +244,13 @@ COLL_API coll_err coll_wait(coll_conn *conn, coll_request req, int timeout_ms);
 /* Non-blocking: *done = 1 and the op's result if req completed (req is consumed),
  * *done = 0 and COLL_OK otherwise. */
 COLL_API coll_err coll_test(coll_conn *conn, coll_request req, int *done);
+/* GPU ops: make stream (a cudaStream_t; NULL: the legacy default stream) wait, on the
+ * GPU, until the op is done; the host does not wait. Consumes req: its result is not
+ * reported by coll_wait/coll_test. If the op fails, the stream is released all the
+ * same (the op's output is then undefined) and the failure is returned by the next
+ * op submitted on this connection. Errors: INVALID (unknown request, host op, or the
+ * wait could not be enqueued on stream). */
+COLL_API coll_err coll_wait_stream(coll_conn *conn, coll_request req, void *stream);
 /* Wait for all n requests; returns COLL_OK or the first failure in array order. Every
  * completed request is consumed, even after a failure; on TIMEOUT the others stay
  * pending. */

@@ -1,0 +1,91 @@
+/*
+ * gpu.h: the agent's GPU side, implemented in backends/nccl.c (the only file that
+ * includes CUDA or NCCL headers): one launcher thread per GPU that issues every NCCL
+ * call for that GPU in one order, the communicator cache, and the import of GPU
+ * buffers that applications share. The engine hands it matched ops (struct gpu_task)
+ * and takes them back completed, through two queues with an eventfd doorbell, as with
+ * the net thread. Declared without CUDA types, so the rest of the agent builds and is
+ * tested on machines without CUDA.
+ */
+#ifndef AGENT_GPU_H
+#define AGENT_GPU_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct gpu;
+struct buffer;
+
+#define GPU_COMMID_BYTES 128
+
+enum gpu_task_type {
+    GPU_TASK_OP = 0, /* run one rank's part of a matched op */
+    GPU_TASK_DROP,   /* the communicators of (group, gen) are no longer wanted: abort them */
+};
+
+/* One rank's part of an op, on one GPU. Owned by the engine; lent to the device's
+ * launcher between gpu_submit and its return through gpu_collect. */
+struct gpu_task {
+    struct gpu_task *next;
+    int type;
+    int group;    /* index into cfg->groups */
+    uint32_t gen; /* communicator generation of the group: (group, gen, device) is the key */
+    int nranks, rank;
+    uint8_t commid[GPU_COMMID_BYTES]; /* the generation's NCCL unique id */
+    int device;                       /* the agent's ordinal */
+    uint8_t kind, dtype, redop;
+    int peer; /* root (broadcast, reduce) or peer rank (send, recv) */
+    uint64_t count;
+    void *send, *recv; /* device addresses in the agent */
+    /* stream order (struct wire_shm): host addresses of the session's words */
+    _Atomic uint64_t *ready, *done;
+    void *ready_dev, *done_dev; /* the same words as the GPU addresses them */
+    uint64_t tag;
+    const atomic_int *client_gone; /* set when the session ends: release our stream */
+    int64_t deadline_ns;
+    int64_t init_ms; /* deadline for creating the communicator */
+    /* set by the launcher */
+    int status;
+    int created_comm;      /* this op waited for the communicator to be created */
+    int comm_failed;       /* the communicator broke: the group needs a new generation */
+    char why[160];
+};
+
+/* Start a launcher for each distinct GPU ordinal in devices. NULL (why filled) when
+ * there is none or CUDA cannot run here. */
+struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen);
+/* Stop the launchers: tasks still queued or in flight come back with
+ * COLL_ERR_SHUTDOWN (collect them), communicators are aborted. Then gpu_free. */
+void gpu_stop(struct gpu *g);
+void gpu_free(struct gpu **g);
+
+/* Engine thread. Queue t on the launcher of t->device. Never blocks. */
+void gpu_submit(struct gpu *g, struct gpu_task *t);
+/* Engine thread: readable when tasks are back (edge-triggered use). */
+int gpu_notify_fd(const struct gpu *g);
+/* Engine thread: take every returned task (oldest first per device). */
+struct gpu_task *gpu_collect(struct gpu *g);
+int gpu_has_results(struct gpu *g);
+/* A new NCCL unique id (the coordinator's job); 0 or -1. */
+int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen);
+
+/* Resolve a group's device entry (a GPU UUID, or an ordinal of this agent) to an
+ * ordinal; -1 with why. */
+int gpu_resolve_device(const char *spec, char *why, size_t whylen);
+
+/* Imports of client memory; each returns a buffer with one reference whose last
+ * unref releases the import, or NULL with why and *code (a coll_err). */
+struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
+                                size_t whylen, int *code);
+struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
+                              const uint8_t uuid[16], char *why, size_t whylen, int *code);
+/* Register a session's shared region with CUDA (for the stream-order words); 0 or -1.
+ * *dev_delta: add it to a host address in the region to get the GPU's address. The
+ * registration ends with gpu_unregister_host, when the last op that used it is done. */
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen);
+void gpu_unregister_host(void *p);
+
+#endif

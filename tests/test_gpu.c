@@ -1,0 +1,444 @@
+/*
+ * test_gpu.c (CTest label gpu): the NCCL backend through a real agent process, with
+ * application processes that own GPU buffers. Skips (exit 77, with a message) on a
+ * machine without a GPU; on a host with several GPUs every check runs with one rank
+ * per GPU (up to 4), one process each.
+ *
+ * The parent never initialises CUDA (children are forked); a child reports the GPUs.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "coll/coll.h"
+#include "cudrv.h"
+#include "harness.h"
+#include "opcheck.h"
+
+static int ngpu;
+static char uuid0[64];
+
+/* ---- helpers used inside children --------------------------------------------- */
+
+#define CHECK(cond, code)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: %s failed (%s)\n", __FILE__, __LINE__, #cond,                  \
+                    coll_last_error());                                                            \
+            return code;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* A word in mapped host memory that a stream can wait on: the test's gate. */
+struct gate {
+    volatile uint64_t *word;
+    void *dev;
+};
+
+static int gate_make(struct gate *g)
+{
+    void *p;
+    if (cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+        return -1;
+    memset(p, 0, 64);
+    g->word = p;
+    return cudaHostGetDevicePointer(&g->dev, p, 0) == cudaSuccess ? 0 : -1;
+}
+
+/* Block stream until the gate is opened from the CPU. */
+static int gate_block(struct gate *g, cudaStream_t st)
+{
+    const struct cudrv *d = cudrv_get(NULL, 0);
+    return d && d->wait_value64((CUstream)st, (CUdeviceptr)(uintptr_t)g->dev, 1,
+                                CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
+struct job {
+    const char *sock;
+    const char *group;
+    int device;
+    int hold_fd; /* killed child: write a byte here once the op is submitted */
+    int gate_ms; /* keep the gate shut this long (0: open it after checking) */
+};
+
+/* One allreduce of float32 count elements, in place, on device buffers; values
+ * checked (a one-rank group, or n ranks with input rank + 1). */
+static int small_allreduce(coll_conn *c, coll_group *g, int device, int n)
+{
+    const size_t count = 1000;
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, count * 4, device) == COLL_OK, 10);
+    float h[1000];
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    for (size_t i = 0; i < count; i++)
+        h[i] = (float)(info.rank + 1);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 11);
+    CHECK(cudaMemcpyAsync(coll_mem_ptr(b), h, sizeof(h), cudaMemcpyHostToDevice, st) == 0, 12);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), count, COLL_FLOAT32, COLL_SUM, st,
+                         &r) == COLL_OK,
+          13);
+    CHECK(coll_wait_stream(c, r, st) == COLL_OK, 14);
+    CHECK(cudaMemcpyAsync(h, coll_mem_ptr(b), sizeof(h), cudaMemcpyDeviceToHost, st) == 0, 15);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 16);
+    float want = (float)n * (float)(n + 1) / 2;
+    for (size_t i = 0; i < count; i++)
+        CHECK(h[i] == want, 17);
+    cudaStreamDestroy(st);
+    CHECK(coll_mem_release(&b) == COLL_OK, 18);
+    return 0;
+}
+
+static int small_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    int rc = small_allreduce(c, g, 0, 1);
+    coll_disconnect(&c);
+    return rc;
+}
+
+/* ---- probe ------------------------------------------------------------------------- */
+
+static int probe_main(void *arg)
+{
+    int fd = *(int *)arg;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    uint8_t u[16];
+    char s[64] = "";
+    if (n > 0 && cudrv_device_uuid(0, u) == 0) cudrv_uuid_str(u, s, sizeof(s));
+    dprintf(fd, "%d %s\n", n, s);
+    return 0;
+}
+
+static void probe(void)
+{
+    int p[2];
+    if (pipe(p) < 0) return;
+    pid_t pid = child_run(probe_main, &p[1]);
+    close(p[1]);
+    char buf[128] = "";
+    ssize_t n = read(p[0], buf, sizeof(buf) - 1);
+    close(p[0]);
+    child_wait(pid, 60000);
+    if (n > 0) {
+        buf[n] = '\0';
+        sscanf(buf, "%d %63s", &ngpu, uuid0);
+    }
+}
+
+static int ranks(void)
+{
+    return ngpu < 4 ? ngpu : 4;
+}
+
+static void group_yaml(char *out, size_t cap, const char *name, const char *backend, int n,
+                       int op_ms)
+{
+    char devs[128] = "";
+    for (int k = 0; k < n; k++) {
+        char d[8];
+        snprintf(d, sizeof(d), "%s\"%d\"", k ? ", " : "", k);
+        strcat(devs, d);
+    }
+    snprintf(out, cap,
+             "  - name: %s\n    backend: %s\n    devices: [%s]\n    timeouts: {op_ms: %d}\n", name,
+             backend, devs, op_ms);
+}
+
+/* ---- the op matrix -------------------------------------------------------------------- */
+
+static void matrix(int ipc)
+{
+    int n = ranks();
+    struct agent a;
+    char body[512] = "groups:\n", g[256];
+    group_yaml(g, sizeof(g), "g", "nccl", n, 60000);
+    strcat(body, g);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    pid_t pids[4];
+    struct opcheck_job jobs[4];
+    for (int k = 0; k < n; k++) {
+        jobs[k] = (struct opcheck_job){
+            .sock = a.sock, .explicit_slot = 1, .slot = k, .on_gpu = 1, .device = k, .ipc = ipc};
+        pids[k] = child_run(opcheck_rank_main, &jobs[k]);
+    }
+    for (int k = 0; k < n; k++)
+        assert_int_equal(child_wait(pids[k], 600000), 0);
+    /* one communicator per GPU for the whole matrix: every later op hit the cache */
+    assert_int_equal(agent_log_count(&a, "gpu.comm_init"), n);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_abort"), 0);
+    assert_int_equal(agent_log_count(&a, "protocol_error"), 0);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+static void ops_cumem_buffers(void **state)
+{
+    (void)state;
+    matrix(0);
+}
+
+static void ops_legacy_ipc_buffers(void **state)
+{
+    (void)state;
+    matrix(1);
+}
+
+/* ---- backend choice, by UUID ------------------------------------------------------------ */
+
+static int auto_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *h;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "gpu-auto", COLL_SLOT_ANY) == COLL_OK, 3);
+    CHECK(coll_group_open(&h, c, "host-auto", COLL_SLOT_ANY) == COLL_OK, 4);
+    coll_group_info gi, hi;
+    coll_group_info_get(g, &gi);
+    coll_group_info_get(h, &hi);
+    CHECK(strcmp(gi.backend, "nccl") == 0, 5);
+    CHECK(strcmp(hi.backend, "host") == 0, 6);
+    int rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc;
+    /* buffers in the wrong place are refused with a reason */
+    coll_buffer *hb, *db;
+    CHECK(coll_mem_alloc(&hb, c, 64, COLL_DEVICE_HOST) == COLL_OK, 20);
+    CHECK(coll_mem_alloc(&db, c, 64, 0) == COLL_OK, 21);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(hb), coll_mem_ptr(hb), 4, COLL_FLOAT32, COLL_SUM, NULL,
+                         &r) == COLL_ERR_INVALID,
+          22);
+    CHECK(strstr(coll_last_error(), "GPU buffers") != NULL, 23);
+    CHECK(coll_allreduce(h, coll_mem_ptr(db), coll_mem_ptr(db), 4, COLL_FLOAT32, COLL_SUM, NULL,
+                         &r) == COLL_ERR_INVALID,
+          24);
+    /* host ops are not for streams */
+    CHECK(coll_allreduce(h, coll_mem_ptr(hb), coll_mem_ptr(hb), 4, COLL_FLOAT32, COLL_SUM, NULL,
+                         &r) == COLL_OK,
+          25);
+    CHECK(coll_wait_stream(c, r, NULL) == COLL_ERR_INVALID, 26);
+    CHECK(coll_wait(c, r, 10000) == COLL_OK, 27);
+    CHECK(coll_mem_release(&hb) == COLL_OK && coll_mem_release(&db) == COLL_OK, 28);
+    coll_group_close(&g);
+    coll_group_close(&h);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void auto_backend_and_uuid(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[512];
+    snprintf(body, sizeof(body),
+             "groups:\n  - name: gpu-auto\n    devices: [\"%s\"]\n"
+             "  - name: host-auto\n",
+             uuid0);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    assert_true(agent_log_wait(&a, "backend=nccl", 1, 5000));
+    struct job j = {.sock = a.sock};
+    assert_int_equal(child_wait(child_run(auto_main, &j), 120000), 0);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+/* ---- stream order ----------------------------------------------------------------------- */
+
+static int order_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    /* warm up: the communicator exists before the timed part */
+    int rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc;
+    enum { N = 1 << 20 };
+    coll_buffer *sb, *rb;
+    CHECK(coll_mem_alloc(&sb, c, N * 4, 0) == COLL_OK, 4);
+    CHECK(coll_mem_alloc(&rb, c, N * 4, 0) == COLL_OK, 5);
+    float *in, *out;
+    CHECK(cudaMallocHost((void **)&in, N * 4) == 0 && cudaMallocHost((void **)&out, N * 4) == 0, 6);
+    for (int i = 0; i < N; i++) {
+        in[i] = (float)(i % 1000);
+        out[i] = -1;
+    }
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 7);
+    struct gate gt;
+    CHECK(gate_make(&gt) == 0, 8);
+    /* the stream: [gate] -> fill send -> allreduce -> (wait done) -> read recv */
+    CHECK(gate_block(&gt, st) == 0, 9);
+    CHECK(cudaMemcpyAsync(coll_mem_ptr(sb), in, N * 4, cudaMemcpyHostToDevice, st) == 0, 10);
+    coll_request r1, r2;
+    CHECK(coll_allreduce(g, coll_mem_ptr(sb), coll_mem_ptr(rb), N, COLL_FLOAT32, COLL_SUM, st,
+                         &r1) == COLL_OK,
+          11);
+    CHECK(coll_wait_stream(c, r1, st) == COLL_OK, 12);
+    /* a second op, awaited on the host */
+    CHECK(coll_allreduce(g, coll_mem_ptr(rb), coll_mem_ptr(rb), N, COLL_FLOAT32, COLL_MAX, st,
+                         &r2) == COLL_OK,
+          13);
+    CHECK(cudaMemcpyAsync(out, coll_mem_ptr(rb), N * 4, cudaMemcpyDeviceToHost, st) == 0, 14);
+    /* while the app's stream is held, the agent must not have run the op */
+    usleep(200000);
+    int done = 1;
+    CHECK(coll_test(c, r2, &done) == COLL_OK && done == 0, 15);
+    CHECK(out[0] == -1 && out[N - 1] == -1, 16);
+    /* a buffer an op still uses cannot be released */
+    CHECK(coll_mem_release(&rb) == COLL_ERR_BUSY, 17);
+    *gt.word = 1; /* open the gate from the CPU */
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 18);
+    for (int i = 0; i < N; i++)
+        CHECK(out[i] == (float)(i % 1000), 19);
+    CHECK(coll_wait(c, r2, 10000) == COLL_OK, 20);
+    CHECK(coll_mem_release(&sb) == COLL_OK && coll_mem_release(&rb) == COLL_OK, 21);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void stream_order_both_ways(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[512] = "groups:\n", g[256];
+    group_yaml(g, sizeof(g), "g", "nccl", 1, 60000);
+    strcat(body, g);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    struct job j = {.sock = a.sock};
+    assert_int_equal(child_wait(child_run(order_main, &j), 120000), 0);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 1);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+/* ---- failures ------------------------------------------------------------------------------ */
+
+/* Submit an op behind a gate that stays shut; tell the parent; linger. */
+static int held_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    int rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc;
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 1 << 20, 0) == COLL_OK, 4);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 5);
+    struct gate gt;
+    CHECK(gate_make(&gt) == 0 && gate_block(&gt, st) == 0, 6);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 1 << 18, COLL_FLOAT32, COLL_SUM, st,
+                         &r) == COLL_OK,
+          7);
+    CHECK(coll_wait_stream(c, r, st) == COLL_OK, 8);
+    if (j->hold_fd >= 0) {
+        CHECK(write(j->hold_fd, "x", 1) == 1, 9);
+        pause(); /* killed here */
+        return 10;
+    }
+    /* the op waits for our stream past the group's op timeout: it fails, and both
+     * streams are released */
+    double t0 = now_ms();
+    coll_request r2;
+    coll_err e = coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 16, COLL_FLOAT32, COLL_SUM,
+                                st, &r2);
+    if (e == COLL_OK) e = coll_wait(c, r2, 20000);
+    double waited = now_ms() - t0;
+    fprintf(stderr, "held op ended with %s after %.0f ms\n", coll_strerror(e), waited);
+    CHECK(e == COLL_ERR_TIMEOUT || e == COLL_ERR_PEER_LOST, 11);
+    CHECK(coll_err_retryable(e), 12);
+    CHECK(waited < 10000, 13);
+    *gt.word = 1;
+    double t1 = now_ms();
+    cudaError_t q;
+    while ((q = cudaStreamQuery(st)) == cudaErrorNotReady && now_ms() - t1 < 10000)
+        usleep(1000);
+    CHECK(q == cudaSuccess, 14);
+    /* reopen (new epoch) and work again, on a new communicator */
+    coll_group_close(&g);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 15);
+    rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc + 20;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void client_killed_mid_op(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[512] = "groups:\n", g[256];
+    group_yaml(g, sizeof(g), "g", "nccl", 1, 60000);
+    strcat(body, g);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    struct job j = {.sock = a.sock, .hold_fd = p[1]};
+    pid_t pid = child_run(held_main, &j);
+    close(p[1]);
+    char x;
+    assert_int_equal(read(p[0], &x, 1), 1);
+    close(p[0]);
+    kill(pid, SIGKILL);
+    assert_int_equal(child_wait(pid, 10000), 128 + SIGKILL);
+    assert_true(agent_log_wait(&a, "session.closed", 1, 5000));
+    /* the agent serves the next client, on the cached communicator */
+    struct job j3 = {.sock = a.sock};
+    assert_int_equal(child_wait(child_run(small_main, &j3), 60000), 0);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 1);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_abort"), 0);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+static void op_timeout_releases_streams(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[512] = "groups:\n", g[256];
+    group_yaml(g, sizeof(g), "g", "nccl", 1, 1500);
+    strcat(body, g);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    struct job j = {.sock = a.sock, .hold_fd = -1};
+    assert_int_equal(child_wait(child_run(held_main, &j), 120000), 0);
+    /* the broken communicator was replaced once */
+    assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 2);
+    assert_true(agent_log_count(&a, "gpu.comm_abort") >= 1);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+int main(void)
+{
+    probe();
+    if (ngpu == 0) {
+        printf("SKIP: test_gpu needs a GPU; cudaGetDeviceCount found none on this machine\n");
+        return 77;
+    }
+    printf("test_gpu: %d GPU(s), device 0 is %s; ranks per group: %d\n", ngpu, uuid0, ranks());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(auto_backend_and_uuid),
+        cmocka_unit_test(stream_order_both_ways),
+        cmocka_unit_test(client_killed_mid_op),
+        cmocka_unit_test(op_timeout_releases_streams),
+        cmocka_unit_test(ops_cumem_buffers),
+        cmocka_unit_test(ops_legacy_ipc_buffers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
