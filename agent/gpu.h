@@ -69,6 +69,9 @@ int gpu_notify_fd(const struct gpu *g);
 /* Engine thread: take every returned task (oldest first per device). */
 struct gpu_task *gpu_collect(struct gpu *g);
 int gpu_has_results(struct gpu *g);
+/* Engine thread: 1 before it may sleep in epoll (then it checks gpu_has_results once
+ * more), 0 after; launchers ring the notify fd only while it is 1. */
+void gpu_engine_sleeping(struct gpu *g, int v);
 /* A new NCCL unique id (the coordinator's job); 0 or -1. */
 int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen);
 

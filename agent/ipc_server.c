@@ -377,6 +377,7 @@ static void handle_events(struct server *srv, struct epoll_event *evs, int n)
 
 static void set_sleeping(struct server *srv, uint32_t v)
 {
+    if (srv->gpu) gpu_engine_sleeping(srv->gpu, (int)v);
     for (struct session *s = srv->sessions; s; s = s->next)
         if (s->state == SESSION_READY)
             atomic_store_explicit(&s->shm->agent_sleeping.v, v, memory_order_relaxed);
@@ -385,6 +386,7 @@ static void set_sleeping(struct server *srv, uint32_t v)
 
 static int pending_submissions(struct server *srv)
 {
+    if (srv->gpu && gpu_has_results(srv->gpu)) return 1;
     for (struct session *s = srv->sessions; s; s = s->next)
         if (session_has_work(s)) return 1;
     return 0;

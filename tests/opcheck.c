@@ -109,12 +109,14 @@ static int copy(struct ctx *x, int to_dev)
 }
 #endif
 
-static void report(struct ctx *x, const char *what, int kind_dt, size_t count, int inplace,
-                   size_t i, double got, double want)
+static void report(struct ctx *x, const char *what, int kind_dt, int redop, size_t count,
+                   int inplace, size_t i, double got, double want)
 {
     if (x->failures++ < 5)
-        fprintf(stderr, "rank %d: %s dtype=%s count=%zu inplace=%d: element %zu is %g, want %g\n",
-                x->rank, what, coll_dtype_name(kind_dt), count, inplace, i, got, want);
+        fprintf(stderr,
+                "rank %d: %s dtype=%s op=%s count=%zu inplace=%d: element %zu is %g, want %g\n",
+                x->rank, what, coll_dtype_name(kind_dt), coll_redop_name(redop), count, inplace, i,
+                got, want);
 }
 
 static int guard_ok(const unsigned char *p, size_t off)
@@ -195,13 +197,13 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         }
         double got = val_get(recv, i, dt);
         if (!close_enough(got, want, dt)) {
-            report(x, names[kind], dt, count, inplace, i, got, want);
+            report(x, names[kind], dt, redop, count, inplace, i, got, want);
             return -1;
         }
     }
     /* nothing written past the result (reduce_scatter in place writes inside its input) */
     if (!(inplace && kind == 4) && count && !guard_ok(recv, out_elems * es)) {
-        report(x, "guard", dt, count, inplace, out_elems, recv[out_elems * es], GUARD);
+        report(x, "guard", dt, redop, count, inplace, out_elems, recv[out_elems * es], GUARD);
         return -1;
     }
     return 0;

@@ -130,6 +130,10 @@ void gpu_submit(struct gpu *g, struct gpu_task *t)
     (void)g;
     (void)t;
 }
+void gpu_engine_sleeping(struct gpu *g, int v)
+{
+    (void)g, (void)v;
+}
 int gpu_notify_fd(const struct gpu *g)
 {
     (void)g;
@@ -368,12 +372,14 @@ struct gpu {
     pthread_mutex_t out_lock;
     struct gpu_task *out_head, *out_tail;
     atomic_int has_out;
+    atomic_int engine_sleeping;
     int out_efd;
 };
 
 #define SPIN_NS 200000LL      /* keep polling this long after the last progress */
 #define CHECK_NS 1000000LL    /* async-error poll interval per communicator */
-#define ISSUE_WAIT_NS 5000000000LL /* an enqueue NCCL leaves in progress gets this long */
+#define ISSUE_WAIT_NS 5000000000LL
+#define P2P_GATHER_NS 20000LL      /* a lone send or receive waits this long for partners */ /* an enqueue NCCL leaves in progress gets this long */
 
 static const ncclDataType_t nccl_dtype[COLL_DTYPE_COUNT] = {
     [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,     [COLL_INT32] = ncclInt32,
@@ -398,9 +404,20 @@ static void post(struct gpu *g, struct gpu_task *t)
     g->out_tail = t;
     atomic_store_explicit(&g->has_out, 1, memory_order_release);
     pthread_mutex_unlock(&g->out_lock);
-    uint64_t one = 1;
-    ssize_t w = write(g->out_efd, &one, sizeof(one));
-    (void)w;
+    /* a spinning engine sees has_out; ring only one that may sleep (ring.h's order:
+     * publish, full fence, then look at the sleeping word) */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&g->engine_sleeping, memory_order_relaxed)) {
+        uint64_t one = 1;
+        ssize_t w = write(g->out_efd, &one, sizeof(one));
+        (void)w;
+    }
+}
+
+void gpu_engine_sleeping(struct gpu *g, int v)
+{
+    atomic_store_explicit(&g->engine_sleeping, v, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
 }
 
 static void store_max(_Atomic uint64_t *w, uint64_t v)
@@ -431,6 +448,10 @@ static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_fail
  * ops of the same generation fail fast until the engine moves to a new one. */
 static void comm_break(struct launcher *l, struct comm *c, int code, const char *why)
 {
+    /* release our stream first: an op still waiting for a ready word would keep the
+     * abort from finishing */
+    for (struct gpu_task *t = c->fly_head; t; t = t->next)
+        store_max(t->ready, t->tag);
     if (c->state != COMM_BROKEN) {
         log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
                 l->device, c->group, c->gen, c->rank, c->nranks, why);
@@ -513,7 +534,10 @@ static struct comm *comm_get(struct launcher *l, struct gpu_task *t)
         return c;
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
+    /* non-blocking: creation is polled against its deadline. COLL_NCCL_BLOCKING=1 is a
+     * diagnostic switch back to NCCL's blocking mode. */
+    const char *blk = getenv("COLL_NCCL_BLOCKING");
+    cfg.blocking = blk && atoi(blk) ? 1 : 0;
     ncclUniqueId id;
     memcpy(&id, t->commid, sizeof(id));
     ncclResult_t r = ncclCommInitRankConfig(&c->c, t->nranks, id, t->rank, &cfg);
@@ -544,7 +568,9 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r)
 static ncclResult_t launch(struct comm *c, const struct gpu_task *t)
 {
     ncclDataType_t dt = nccl_dtype[t->dtype];
-    ncclRedOp_t op = nccl_redop[t->redop];
+    /* one rank: the average is the value itself; the plain copy path is exact and
+     * skips NCCL's scaling kernel */
+    ncclRedOp_t op = c->nranks == 1 && t->redop == COLL_AVG ? ncclSum : nccl_redop[t->redop];
     size_t n = (size_t)t->count;
     ncclResult_t r = ncclSuccess;
     switch (t->kind) {
@@ -591,33 +617,57 @@ static ncclResult_t launch(struct comm *c, const struct gpu_task *t)
     return r;
 }
 
-/* Enqueue t on c's stream: wait for ready, the NCCL call, write done. */
-static int issue(struct launcher *l, struct comm *c, struct gpu_task *t)
+static int p2p(const struct gpu_task *t)
+{
+    return t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV;
+}
+
+/* Enqueue ts[0..n) on c's stream: wait for each op's ready word, the NCCL calls (in one
+ * group when n > 1: sends and receives that wait for each other must be issued
+ * together), then each op's done word. */
+static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n)
 {
     const struct cudrv *d = l->g->drv;
-    CUresult cr = d->wait_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->ready_dev,
-                                  t->tag, CU_STREAM_WAIT_VALUE_GEQ);
-    if (cr != CUDA_SUCCESS) {
-        snprintf(t->why, sizeof(t->why), "cuStreamWaitValue64: %s", cudrv_str(cr));
-        return COLL_ERR_INTERNAL;
-    }
-    int empty = t->count == 0 && t->kind != WIRE_OP_BARRIER;
-    if (!empty) {
-        ncclResult_t r = settle(c->c, launch(c, t));
-        if (r != ncclSuccess) {
-            snprintf(t->why, sizeof(t->why), "NCCL %s: %s", wire_kind_name(t->kind),
-                     ncclGetErrorString(r));
-            return r == ncclInvalidArgument || r == ncclInvalidUsage ? COLL_ERR_INVALID
-                                                                     : COLL_ERR_INTERNAL;
+    struct gpu_task *t0 = ts[0];
+    for (int i = 0; i < n; i++) {
+        struct gpu_task *t = ts[i];
+        /* skipped when the client said its stream had nothing pending */
+        if ((int64_t)(atomic_load_explicit(t->ready, memory_order_acquire) - t->tag) >= 0)
+            continue;
+        CUresult cr = d->wait_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->ready_dev,
+                                      t->tag, CU_STREAM_WAIT_VALUE_GEQ);
+        if (cr != CUDA_SUCCESS) {
+            snprintf(t0->why, sizeof(t0->why), "cuStreamWaitValue64: %s", cudrv_str(cr));
+            return COLL_ERR_INTERNAL;
         }
     }
-    cr = d->write_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->done_dev, t->tag,
-                          CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (cr != CUDA_SUCCESS) {
-        snprintf(t->why, sizeof(t->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
-        return COLL_ERR_INTERNAL;
+    ncclResult_t r = ncclSuccess;
+    if (n > 1) r = ncclGroupStart();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        if (ts[i]->count == 0 && ts[i]->kind != WIRE_OP_BARRIER) continue;
+        r = launch(c, ts[i]);
     }
-    l->issued++;
+    if (n > 1) {
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess || r == ncclInProgress) r = e;
+    }
+    r = settle(c->c, r);
+    if (r != ncclSuccess) {
+        snprintf(t0->why, sizeof(t0->why), "NCCL %s%s: %s", wire_kind_name(t0->kind),
+                 n > 1 ? " (grouped)" : "", ncclGetErrorString(r));
+        return r == ncclInvalidArgument || r == ncclInvalidUsage ? COLL_ERR_INVALID
+                                                                 : COLL_ERR_INTERNAL;
+    }
+    for (int i = 0; i < n; i++) {
+        CUresult cr = d->write_value64((CUstream)c->stream,
+                                       (CUdeviceptr)(uintptr_t)ts[i]->done_dev, ts[i]->tag,
+                                       CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (cr != CUDA_SUCCESS) {
+            snprintf(t0->why, sizeof(t0->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
+            return COLL_ERR_INTERNAL;
+        }
+    }
+    l->issued += (uint64_t)n;
     return COLL_OK;
 }
 
@@ -635,6 +685,23 @@ static void drop_generation(struct launcher *l, int group, uint32_t gen)
     }
 }
 
+/* Move what the engine queued to the pending list; returns 1 if there was any. */
+static int pull(struct launcher *l)
+{
+    pthread_mutex_lock(&l->lock);
+    int any = l->in_head != NULL;
+    if (any) {
+        if (l->pend_tail)
+            l->pend_tail->next = l->in_head;
+        else
+            l->pend_head = l->in_head;
+        l->pend_tail = l->in_tail;
+        l->in_head = l->in_tail = NULL;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return any;
+}
+
 /* Issue what is pending, in order. Returns 1 if anything moved. */
 static int issue_pending(struct launcher *l)
 {
@@ -643,6 +710,7 @@ static int issue_pending(struct launcher *l)
         struct gpu_task *t = l->pend_head;
         if (t->type == GPU_TASK_DROP) {
             l->pend_head = t->next;
+            if (!l->pend_head) l->pend_tail = NULL;
             drop_generation(l, t->group, t->gen);
             t->status = COLL_OK;
             post(l->g, t);
@@ -652,6 +720,7 @@ static int issue_pending(struct launcher *l)
         struct comm *c = comm_get(l, t);
         if (!c) {
             l->pend_head = t->next;
+            if (!l->pend_head) l->pend_tail = NULL;
             fail_task(l->g, t, COLL_ERR_NOMEM, 0, "out of memory");
             moved = 1;
             continue;
@@ -674,36 +743,52 @@ static int issue_pending(struct launcher *l)
             }
         }
         l->pend_head = t->next;
+        if (!l->pend_head) l->pend_tail = NULL;
         moved = 1;
         if (c->state == COMM_BROKEN) {
             fail_task(l->g, t, COLL_ERR_PEER_LOST, 1, c->why);
             continue;
         }
-        int rc = issue(l, c, t);
+        /* sends and receives queued together go out in one NCCL group; a lone one
+         * waits a few microseconds for its partners (a send and a receive submitted
+         * back to back would otherwise wait for each other on the stream) */
+        if (p2p(t) && !l->pend_head) {
+            int64_t until = now_ns() + P2P_GATHER_NS;
+            while (!pull(l) && now_ns() < until)
+                ring_cpu_relax();
+        }
+        struct gpu_task *batch[64];
+        int n = 0;
+        batch[n++] = t;
+        while (p2p(t) && n < 64 && l->pend_head && l->pend_head->type == GPU_TASK_OP &&
+               p2p(l->pend_head) && l->pend_head->group == t->group &&
+               l->pend_head->gen == t->gen) {
+            batch[n++] = l->pend_head;
+            l->pend_head = l->pend_head->next;
+            if (!l->pend_head) l->pend_tail = NULL;
+        }
+        int rc = issue(l, c, batch, n);
+        if (rc == COLL_ERR_INVALID) {
+            /* refused before anything ran: the communicator is fine */
+            char w[160];
+            snprintf(w, sizeof(w), "%s", t->why);
+            for (int i = 0; i < n; i++)
+                fail_task(l->g, batch[i], rc, 0, w);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            batch[i]->next = NULL;
+            if (c->fly_tail)
+                c->fly_tail->next = batch[i];
+            else
+                c->fly_head = batch[i];
+            c->fly_tail = batch[i];
+        }
         if (rc != COLL_OK) {
             char w[160];
             snprintf(w, sizeof(w), "%s", t->why);
-            if (rc == COLL_ERR_INVALID) {
-                /* the op was refused, the communicator is fine; nothing was enqueued
-                 * after the wait, so release our stream and fail the op */
-                fail_task(l->g, t, rc, 0, w);
-            } else {
-                t->next = NULL;
-                if (c->fly_tail)
-                    c->fly_tail->next = t;
-                else
-                    c->fly_head = t;
-                c->fly_tail = t;
-                comm_break(l, c, rc, w);
-            }
-            continue;
+            comm_break(l, c, rc, w);
         }
-        t->next = NULL;
-        if (c->fly_tail)
-            c->fly_tail->next = t;
-        else
-            c->fly_head = t;
-        c->fly_tail = t;
     }
     if (!l->pend_head) l->pend_tail = NULL;
     return moved;
@@ -770,16 +855,7 @@ static void *launcher_main(void *arg)
                 cudaGetErrorString(e));
     int64_t last = now_ns();
     while (!atomic_load(&g->stop)) {
-        pthread_mutex_lock(&l->lock);
-        if (l->in_head) {
-            if (l->pend_tail)
-                l->pend_tail->next = l->in_head;
-            else
-                l->pend_head = l->in_head;
-            l->pend_tail = l->in_tail;
-            l->in_head = l->in_tail = NULL;
-        }
-        pthread_mutex_unlock(&l->lock);
+        pull(l);
         int64_t now = now_ns();
         int moved = issue_pending(l);
         moved |= poll_flying(l, now);
@@ -874,9 +950,7 @@ int gpu_has_results(struct gpu *g)
 
 struct gpu_task *gpu_collect(struct gpu *g)
 {
-    uint64_t v;
-    ssize_t r = read(g->out_efd, &v, sizeof(v));
-    (void)r;
+    /* the eventfd is watched edge-triggered: it never needs draining */
     pthread_mutex_lock(&g->out_lock);
     struct gpu_task *h = g->out_head;
     g->out_head = g->out_tail = NULL;

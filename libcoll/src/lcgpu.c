@@ -45,6 +45,11 @@ int lcgpu_wait(void *stream, void *dev_addr, uint64_t v, char *why, size_t whyle
     (void)stream, (void)dev_addr, (void)v;
     return none(why, whylen);
 }
+int lcgpu_stream_idle(void *stream)
+{
+    (void)stream;
+    return 0;
+}
 
 #else
 
@@ -165,6 +170,14 @@ int lcgpu_write(void *stream, void *dev_addr, uint64_t v, char *why, size_t whyl
         snprintf(why, whylen, "cuStreamWriteValue64 on stream %p: %s", stream, cudrv_str(r));
         return -1;
     }
+    return 0;
+}
+
+int lcgpu_stream_idle(void *stream)
+{
+    cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+    if (e == cudaSuccess) return 1;
+    if (e != cudaErrorNotReady) cudaGetLastError();
     return 0;
 }
 

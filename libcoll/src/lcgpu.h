@@ -28,6 +28,8 @@ int lcgpu_register(void *p, size_t size, intptr_t *delta, char *why, size_t whyl
 /* Enqueue on stream (a cudaStream_t; NULL: the legacy default stream) a write of v to
  * the 64-bit word at dev_addr, after the stream's earlier work. */
 int lcgpu_write(void *stream, void *dev_addr, uint64_t v, char *why, size_t whylen);
+/* 1 if every piece of work enqueued on stream so far has finished, else 0. */
+int lcgpu_stream_idle(void *stream);
 /* Enqueue on stream a wait until the word at dev_addr is >= v (wrap-safe). */
 int lcgpu_wait(void *stream, void *dev_addr, uint64_t v, char *why, size_t whylen);
 

@@ -107,6 +107,8 @@ struct coll_conn {
     coll_group *groups;
 };
 
+static void reap(coll_conn *c);
+
 static int64_t now_ns(void)
 {
     struct timespec t;
@@ -672,12 +674,35 @@ size_t coll_mem_size(const coll_buffer *b)
     return b ? b->size : 0;
 }
 
+/* Whether every pending op that uses b is a GPU op whose done word the agent's stream
+ * has written (so its completion is on its way). Caller holds the lock. */
+static int gpu_work_done(coll_conn *c, const coll_buffer *b)
+{
+    for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
+        const struct req *r = &c->reqs[i];
+        if (r->state != REQ_PENDING || (r->sb != b && r->rb != b)) continue;
+        uint64_t tag = ((uint64_t)r->gen << 32) | (i + 1);
+        if (!r->gpu || (int64_t)(atomic_load(&c->shm->done[i]) - tag) < 0) return 0;
+    }
+    return 1;
+}
+
 coll_err coll_mem_release(coll_buffer **buf)
 {
     if (!buf || !*buf) return fail(COLL_ERR_INVALID, "NULL buffer");
     coll_buffer *b = *buf;
     coll_conn *c = b->conn;
     pthread_mutex_lock(&c->lock);
+    if (b->inflight && !c->lost) reap(c); /* ops handed to streams finish unseen */
+    /* GPU ops whose stream work is done may not be reported yet: wait for that */
+    int64_t until = now_ns() + (int64_t)c->timeout_ms * 1000000;
+    while (b->inflight && !c->lost && gpu_work_done(c, b) && now_ns() < until) {
+        pthread_mutex_unlock(&c->lock);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->lock);
+        reap(c);
+    }
     if (b->inflight) {
         uint32_t n = b->inflight;
         pthread_mutex_unlock(&c->lock);
@@ -858,10 +883,16 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         char why[160];
         rc = shm_for_gpu(c);
         if (rc) goto out;
-        void *word = (char *)&c->shm->ready[idx] + c->shm_delta;
-        if (lcgpu_write(a->stream, word, s.tag, why, sizeof(why)) < 0) {
-            rc = fail(COLL_ERR_INVALID, "%s", why);
-            goto out;
+        if (lcgpu_stream_idle(a->stream)) {
+            /* nothing is pending on the stream: the op may start at once; saying so
+             * from the CPU spares both streams a memory operation */
+            atomic_store_explicit(&c->shm->ready[idx], s.tag, memory_order_release);
+        } else {
+            void *word = (char *)&c->shm->ready[idx] + c->shm_delta;
+            if (lcgpu_write(a->stream, word, s.tag, why, sizeof(why)) < 0) {
+                rc = fail(COLL_ERR_INVALID, "%s", why);
+                goto out;
+            }
         }
         s.flags |= WIRE_SQE_F_GPU;
     }
