@@ -263,7 +263,8 @@ static int run_rank(const struct opts *o, int rank)
     for (char *t = strtok_r(socks, ",", &save); t; t = strtok_r(NULL, ",", &save), k++)
         if (k == want) sock = t;
     AK(coll_connect(&x.c, sock, 10000));
-    AK(coll_group_open(&x.g, x.c, o->group, COLL_SLOT_ANY));
+    /* rank i: the (i / sockets)-th slot of its agent, on GPU i */
+    AK(coll_group_open(&x.g, x.c, o->group, rank / nsock));
     coll_group_info info;
     coll_group_info_get(x.g, &info);
     if (info.size != o->procs || strcmp(info.backend, "nccl") != 0) {

@@ -343,6 +343,8 @@ struct comm {
     ncclComm_t c;
     cudaStream_t stream;
     void *scratch; /* barrier's element */
+    void *tmp;     /* in-place all-to-all's copy of the input */
+    size_t tmp_size;
     int64_t init_deadline, next_check;
     int64_t created_ns;
     char why[160];
@@ -488,6 +490,7 @@ static void comm_destroy(struct launcher *l, struct comm *c)
         }
     }
     if (c->scratch) cudaFree(c->scratch);
+    if (c->tmp) cudaFree(c->tmp);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)l;
     free(c);
@@ -591,9 +594,29 @@ static ncclResult_t launch(struct comm *c, const struct gpu_task *t)
         break;
     case WIRE_OP_ALLTOALL: {
         size_t bytes = n * coll_dtype_size((coll_dtype)t->dtype);
+        const void *src = t->send;
+        if (t->send == t->recv && c->nranks > 1) {
+            /* in place: blocks would be overwritten before they are sent; send from a
+             * copy (the communicator's scratch, grown on demand) */
+            size_t total = bytes * (size_t)c->nranks;
+            if (c->tmp_size < total) {
+                if (c->tmp) cudaFree(c->tmp);
+                c->tmp = NULL;
+                c->tmp_size = 0;
+                if (cudaMalloc(&c->tmp, total) != cudaSuccess) {
+                    cudaGetLastError();
+                    return ncclSystemError;
+                }
+                c->tmp_size = total;
+            }
+            if (cudaMemcpyAsync(c->tmp, t->send, total, cudaMemcpyDeviceToDevice, c->stream) !=
+                cudaSuccess)
+                return ncclUnhandledCudaError;
+            src = c->tmp;
+        }
         r = ncclGroupStart();
         for (int p = 0; p < c->nranks && r == ncclSuccess; p++) {
-            r = ncclSend((const char *)t->send + (size_t)p * bytes, n, dt, p, c->c, c->stream);
+            r = ncclSend((const char *)src + (size_t)p * bytes, n, dt, p, c->c, c->stream);
             if (r == ncclSuccess)
                 r = ncclRecv((char *)t->recv + (size_t)p * bytes, n, dt, p, c->c, c->stream);
         }

@@ -60,6 +60,7 @@ struct req {
     uint8_t rang; /* submission woke a sleeping agent: sleep at once, don't spin */
     uint8_t gpu;  /* a GPU op: its done word can be waited on by a stream */
     uint8_t detached; /* handed to a stream (coll_wait_stream): freed when it completes */
+    uint32_t group;   /* handle of the group it was submitted to */
     int32_t status;
     coll_buffer *sb, *rb;
 };
@@ -101,6 +102,7 @@ struct coll_conn {
     int shm_gpu;        /* the region is registered with CUDA */
     intptr_t shm_delta; /* host -> GPU address of the region */
     coll_err stream_err; /* a failed op that was handed to a stream, not yet reported */
+    uint32_t stream_err_group; /* its group: closing that group forgets the error */
     char stream_err_msg[160];
     coll_buffer **bufs; /* sorted by ptr */
     size_t nbufs, capbufs;
@@ -489,6 +491,8 @@ void coll_group_close(coll_group **group)
     m.group_close.handle = g->handle;
     pthread_mutex_lock(&c->lock);
     if (!c->lost) rpc(c, &m, -1, WIRE_GROUP_CLOSE_OK, &r, NULL, NULL);
+    if (!c->lost) reap(c);
+    if (c->stream_err && c->stream_err_group == g->handle) c->stream_err = COLL_OK;
     for (coll_group **p = &c->groups; *p; p = &(*p)->next) {
         if (*p == g) {
             *p = g->next;
@@ -775,6 +779,7 @@ static void reap(coll_conn *c)
             if (r->detached) { /* its stream waits for it; nobody else will ask */
                 if (e.status != COLL_OK && !c->stream_err) {
                     c->stream_err = (coll_err)e.status;
+                    c->stream_err_group = r->group;
                     snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
                              "an op handed to a stream earlier failed: %s",
                              coll_strerror((coll_err)e.status));
@@ -900,6 +905,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     r->gen++;
     r->gpu = (uint8_t)gpu;
     r->detached = 0;
+    r->group = g->handle;
     r->state = REQ_PENDING;
     r->status = COLL_OK;
     r->sb = sb;

@@ -248,7 +248,8 @@ COLL_API coll_err coll_test(coll_conn *conn, coll_request req, int *done);
  * GPU, until the op is done; the host does not wait. Consumes req: its result is not
  * reported by coll_wait/coll_test. If the op fails, the stream is released all the
  * same (the op's output is then undefined) and the failure is returned by the next
- * op submitted on this connection. Errors: INVALID (unknown request, host op, or the
+ * op submitted on this connection (closing the op's group forgets it: the group was
+ * broken anyway). Errors: INVALID (unknown request, host op, or the
  * wait could not be enqueued on stream). */
 COLL_API coll_err coll_wait_stream(coll_conn *conn, coll_request req, void *stream);
 /* Wait for all n requests; returns COLL_OK or the first failure in array order. Every
