@@ -150,7 +150,7 @@ static void group_yaml(char *out, size_t cap, const char *name, const char *back
 {
     char devs[128] = "";
     for (int k = 0; k < n; k++) {
-        char d[8];
+        char d[24];
         snprintf(d, sizeof(d), "%s\"%d\"", k ? ", " : "", k);
         strcat(devs, d);
     }
