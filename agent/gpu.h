@@ -23,7 +23,6 @@ struct buffer;
 
 enum gpu_task_type {
     GPU_TASK_OP = 0, /* run one rank's part of a matched op */
-    GPU_TASK_DROP,   /* the communicators of (group, gen) are no longer wanted: abort them */
 };
 
 /* One rank's part of an op, on one GPU. Owned by the engine; lent to the device's

@@ -449,10 +449,7 @@ void session_complete(struct op *op, int status)
     if (w && (op->sqe.flags & WIRE_SQE_F_GPU) && status != COLL_OK) {
         /* release a client stream that waits for this op's done word */
         uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
-        uint64_t cur = atomic_load(&w->done[idx]);
-        while ((int64_t)(cur - op->sqe.tag) < 0 &&
-               !atomic_compare_exchange_weak(&w->done[idx], &cur, op->sqe.tag))
-            ;
+        ring_store_max64(&w->done[idx], op->sqe.tag);
     }
     buffer_unref(&op->sync);
     if (!s || s->state == SESSION_DEAD) return;

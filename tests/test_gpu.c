@@ -145,18 +145,20 @@ static int ranks(void)
     return ngpu < 4 ? ngpu : 4;
 }
 
-static void group_yaml(char *out, size_t cap, const char *name, const char *backend, int n,
-                       int op_ms)
+/* An agent with one group "g" on NCCL: n slots on GPUs 0..n-1, the given op timeout. */
+static int start_gpu_agent(struct agent *a, int n, int op_ms)
 {
-    char devs[128] = "";
+    char devs[128] = "", body[512];
     for (int k = 0; k < n; k++) {
         char d[24];
         snprintf(d, sizeof(d), "%s\"%d\"", k ? ", " : "", k);
         strcat(devs, d);
     }
-    snprintf(out, cap,
-             "  - name: %s\n    backend: %s\n    devices: [%s]\n    timeouts: {op_ms: %d}\n", name,
-             backend, devs, op_ms);
+    snprintf(body, sizeof(body),
+             "groups:\n  - name: g\n    backend: nccl\n    devices: [%s]\n"
+             "    timeouts: {op_ms: %d}\n",
+             devs, op_ms);
+    return agent_start(a, NULL, body);
 }
 
 /* ---- the op matrix -------------------------------------------------------------------- */
@@ -165,10 +167,7 @@ static void matrix(int ipc)
 {
     int n = ranks();
     struct agent a;
-    char body[512] = "groups:\n", g[256];
-    group_yaml(g, sizeof(g), "g", "nccl", n, 60000);
-    strcat(body, g);
-    assert_int_equal(agent_start(&a, NULL, body), 0);
+    assert_int_equal(start_gpu_agent(&a, n, 60000), 0);
     pid_t pids[4];
     struct opcheck_job jobs[4];
     for (int k = 0; k < n; k++) {
@@ -316,10 +315,7 @@ static void stream_order_both_ways(void **state)
 {
     (void)state;
     struct agent a;
-    char body[512] = "groups:\n", g[256];
-    group_yaml(g, sizeof(g), "g", "nccl", 1, 60000);
-    strcat(body, g);
-    assert_int_equal(agent_start(&a, NULL, body), 0);
+    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
     struct job j = {.sock = a.sock};
     assert_int_equal(child_wait(child_run(order_main, &j), 120000), 0);
     assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 1);
@@ -385,10 +381,7 @@ static void client_killed_mid_op(void **state)
 {
     (void)state;
     struct agent a;
-    char body[512] = "groups:\n", g[256];
-    group_yaml(g, sizeof(g), "g", "nccl", 1, 60000);
-    strcat(body, g);
-    assert_int_equal(agent_start(&a, NULL, body), 0);
+    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
     int p[2];
     assert_int_equal(pipe(p), 0);
     struct job j = {.sock = a.sock, .hold_fd = p[1]};
@@ -412,10 +405,7 @@ static void op_timeout_releases_streams(void **state)
 {
     (void)state;
     struct agent a;
-    char body[512] = "groups:\n", g[256];
-    group_yaml(g, sizeof(g), "g", "nccl", 1, 1500);
-    strcat(body, g);
-    assert_int_equal(agent_start(&a, NULL, body), 0);
+    assert_int_equal(start_gpu_agent(&a, 1, 1500), 0);
     struct job j = {.sock = a.sock, .hold_fd = -1};
     assert_int_equal(child_wait(child_run(held_main, &j), 120000), 0);
     /* the broken communicator was replaced once */

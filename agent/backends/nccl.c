@@ -422,23 +422,14 @@ void gpu_engine_sleeping(struct gpu *g, int v)
     atomic_thread_fence(memory_order_seq_cst);
 }
 
-static void store_max(_Atomic uint64_t *w, uint64_t v)
-{
-    uint64_t cur = atomic_load_explicit(w, memory_order_acquire);
-    while ((int64_t)(cur - v) < 0 &&
-           !atomic_compare_exchange_weak_explicit(w, &cur, v, memory_order_release,
-                                                  memory_order_acquire))
-        ;
-}
-
 /* Fail t without the GPU: release both streams (ours may wait for ready, the client's
  * for done) and hand it back. */
 static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed,
                       const char *why)
 {
     if (t->type == GPU_TASK_OP) {
-        store_max(t->ready, t->tag);
-        store_max(t->done, t->tag);
+        ring_store_max64(t->ready, t->tag);
+        ring_store_max64(t->done, t->tag);
     }
     t->status = code;
     t->comm_failed = comm_failed;
@@ -453,7 +444,7 @@ static void comm_break(struct launcher *l, struct comm *c, int code, const char 
     /* release our stream first: an op still waiting for a ready word would keep the
      * abort from finishing */
     for (struct gpu_task *t = c->fly_head; t; t = t->next)
-        store_max(t->ready, t->tag);
+        ring_store_max64(t->ready, t->tag);
     if (c->state != COMM_BROKEN) {
         log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
                 l->device, c->group, c->gen, c->rank, c->nranks, why);
@@ -694,20 +685,6 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     return COLL_OK;
 }
 
-static void drop_generation(struct launcher *l, int group, uint32_t gen)
-{
-    for (struct comm **pp = &l->comms; *pp;) {
-        struct comm *c = *pp;
-        if (c->group == group && c->gen <= gen) {
-            comm_break(l, c, COLL_ERR_PEER_LOST, "the group moved to a new generation");
-            *pp = c->next;
-            comm_destroy(l, c);
-        } else {
-            pp = &c->next;
-        }
-    }
-}
-
 /* Move what the engine queued to the pending list; returns 1 if there was any. */
 static int pull(struct launcher *l)
 {
@@ -731,15 +708,6 @@ static int issue_pending(struct launcher *l)
     int moved = 0;
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
-        if (t->type == GPU_TASK_DROP) {
-            l->pend_head = t->next;
-            if (!l->pend_head) l->pend_tail = NULL;
-            drop_generation(l, t->group, t->gen);
-            t->status = COLL_OK;
-            post(l->g, t);
-            moved = 1;
-            continue;
-        }
         struct comm *c = comm_get(l, t);
         if (!c) {
             l->pend_head = t->next;
@@ -839,7 +807,7 @@ static int poll_flying(struct launcher *l, int64_t now)
         /* a client that went away never writes ready: do it, so the stream moves on */
         for (struct gpu_task *t = c->fly_head; t; t = t->next)
             if (atomic_load_explicit(t->client_gone, memory_order_relaxed))
-                store_max(t->ready, t->tag);
+                ring_store_max64(t->ready, t->tag);
         if (c->fly_head->deadline_ns <= now) {
             char w[160];
             snprintf(w, sizeof(w), "%s did not finish on the GPU within the op timeout",
@@ -914,15 +882,7 @@ static void *launcher_main(void *arg)
         last = now_ns();
     }
     /* stopping: fail what is queued, abort what is in flight */
-    pthread_mutex_lock(&l->lock);
-    if (l->in_head) {
-        if (l->pend_tail)
-            l->pend_tail->next = l->in_head;
-        else
-            l->pend_head = l->in_head;
-        l->in_head = l->in_tail = NULL;
-    }
-    pthread_mutex_unlock(&l->lock);
+    pull(l);
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
         l->pend_head = t->next;

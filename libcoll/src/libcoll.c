@@ -79,6 +79,7 @@ struct coll_buffer {
 struct coll_group {
     coll_conn *conn;
     uint32_t handle;
+    int gpu; /* the group runs on NCCL: its ops take GPU buffers and a stream */
     coll_group_info info;
     coll_group *next;
 };
@@ -214,10 +215,7 @@ static void release_streams(coll_conn *c)
 {
     if (!c->shm_gpu) return;
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
-        uint64_t v = ((uint64_t)c->reqs[i].gen << 32) | (i + 1);
-        uint64_t cur = atomic_load(&c->shm->done[i]);
-        while ((int64_t)(cur - v) < 0 && !atomic_compare_exchange_weak(&c->shm->done[i], &cur, v))
-            ;
+        ring_store_max64(&c->shm->done[i], ((uint64_t)c->reqs[i].gen << 32) | (i + 1));
     }
 }
 
@@ -468,6 +466,7 @@ coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int s
     g->info.nodes = (int)o->nodes;
     g->info.epoch = o->epoch;
     snprintf(g->info.backend, sizeof(g->info.backend), "%s", o->backend);
+    g->gpu = strcmp(g->info.backend, "nccl") == 0;
     snprintf(g->info.name, sizeof(g->info.name), "%s", name);
     *out = g;
     return COLL_OK;
@@ -850,7 +849,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         wire_sqe_extent(&s, 1, (uint32_t)g->info.size, &relems) < 0)
         return fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)a->count);
     coll_buffer *sb, *rb;
-    int gpu = strcmp(g->info.backend, "nccl") == 0;
+    int gpu = g->gpu;
     pthread_mutex_lock(&c->lock);
     coll_err rc;
     if (c->lost) {

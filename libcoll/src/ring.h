@@ -50,6 +50,17 @@ static inline void ring_store_release(struct wire_ring_idx *i, uint32_t v)
 /* A full barrier between a store and a load of different words. TSan does not model
  * fences (and refuses to compile them), so its builds use a seq_cst read-modify-write
  * on a private word, which orders the same way on every target it supports. */
+/* Raise a 64-bit stream-order word (wire_shm ready/done) to v, never lowering it
+ * (wrap-safe comparison): late or repeated stores from either side are harmless. */
+static inline void ring_store_max64(_Atomic uint64_t *w, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(w, memory_order_acquire);
+    while ((int64_t)(cur - v) < 0 &&
+           !atomic_compare_exchange_weak_explicit(w, &cur, v, memory_order_release,
+                                                  memory_order_acquire))
+        ;
+}
+
 static inline void ring_full_fence(void)
 {
 #if defined(__SANITIZE_THREAD__)
