@@ -23,6 +23,7 @@ struct buffer;
 
 enum gpu_task_type {
     GPU_TASK_OP = 0, /* run one rank's part of a matched op */
+    GPU_TASK_DROP,   /* the group's communicators up to generation gen are over: abort them */
 };
 
 /* One rank's part of an op, on one GPU. Owned by the engine; lent to the device's

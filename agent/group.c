@@ -247,11 +247,7 @@ static void to_gpu(struct group *g, struct op *op)
         finish_op(g, op, !x ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL);
         return;
     }
-    if (g->commid_gen != g->comm_gen && g->nodes > 1) {
-        finish_op(g, op, COLL_ERR_UNSUPPORTED);
-        return;
-    }
-    if (g->commid_gen != g->comm_gen) {
+    if (g->commid_gen != g->comm_gen && g->nodes == 1) {
         /* this pod is the whole group: it makes the generation's id itself */
         char why[160];
         if (gpu_new_commid(g->commid, why, sizeof(why)) < 0) {
@@ -293,7 +289,69 @@ static void to_gpu(struct group *g, struct op *op)
     t->deadline_ns = op->deadline_ns;
     t->init_ms = g->cfg->join_timeout_ms;
     g->gpu_inflight++;
+    if (g->nodes > 1 && !g->gpu_formed) {
+        /* the pods have not agreed on the epoch (and its id) yet: hold it here */
+        x->free_next = NULL;
+        if (g->gwait_tail)
+            g->gwait_tail->free_next = x;
+        else
+            g->gwait_head = x;
+        g->gwait_tail = x;
+        return;
+    }
     gpu_submit(g->gpu, t);
+}
+
+void group_net_formed(struct group *g, const struct net_event *ev)
+{
+    if (!g->gpu_dev) return;
+    if (!ev->has_commid) {
+        log_msg(LOG_ERROR, "group.commid", "group=%s epoch=%u error=\"the coordinator sent no "
+                "NCCL id (its backend for this group is not nccl?)\"", g->cfg->name, ev->epoch);
+        return;
+    }
+    g->comm_gen = g->commid_gen = ev->epoch;
+    memcpy(g->commid, ev->commid, sizeof(g->commid));
+    g->gpu_formed = 1;
+    while (g->gwait_head) {
+        struct gtask *x = g->gwait_head;
+        g->gwait_head = x->free_next;
+        x->t.gen = g->comm_gen;
+        memcpy(x->t.commid, g->commid, sizeof(x->t.commid));
+        gpu_submit(g->gpu, &x->t);
+    }
+    g->gwait_tail = NULL;
+}
+
+/* Several pods: the epoch is over. Ops held for it fail; the launchers abort its
+ * communicators at once (a peer may be gone: NCCL would wait for it forever). */
+static void gpu_epoch_over(struct group *g, int err)
+{
+    while (g->gwait_head) {
+        struct gtask *x = g->gwait_head;
+        g->gwait_head = x->free_next;
+        g->gpu_inflight--;
+        finish_op(g, &x->op, err);
+        x->live = 0;
+        x->free_next = g->gt_free;
+        g->gt_free = x;
+    }
+    g->gwait_tail = NULL;
+    if (!g->gpu_formed) return;
+    g->gpu_formed = 0;
+    for (int k = 0; k < g->nslots; k++) {
+        struct gtask *x = g->gt_free;
+        if (!x) break; /* each op on the communicator still ends at its deadline */
+        g->gt_free = x->free_next;
+        x->live = 1;
+        memset(&x->t, 0, sizeof(x->t));
+        memset(&x->op, 0, sizeof(x->op));
+        x->t.type = GPU_TASK_DROP;
+        x->t.group = g->index;
+        x->t.gen = g->comm_gen;
+        x->t.device = g->gpu_dev[k];
+        gpu_submit(g->gpu, &x->t);
+    }
 }
 
 void group_gpu_done(struct group *g, struct gpu_task *t)
@@ -307,7 +365,7 @@ void group_gpu_done(struct group *g, struct gpu_task *t)
                     g->cfg->name, t->rank, wire_kind_name(t->kind),
                     coll_strerror((coll_err)t->status), t->why);
         finish_op(g, &x->op, t->status);
-        if (t->comm_failed && t->gen == g->comm_gen) {
+        if (t->comm_failed && t->gen == g->comm_gen && (g->nodes == 1 || g->gpu_formed)) {
             /* the communicator is gone: the next op makes a new one, and what is
              * pending now cannot run on it */
             g->comm_gen++;
@@ -424,6 +482,7 @@ static void break_local(struct group *g, int err, const char *why)
         failed++;
     }
     g->p2p_tail = NULL;
+    if (g->gpu_dev && g->gpu && g->nodes > 1) gpu_epoch_over(g, err);
     uint32_t old = g->epoch;
     g->epoch++;
     g->lo_seq = 0;
@@ -628,6 +687,11 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
                  (unsigned long long)r->seq, g->cfg->op_timeout_ms, g->nslots - r->arrived,
                  g->nslots);
         group_break(g, COLL_ERR_TIMEOUT, why);
+    } else if (g->gwait_head && g->gwait_head->op.deadline_ns <= now) {
+        char why[160];
+        snprintf(why, sizeof(why), "the pods did not form the group within %d ms",
+                 g->cfg->op_timeout_ms);
+        group_break(g, COLL_ERR_TIMEOUT, why);
     } else if (g->p2p_head && g->p2p_head->deadline_ns <= now) {
         char why[160];
         snprintf(why, sizeof(why), "%s from rank %d to rank %d found no partner in %d ms",
@@ -639,5 +703,7 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     r = &g->rounds[g->lo_seq & WMASK];
     if (r->arrived) next = r->deadline_ns;
     if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
+    if (g->gwait_head && g->gwait_head->op.deadline_ns < next)
+        next = g->gwait_head->op.deadline_ns;
     return next;
 }

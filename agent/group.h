@@ -81,7 +81,10 @@ struct group {
     int *gpu_dev;            /* [nslots] the agent's GPU ordinal of each slot */
     struct gtask *gt_pool, *gt_free;
     size_t gt_count;
-    uint32_t comm_gen;       /* bumped when a communicator breaks */
+    uint32_t comm_gen;       /* one pod: bumped when a communicator breaks; several: the
+                                net epoch whose id commid is */
+    int gpu_formed;          /* several pods: the net epoch is formed, commid is valid */
+    struct gtask *gwait_head, *gwait_tail; /* matched before the epoch formed */
     uint32_t commid_gen;     /* generation commid belongs to (0: none yet) */
     uint8_t commid[GPU_COMMID_BYTES];
     uint64_t gpu_inflight, comms_created;
@@ -118,6 +121,8 @@ void group_set_net(struct group *g, struct net *n, int index);
 void group_forget_session(struct group *g, const struct session *s);
 /* Hand the GPU launchers to a group on the NCCL backend (before the first op). */
 void group_set_gpu(struct group *g, struct gpu *gpu, int index);
+/* The net thread formed the group's epoch (for NCCL groups, with the epoch's id). */
+void group_net_formed(struct group *g, const struct net_event *ev);
 /* A task came back from a launcher. */
 void group_gpu_done(struct group *g, struct gpu_task *t);
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */

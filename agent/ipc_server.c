@@ -128,7 +128,10 @@ int server_init(struct server *srv, struct config *cfg)
     if (srv->sigfd < 0) return -1;
     if (bind_socket(srv) < 0) return -1;
     char why[256];
-    srv->net = net_start(cfg, why, sizeof(why));
+    uint8_t gpu_group[CONFIG_MAX_GROUPS] = {0};
+    for (int i = 0; i < srv->ngroups; i++)
+        gpu_group[i] = srv->groups[i].gpu_dev && srv->groups[i].be;
+    srv->net = net_start(cfg, gpu_group, why, sizeof(why));
     if (!srv->net && why[0]) {
         log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
         return -1;
@@ -330,7 +333,10 @@ static void net_results(struct server *srv)
     }
     while (ev) {
         struct net_event *next = ev->next;
-        if (ev->broken) group_net_broken(&srv->groups[ev->group], ev->code, ev->why);
+        if (ev->broken)
+            group_net_broken(&srv->groups[ev->group], ev->code, ev->why);
+        else
+            group_net_formed(&srv->groups[ev->group], ev);
         free(ev);
         ev = next;
     }

@@ -35,6 +35,7 @@
 
 #include "backends/tcp.h"
 #include "coll/coll.h"
+#include "gpu.h"
 #include "log.h"
 #include "rdv_wire.h"
 #include "wire.h"
@@ -95,6 +96,9 @@ struct ngroup {
     int abort_code;
     char abort_why[RDV_MSG_MAX];
     uint32_t floor;      /* ops of engine epochs below this fail */
+    int gpu;             /* the group runs on NCCL: epochs carry a communicator id */
+    int has_commid;
+    uint8_t commid[RDV_COMMID_BYTES];
     struct rdv_member members[RDV_MAX_NODES];
     int fds[RDV_MAX_NODES];  /* collectives, in lockstep */
     int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
@@ -234,6 +238,10 @@ static void post_event(struct net *n, struct ngroup *g, int broken, int code, co
     e->code = code;
     e->epoch = g->epoch;
     snprintf(e->why, sizeof(e->why), "%s", why);
+    if (!broken && g->has_commid) {
+        e->has_commid = 1;
+        memcpy(e->commid, g->commid, sizeof(e->commid));
+    }
     pthread_mutex_lock(&n->out_lock);
     if (n->ev_tail)
         n->ev_tail->next = e;
@@ -686,6 +694,8 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
     g->committed = 1;
     g->ready = 0;
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
+    g->has_commid = c->has_commid != 0;
+    memcpy(g->commid, c->commid, sizeof(g->commid));
     memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
     g->form_deadline = now_ns() + (int64_t)g->cfg->join_timeout_ms * NS_PER_MS;
     g->coord_heard = now_ns();
@@ -742,6 +752,14 @@ static void coord_commit(struct net *n, struct ngroup *g)
     for (int i = 1; i < g->nodes; i++) {
         memcpy(m.commit.members[i].pod, g->peers[i].join.pod, RDV_NAME_MAX);
         memcpy(m.commit.members[i].data_addr, g->peers[i].join.data_addr, RDV_ADDR_MAX);
+    }
+    if (g->gpu) {
+        /* only the coordinator makes the id, once per epoch (as in the seed) */
+        char why[160];
+        if (gpu_new_commid(m.commit.commid, why, sizeof(why)) == 0)
+            m.commit.has_commid = 1;
+        else
+            log_msg(LOG_ERROR, "rendezvous.commid", "group=%s error=\"%s\"", g->cfg->name, why);
     }
     for (int i = 1; i < g->nodes; i++)
         send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
@@ -1325,7 +1343,8 @@ static int bind_data(struct net *n, char *why, size_t whylen)
     return 0;
 }
 
-struct net *net_start(const struct config *cfg, char *why, size_t whylen)
+struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why,
+                      size_t whylen)
 {
     why[0] = '\0';
     int any = 0;
@@ -1361,6 +1380,7 @@ struct net *net_start(const struct config *cfg, char *why, size_t whylen)
         g->nodes = gc->members;
         g->me = cfg->node.index;
         g->nlocal = gc->local_slots;
+        g->gpu = gpu_group && gpu_group[i];
         g->config_hash = group_config_hash(gc);
         g->tiny = malloc(tcp_tiny_size());
         if (!g->tiny) {

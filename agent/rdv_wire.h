@@ -12,11 +12,12 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 1
+#define RDV_VERSION 2
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 64
 #define RDV_MSG_MAX 192
+#define RDV_COMMID_BYTES 128 /* an NCCL unique id */
 
 enum rdv_type {
     RDV_JOIN = 1, /* member -> coordinator */
@@ -55,7 +56,8 @@ struct rdv_member {
 struct rdv_commit {
     struct rdv_hdr h;
     uint32_t nodes;
-    uint32_t pad;
+    uint32_t has_commid; /* groups on NCCL: commid is the epoch's communicator id */
+    uint8_t commid[RDV_COMMID_BYTES]; /* made by the coordinator only */
     struct rdv_member members[RDV_MAX_NODES]; /* only nodes entries travel */
 };
 

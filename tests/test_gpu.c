@@ -6,10 +6,12 @@
  *
  * The parent never initialises CUDA (children are forked); a child reports the GPUs.
  */
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,7 +67,7 @@ struct job {
     const char *group;
     int device;
     int hold_fd; /* killed child: write a byte here once the op is submitted */
-    int gate_ms; /* keep the gate shut this long (0: open it after checking) */
+    int back_fd; /* read a byte here before going on */
 };
 
 /* One allreduce of float32 count elements, in place, on device buffers; values
@@ -74,6 +76,7 @@ static int small_allreduce(coll_conn *c, coll_group *g, int device, int n)
 {
     const size_t count = 1000;
     coll_buffer *b;
+    CHECK(cudaSetDevice(device) == cudaSuccess, 9);
     CHECK(coll_mem_alloc(&b, c, count * 4, device) == COLL_OK, 10);
     float h[1000];
     coll_group_info info;
@@ -414,6 +417,151 @@ static void op_timeout_releases_streams(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* ---- pods: one agent per GPU (needs 2 GPUs) ------------------------------------------------ */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(sa);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &l);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* Agent `index` of a two-pod NCCL group "g" that owns GPU `index`. */
+static int start_pod(struct agent *a, int port, int index)
+{
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "node:\n  index: %d\n  name: pod-%d\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: nccl\n    members: 2\n    devices: [\"%d\"]\n"
+             "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 10000}\n",
+             index, index, port, index);
+    return agent_start(a, NULL, body);
+}
+
+static void two_pods_one_gpu_each(void **state)
+{
+    (void)state;
+    if (ngpu < 2) {
+        printf("SKIP two_pods_one_gpu_each: needs 2 GPUs, this machine has %d\n", ngpu);
+        skip();
+    }
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_pod(&a[i], port, i), 0);
+    pid_t pids[2];
+    struct opcheck_job jobs[2];
+    for (int i = 0; i < 2; i++) {
+        jobs[i] = (struct opcheck_job){
+            .sock = a[i].sock, .explicit_slot = 1, .slot = 0, .on_gpu = 1, .device = i};
+        pids[i] = child_run(opcheck_rank_main, &jobs[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(pids[i], 120000), 0);
+    for (int i = 0; i < 2; i++) {
+        /* one epoch, one communicator per pod, its id from the coordinator's COMMIT (the
+         * epoch, and its communicator, end when the applications leave) */
+        assert_int_equal(agent_log_count(&a[i], "gpu.comm_init"), 1);
+        assert_int_equal(agent_log_count(&a[i], "group.commid"), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(agent_stop(&a[i]), 0);
+}
+
+/* Pod 0's application: an allreduce with pod 1, then one that pod 1 never joins (its
+ * agent is killed): it must fail with a retryable error well inside op_ms; then, when
+ * the parent says pod 1 is back, reopen and run again. */
+static int survivor_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    int rc = small_allreduce(c, g, 0, 2);
+    if (rc) return rc;
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 4096, 0) == COLL_OK, 4);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 1024, COLL_FLOAT32, COLL_SUM, NULL,
+                         &r) == COLL_OK,
+          5);
+    CHECK(write(j->hold_fd, "a", 1) == 1, 6);
+    double t0 = now_ms();
+    coll_err e = coll_wait(c, r, 30000);
+    double waited = now_ms() - t0;
+    fprintf(stderr, "survivor: op ended with %s after %.0f ms\n", coll_strerror(e), waited);
+    CHECK(e == COLL_ERR_PEER_LOST && coll_err_retryable(e), 7);
+    CHECK(waited < 10000, 8);
+    char go;
+    CHECK(read(j->back_fd, &go, 1) == 1, 9);
+    CHECK(coll_mem_release(&b) == COLL_OK, 10);
+    coll_group_close(&g);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 11);
+    rc = small_allreduce(c, g, 0, 2);
+    if (rc) return rc + 20;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static int pod1_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    int rc = small_allreduce(c, g, 1, 2);
+    if (rc == 0 && j->hold_fd >= 0) pause(); /* stay attached until killed */
+    coll_disconnect(&c);
+    return rc;
+}
+
+static void killed_pod_fails_survivor_then_reforms(void **state)
+{
+    (void)state;
+    if (ngpu < 2) {
+        printf("SKIP killed_pod_fails_survivor_then_reforms: needs 2 GPUs, this machine has %d\n",
+               ngpu);
+        skip();
+    }
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_pod(&a[i], port, i), 0);
+    int up[2], back[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(back), 0);
+    struct job j0 = {.sock = a[0].sock, .hold_fd = up[1], .back_fd = back[0]};
+    struct job j1 = {.sock = a[1].sock, .hold_fd = 1};
+    pid_t p0 = child_run(survivor_main, &j0);
+    pid_t p1 = child_run(pod1_main, &j1);
+    char x;
+    assert_int_equal(read(up[0], &x, 1), 1);
+    usleep(300000); /* pod 0's op is on its GPU, waiting for pod 1, whose app stays */
+    kill(a[1].pid, SIGKILL);
+    child_wait(a[1].pid, 5000);
+    a[1].pid = 0;
+    kill(p1, SIGKILL);
+    child_wait(p1, 5000);
+    j1.hold_fd = -1;
+    assert_true(agent_log_wait(&a[0], "gpu.comm_abort", 1, 10000));
+    /* pod 1 comes back: the group re-forms on a new epoch and communicator */
+    assert_int_equal(start_pod(&a[1], port, 1), 0);
+    assert_int_equal(write(back[1], "g", 1), 1);
+    pid_t p1b = child_run(pod1_main, &j1);
+    assert_int_equal(child_wait(p1b, 120000), 0);
+    assert_int_equal(child_wait(p0, 120000), 0);
+    assert_int_equal(agent_log_count(&a[0], "gpu.comm_init"), 2);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(agent_stop(&a[i]), 0);
+}
+
 int main(void)
 {
     probe();
@@ -429,6 +577,8 @@ int main(void)
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),
         cmocka_unit_test(ops_legacy_ipc_buffers),
+        cmocka_unit_test(two_pods_one_gpu_each),
+        cmocka_unit_test(killed_pod_fails_survivor_then_reforms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -685,6 +685,22 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     return COLL_OK;
 }
 
+/* The group's epoch ended on some pod: its communicators up to gen can hang on a peer
+ * that is gone; abort them now rather than at each op's deadline. */
+static void drop_generation(struct launcher *l, int group, uint32_t gen)
+{
+    for (struct comm **pp = &l->comms; *pp;) {
+        struct comm *c = *pp;
+        if (c->group == group && (int32_t)(c->gen - gen) <= 0) {
+            comm_break(l, c, COLL_ERR_PEER_LOST, "the group's epoch ended");
+            *pp = c->next;
+            comm_destroy(l, c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
 /* Move what the engine queued to the pending list; returns 1 if there was any. */
 static int pull(struct launcher *l)
 {
@@ -708,6 +724,15 @@ static int issue_pending(struct launcher *l)
     int moved = 0;
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
+        if (t->type == GPU_TASK_DROP) {
+            l->pend_head = t->next;
+            if (!l->pend_head) l->pend_tail = NULL;
+            drop_generation(l, t->group, t->gen);
+            t->status = COLL_OK;
+            post(l->g, t);
+            moved = 1;
+            continue;
+        }
         struct comm *c = comm_get(l, t);
         if (!c) {
             l->pend_head = t->next;
