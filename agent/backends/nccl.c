@@ -13,7 +13,10 @@
  * two streams.
  *
  * Failures: communicators are created non-blocking and polled against a deadline;
- * async errors are polled while ops are in flight; an op past its deadline, an async
+ * one with several ranks is then split (also non-blocking, same deadline) into a
+ * blocking child that ops are launched on, since NCCL finishes every launch on a
+ * non-blocking communicator on a thread of its own (about 60 us per op, against 18 us
+ * blocking; bench/handoff_bench.c). Async errors are polled while ops are in flight; an op past its deadline, an async
  * error or an abandoned generation aborts the communicator, and every op on it is
  * failed with the words stored from the CPU, so neither side's stream stays blocked.
  */
@@ -332,7 +335,9 @@ int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
 
 /* ---- launchers ------------------------------------------------------------------- */
 
-enum comm_state { COMM_INIT = 0, COMM_READY, COMM_BROKEN };
+/* INIT: the root communicator is being created; SPLIT: its blocking child is being
+ * split off (several ranks only); READY: ops run on c. */
+enum comm_state { COMM_INIT = 0, COMM_SPLIT, COMM_READY, COMM_BROKEN };
 
 struct comm {
     struct comm *next;
@@ -340,7 +345,10 @@ struct comm {
     uint32_t gen;
     int nranks, rank;
     enum comm_state state;
-    ncclComm_t c;
+    ncclComm_t root;  /* non-blocking, made from the coordinator's id */
+    ncclComm_t *child; /* blocking, split from root; NCCL's thread writes it, so the
+                          slot outlives an abort that interrupts the split */
+    ncclComm_t c;     /* what ops are launched on: root (one rank) or child */
     cudaStream_t stream;
     void *scratch; /* barrier's element */
     void *tmp;     /* in-place all-to-all's copy of the input */
@@ -437,6 +445,86 @@ static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_fail
     post(g, t);
 }
 
+/* An abort handed to a thread of its own: ncclCommAbort of a blocking communicator
+ * whose kernel waits for a dead peer can take long (or, inside NCCL, never end), and
+ * the launcher must keep serving its GPU's other groups. */
+struct reap {
+    ncclComm_t root, child;
+    cudaStream_t stream; /* freed after the aborts: cudaFree and cudaStreamDestroy */
+    void *scratch, *tmp; /* may wait for the kernels the aborts end */
+    ncclComm_t *slot; /* the split's result slot, read after the root's abort */
+    int split_pending;
+    int device, group;
+    uint32_t gen;
+};
+
+static atomic_int reapers_live; /* gpu_stop waits (bounded) for these */
+
+static void *reaper_main(void *arg)
+{
+    struct reap *r = arg;
+    cudaSetDevice(r->device);
+    int64_t t0 = now_ns();
+    if (r->child) ncclCommAbort(r->child);
+    int64_t t1 = now_ns();
+    if (r->root) ncclCommAbort(r->root);
+    if (r->split_pending && r->slot) {
+        /* the root's abort ended the split: a child it produced is aborted too; the
+         * slot is left allocated (NCCL's thread may have held it) */
+        ncclComm_t ch = __atomic_load_n(r->slot, __ATOMIC_ACQUIRE);
+        if (ch) ncclCommAbort(ch);
+    } else {
+        free(r->slot);
+    }
+    if (r->scratch) cudaFree(r->scratch);
+    if (r->tmp) cudaFree(r->tmp);
+    if (r->stream) cudaStreamDestroy(r->stream);
+    if (r->root || r->child || r->slot)
+        log_msg(LOG_INFO, "gpu.comm_aborted",
+                "device=%d group=%d gen=%u child_ms=%.1f root_ms=%.1f", r->device, r->group,
+                r->gen, (t1 - t0) / 1e6, (now_ns() - t1) / 1e6);
+    free(r);
+    atomic_fetch_sub(&reapers_live, 1);
+    return NULL;
+}
+
+/* Abort c's communicators, off the launcher thread (the child first: it holds the
+ * kernels; then the root, which also stops a split in progress). Local: never waits
+ * on peers. */
+static void comm_abort(struct launcher *l, struct comm *c)
+{
+    if (!c->root && !c->child && !c->stream && !c->scratch && !c->tmp) return;
+    struct reap *r = calloc(1, sizeof(*r));
+    pthread_t th;
+    pthread_attr_t at;
+    if (r) {
+        r->root = c->root;
+        r->slot = c->child;
+        r->child = c->child && c->state != COMM_SPLIT ? *c->child : NULL;
+        r->split_pending = c->state == COMM_SPLIT;
+        r->device = l->device;
+        r->group = c->group;
+        r->gen = c->gen;
+        r->stream = c->stream;
+        r->scratch = c->scratch;
+        r->tmp = c->tmp;
+        c->stream = NULL;
+        c->scratch = c->tmp = NULL;
+        c->tmp_size = 0;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        atomic_fetch_add(&reapers_live, 1);
+        int e = pthread_create(&th, &at, reaper_main, r);
+        pthread_attr_destroy(&at);
+        if (e != 0) reaper_main(r); /* no thread: abort here */
+    } else {
+        if (c->child && c->state != COMM_SPLIT && *c->child) ncclCommAbort(*c->child);
+        if (c->root) ncclCommAbort(c->root);
+    }
+    c->child = NULL;
+    c->root = c->c = NULL;
+}
+
 /* Abort c: every op on it fails with code. The entry stays (BROKEN) so that later
  * ops of the same generation fail fast until the engine moves to a new one. */
 static void comm_break(struct launcher *l, struct comm *c, int code, const char *why)
@@ -449,8 +537,7 @@ static void comm_break(struct launcher *l, struct comm *c, int code, const char 
         log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
                 l->device, c->group, c->gen, c->rank, c->nranks, why);
         snprintf(c->why, sizeof(c->why), "%s", why);
-        if (c->c) ncclCommAbort(c->c);
-        c->c = NULL;
+        comm_abort(l, c);
         c->state = COMM_BROKEN;
     }
     while (c->fly_head) {
@@ -463,23 +550,22 @@ static void comm_break(struct launcher *l, struct comm *c, int code, const char 
 
 static void comm_destroy(struct launcher *l, struct comm *c)
 {
-    if (c->c) {
-        if (c->state == COMM_READY) {
-            ncclCommFinalize(c->c);
-            /* finalize of a non-blocking communicator may be in progress: poll briefly */
-            int64_t end = now_ns() + 1000000000LL;
-            ncclResult_t r = ncclInProgress;
-            while (now_ns() < end && ncclCommGetAsyncError(c->c, &r) == ncclSuccess &&
-                   r == ncclInProgress)
-                sched_yield();
-            if (r == ncclSuccess)
-                ncclCommDestroy(c->c);
-            else
-                ncclCommAbort(c->c);
-        } else {
-            ncclCommAbort(c->c);
+    if (c->state == COMM_READY && c->c == c->root && c->root) {
+        /* one rank, nothing in flight: finalize (non-blocking, polled briefly) */
+        ncclCommFinalize(c->root);
+        int64_t end = now_ns() + 1000000000LL;
+        ncclResult_t r = ncclInProgress;
+        while (now_ns() < end && ncclCommGetAsyncError(c->root, &r) == ncclSuccess &&
+               r == ncclInProgress)
+            sched_yield();
+        if (r == ncclSuccess) {
+            ncclCommDestroy(c->root);
+            c->root = c->c = NULL;
         }
     }
+    /* a blocking child's destroy waits for the other ranks on this host: abort, which
+     * is local (nothing is in flight when a communicator is destroyed) */
+    comm_abort(l, c);
     if (c->scratch) cudaFree(c->scratch);
     if (c->tmp) cudaFree(c->tmp);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -528,17 +614,13 @@ static struct comm *comm_get(struct launcher *l, struct gpu_task *t)
         return c;
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    /* non-blocking: creation is polled against its deadline. COLL_NCCL_BLOCKING=1 is a
-     * diagnostic switch back to NCCL's blocking mode. */
-    const char *blk = getenv("COLL_NCCL_BLOCKING");
-    cfg.blocking = blk && atoi(blk) ? 1 : 0;
+    cfg.blocking = 0; /* polled against its deadline */
     ncclUniqueId id;
     memcpy(&id, t->commid, sizeof(id));
-    ncclResult_t r = ncclCommInitRankConfig(&c->c, t->nranks, id, t->rank, &cfg);
+    ncclResult_t r = ncclCommInitRankConfig(&c->root, t->nranks, id, t->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
         snprintf(c->why, sizeof(c->why), "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
-        if (c->c) ncclCommAbort(c->c);
-        c->c = NULL;
+        comm_abort(l, c);
         c->state = COMM_BROKEN;
         return c;
     }
@@ -701,6 +783,52 @@ static void drop_generation(struct launcher *l, int group, uint32_t gen)
     }
 }
 
+/* Advance c's creation (INIT or SPLIT). Returns 1 while it is still in progress and
+ * within its deadline; 0 once it is READY or BROKEN. */
+static int comm_progress(struct launcher *l, struct comm *c)
+{
+    ncclResult_t r = ncclInProgress;
+    const char *what = "creating the communicator";
+    if (ncclCommGetAsyncError(c->root, &r) != ncclSuccess) r = ncclInternalError;
+    if (c->state == COMM_INIT && r == ncclSuccess) {
+        if (c->nranks == 1) {
+            c->c = c->root; /* one rank: NCCL launches inline, nothing to gain */
+            goto ready;
+        }
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 1;
+        cfg.splitShare = 0;
+        c->child = calloc(1, sizeof(*c->child));
+        r = c->child ? ncclCommSplit(c->root, 0, c->rank, c->child, &cfg) : ncclSystemError;
+        c->state = COMM_SPLIT;
+        if (r == ncclSuccess) r = ncclInProgress; /* the child appears later */
+    }
+    if (c->state == COMM_SPLIT && r == ncclSuccess) {
+        what = "splitting the blocking communicator";
+        ncclComm_t child = __atomic_load_n(c->child, __ATOMIC_ACQUIRE);
+        r = ncclInProgress;
+        if (child && ncclCommGetAsyncError(child, &r) != ncclSuccess) r = ncclInternalError;
+        if (r == ncclSuccess) {
+            c->c = child;
+            goto ready;
+        }
+    } else if (c->state == COMM_SPLIT && r != ncclInProgress) {
+        what = "splitting the blocking communicator";
+    }
+    if (r == ncclInProgress && now_ns() < c->init_deadline) return 1;
+    char w[160];
+    snprintf(w, sizeof(w), "%s: %s", what,
+             r == ncclInProgress ? "deadline passed" : ncclGetErrorString(r));
+    comm_break(l, c, r == ncclInProgress ? COLL_ERR_TIMEOUT : COLL_ERR_INTERNAL, w);
+    return 0;
+ready:
+    c->state = COMM_READY;
+    log_msg(LOG_INFO, "gpu.comm_ready", "device=%d group=%d gen=%u rank=%d/%d ms=%.1f launch=%s",
+            l->device, c->group, c->gen, c->rank, c->nranks, (now_ns() - c->created_ns) / 1e6,
+            c->c == c->root ? "non-blocking" : "blocking");
+    return 0;
+}
+
 /* Move what the engine queued to the pending list; returns 1 if there was any. */
 static int pull(struct launcher *l)
 {
@@ -741,23 +869,8 @@ static int issue_pending(struct launcher *l)
             moved = 1;
             continue;
         }
-        if (c->state == COMM_INIT) {
-            ncclResult_t r = ncclInProgress;
-            ncclCommGetAsyncError(c->c, &r);
-            if (r == ncclSuccess) {
-                c->state = COMM_READY;
-                log_msg(LOG_INFO, "gpu.comm_ready", "device=%d group=%d gen=%u rank=%d/%d ms=%.1f",
-                        l->device, c->group, c->gen, c->rank, c->nranks,
-                        (now_ns() - c->created_ns) / 1e6);
-            } else if (r == ncclInProgress && now_ns() < c->init_deadline) {
-                break; /* later ops of this device wait: one order per device */
-            } else {
-                char w[160];
-                snprintf(w, sizeof(w), "creating the communicator: %s",
-                         r == ncclInProgress ? "deadline passed" : ncclGetErrorString(r));
-                comm_break(l, c, r == ncclInProgress ? COLL_ERR_TIMEOUT : COLL_ERR_INTERNAL, w);
-            }
-        }
+        if ((c->state == COMM_INIT || c->state == COMM_SPLIT) && comm_progress(l, c))
+            break; /* later ops of this device wait: one order per device */
         l->pend_head = t->next;
         if (!l->pend_head) l->pend_tail = NULL;
         moved = 1;
@@ -1037,6 +1150,13 @@ void gpu_stop(struct gpu *g)
         pthread_join(l->thread, NULL);
         l->started = 0;
     }
+    /* aborts still running on their threads get a few seconds to finish before the
+     * process tears CUDA down under them */
+    int64_t end = now_ns() + 5000000000LL;
+    while (atomic_load(&reapers_live) > 0 && now_ns() < end)
+        usleep(1000);
+    if (atomic_load(&reapers_live) > 0)
+        log_msg(LOG_WARN, "gpu.abort_unfinished", "count=%d", atomic_load(&reapers_live));
 }
 
 void gpu_free(struct gpu **gp)
