@@ -31,6 +31,7 @@
 #define TIMER_CHECK_NS 1000000LL
 #define SPIN_PAUSE_NS 5000LL /* of the spin window, spent in pause before yielding */
 #define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
+#define NET_LONG_BYTES (64 * 1024) /* a net op this large takes longer than a spin is worth */
 
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
@@ -407,9 +408,16 @@ int server_run(struct server *srv)
     int64_t spin_ns = srv->spin_ns;
     while (!srv->stop) {
         if (poll_rings(srv) > 0) last_work = now_ns();
-        int net_outstanding = 0;
+        /* ops on the net thread: a long one means sleeping (its completion rings the
+         * eventfd) and leaving the CPU to the net thread and the peers; a short one
+         * means yielding while spinning */
+        int net_outstanding = 0, net_long = 0;
         for (int i = 0; srv->net && i < srv->ngroups; i++)
-            net_outstanding |= srv->groups[i].in_net != NULL;
+            for (struct net_task *t = srv->groups[i].in_net; t; t = t->engine_next) {
+                net_outstanding = 1;
+                if (t->count * coll_dtype_size((coll_dtype)t->dtype) >= NET_LONG_BYTES)
+                    net_long = 1;
+            }
         if (srv->net && net_has_results(srv->net)) {
             net_results(srv);
             last_work = now_ns();
@@ -423,7 +431,7 @@ int server_run(struct server *srv)
             next_deadline = check_deadlines(srv, now);
             next_timer = now + TIMER_CHECK_NS;
         }
-        if (now - last_work < spin_ns) {
+        if (now - last_work < spin_ns && !net_long) {
             if (now >= next_ctl) {
                 int n = epoll_wait(srv->epfd, evs, 64, 0);
                 if (n > 0) handle_events(srv, evs, n);

@@ -7,6 +7,7 @@
  */
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +152,77 @@ static int allreduce_once(void *arg)
     return 0;
 }
 
+/* ---- two pods, mid sizes: the one-step exchange that folds on arrival ---------------- */
+
+static float pair_input(int rank, size_t i)
+{
+    /* pseudo-random, with fractions, so that any difference in the order of operands or
+     * any element folded twice or not at all shows in the bits */
+    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 0x9e3779b9u);
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    return (float)(x % 2000003u) / 1024.0f - 900.0f;
+}
+
+static int pair_rank_main(void *arg)
+{
+    const char *sock = arg;
+    /* 64 KiB + 4 (just past the tiny limit), segments folded while still sending, the
+     * two-pod limit exactly, and one element past it (the ring) */
+    static const size_t counts[] = {16385, 300001, 524288, 524289};
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    size_t maxc = 524289;
+    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    float *in = coll_mem_ptr(b), *out = in + maxc;
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        for (int inplace = 0; inplace < 2; inplace++) {
+            size_t n = counts[k];
+            for (size_t i = 0; i < n; i++)
+                in[i] = pair_input(info.rank, i);
+            float *dst = inplace ? in : out;
+            coll_request r;
+            coll_err e = coll_allreduce(g, in, dst, n, COLL_FLOAT32, COLL_SUM, NULL, &r);
+            if (e == COLL_OK) e = coll_wait(c, r, 30000);
+            if (e != COLL_OK) {
+                fprintf(stderr, "pair allreduce count %zu: %s (%s)\n", n, coll_strerror(e),
+                        coll_last_error());
+                return 103;
+            }
+            for (size_t i = 0; i < n; i++) {
+                float want = pair_input(0, i) + pair_input(1, i);
+                if (memcmp(&dst[i], &want, 4) != 0) {
+                    fprintf(stderr, "pair allreduce count %zu inplace %d: element %zu is %a, want %a\n",
+                            n, inplace, i, (double)dst[i], (double)want);
+                    return 104;
+                }
+            }
+        }
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void two_pods_mid_sizes_bitwise(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    pid_t p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = child_run(pair_rank_main, (void *)a[i].sock);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(p[i], 120000), 0);
+    stop_all(a, 2);
+}
+
 /* A small op starts on the engine thread of the pod that is ready first; its peer is
  * late, so the engine hands it to the net thread half done, which finishes it. */
 static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
@@ -291,6 +363,7 @@ int main(void)
         cmocka_unit_test(ops_3_agents_2_slots),
         cmocka_unit_test(ops_4_agents),
         cmocka_unit_test(ops_8_agents),
+        cmocka_unit_test(two_pods_mid_sizes_bitwise),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),

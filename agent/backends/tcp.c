@@ -55,7 +55,16 @@ struct xfer {
      * folded into red_dst segment by segment */
     void *red_dst;
     size_t red_done;
+    /* when red_dst is also being sent (by this transfer), fold only what it has sent */
+    const struct xfer *red_after;
 };
+
+/* Payload bytes x has moved (its header excluded). */
+static size_t x_payload_done(const struct xfer *x)
+{
+    size_t pl = x->niov ? x->iov[x->niov - 1].iov_len : 0, hl = x->total - pl;
+    return x->done > hl ? x->done - hl : 0;
+}
 
 struct opctx {
     struct tcp_comm *c;
@@ -111,6 +120,10 @@ static void fold(struct opctx *o, struct xfer *x, int final)
     size_t hl = x->total - pl->iov_len;
     size_t have = x->done > hl ? x->done - hl : 0;
     size_t upto = final ? have : (have / SEG_BYTES) * SEG_BYTES;
+    if (x->red_after) {
+        size_t sent = x_payload_done(x->red_after);
+        if (upto > sent) upto = sent;
+    }
     upto -= upto % o->es;
     while (x->red_done < upto) {
         size_t len = upto - x->red_done;
@@ -178,7 +191,12 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                 fold(o, t, 1);
             }
         }
-        if (!left) return COLL_OK;
+        if (!left) {
+            /* every send is done: folds held back behind one (red_after) can finish */
+            for (int i = 0; i < nx; i++)
+                if (!x[i].is_send) fold(o, &x[i], 1);
+            return COLL_OK;
+        }
         /* the peers are usually microseconds behind: look again a few times before
          * sleeping in poll, yielding the CPU to whoever must produce the bytes */
         if (spins < EXCHANGE_SPINS) {
@@ -599,9 +617,11 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
 {
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
+    /* two pods exchange no more than a ring would: the direct way serves mid sizes too */
+    size_t limit = c->nodes == 2 && t->kind == WIRE_OP_ALLREDUCE ? TCP_PAIR_INLINE_BYTES
+                                                                  : TCP_TINY_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER ||
-             ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) &&
-              bytes <= TCP_TINY_BYTES) ||
+             ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) && bytes <= limit) ||
              (t->kind == WIRE_OP_ALLGATHER && bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
@@ -650,6 +670,12 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                s->tmp ? s->tmp + (size_t)p * bytes : NULL, buf ? bytes : 0);
     }
+    if (buf && bytes && s->c.nodes == 2) {
+        /* two pods: fold the other's vector into ours as it arrives, behind what we have
+         * sent of ours; both add the same two operands, so the results are identical */
+        s->x[1].red_dst = buf;
+        s->x[1].red_after = &s->x[0];
+    }
     return 0;
 }
 
@@ -671,7 +697,8 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     }
     if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
         size_t bytes = t->count * s->o.es;
-        reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
+        if (s->c.nodes > 2 || !bytes) /* two pods folded on arrival */
+            reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
         finish_avg(&s->o, t->recv[0], t->count);
         copy_to_locals(&s->o, t->recv[0], bytes);
     }

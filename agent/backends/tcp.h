@@ -31,6 +31,9 @@ struct tcp_comm {
  * is at most that, barrier) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
+/* ... and an allreduce between two pods up to this (the direct way is then a ring's
+ * bytes in one step); measured in bench/RESULTS.md */
+#define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny. */
