@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/cluster.sh repeated ROUNDS times, reduced to one line per op and size: the median
-# busbw of the agents and of OpenMPI-TCP, and the median of the per-round ratios (each
+# busbw and time per op of the agents and of OpenMPI-TCP, and the median of the per-round
+# ratios of time, OpenMPI's over ours (the same as ours over OpenMPI's for busbw; each
 # round measures both side by side, so a ratio is never taken across rounds). These 2-CPU
 # VMs swing by 2x between two runs of the same binary; one run of cluster.sh is an
 # anecdote, the median of several is a figure.
@@ -42,17 +43,19 @@ for line in open(path):
         continue
     f = line.split()
     if who is not None and len(f) >= 5 and f[0].isdigit():
-        who[(rnd, op, int(f[0]))] = float(f[4])
+        who[(rnd, op, int(f[0]))] = (float(f[4]), float(f[2]))
 keys = sorted({(o, b) for (_, o, b) in coll})
-print(f"# {n} agents, {rounds} rounds; busbw GB/s, medians; ratio = median of per-round ratios")
-print(f"{'op':<16}{'bytes':>10}{'coll':>9}{'mpi':>9}{'ratio':>8}  per-round ratios")
+print(f"# {n} agents, {rounds} rounds; busbw GB/s and time per op (us), medians;"
+      " ratio = median of the per-round ratios of time (mpi/coll: above 1, coll is faster)")
+print(f"{'op':<16}{'bytes':>10}{'coll':>9}{'mpi':>9}{'coll_us':>10}{'mpi_us':>10}{'ratio':>8}  per-round ratios")
 for o, b in keys:
     rs = [r for (r, oo, bb) in coll if oo == o and bb == b and (r, o, b) in mpi]
     c = [coll[(r, o, b)] for r in rs]
     m = [mpi[(r, o, b)] for r in rs]
-    ratios = [x / y for x, y in zip(c, m) if y > 0]
+    ratios = [y[1] / x[1] for x, y in zip(c, m) if x[1] > 0]
     if not ratios:
         continue
-    print(f"{o:<16}{b:>10}{statistics.median(c):>9.3f}{statistics.median(m):>9.3f}"
+    med = lambda v, k: statistics.median(z[k] for z in v)
+    print(f"{o:<16}{b:>10}{med(c, 0):>9.3f}{med(m, 0):>9.3f}{med(c, 1):>10.2f}{med(m, 1):>10.2f}"
           f"{statistics.median(ratios):>8.2f}  " + " ".join(f"{x:.2f}" for x in ratios))
 PY

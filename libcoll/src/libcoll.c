@@ -94,6 +94,7 @@ struct coll_conn {
     uint32_t rpc_id;
     int timeout_ms;
     int spin_us;
+    int spin_set; /* COLL_SPIN_US was given: spin that long for every op */
     coll_err lost;      /* COLL_OK while the agent is there */
     char lost_msg[WIRE_ERRMSG_MAX];
     struct req reqs[WIRE_RING_ENTRIES];
@@ -318,6 +319,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->fd = c->efd_agent = c->efd_client = c->epfd = -1;
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
     c->spin_us = env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
+    c->spin_set = env_int("COLL_SPIN_US", -1) >= 0;
     pthread_mutex_init(&c->lock, NULL);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++)
         c->free_idx[i] = WIRE_RING_ENTRIES - 1 - i;
@@ -916,8 +918,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     ring_publish(&slot->seq, c->sq_next);
     c->sq_next++;
     /* an op that crosses pods takes longer than a spin is worth: sleep at once and
-     * leave the CPU to the agent's threads */
-    r->rang = 0;
+     * leave the CPU to the agent's threads (measured: bench/RESULTS.md, issue 3) */
+    r->rang = g->info.nodes > 1 && !c->spin_set;
     if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
         uint64_t one = 1;
         ssize_t w = write(c->efd_agent, &one, sizeof(one));
