@@ -25,6 +25,8 @@ struct agent {
  * plus agent_extra lines; then body, e.g. a groups list) and start coll-agent on it.
  * Waits until the socket accepts (10 s at most). Returns 0 or -1. */
 int agent_start(struct agent *a, const char *agent_extra, const char *body);
+/* A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous address). */
+int free_port(void);
 /* SIGTERM, then wait up to 10 s (SIGKILL after). Returns the exit status, or -1 if
  * it had to be killed or died of a signal. */
 int agent_stop(struct agent *a);

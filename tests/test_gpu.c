@@ -419,17 +419,6 @@ static void op_timeout_releases_streams(void **state)
 
 /* ---- pods: one agent per GPU (needs 2 GPUs) ------------------------------------------------ */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof(sa);
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &l);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* Agent `index` of a two-pod NCCL group "g" that owns GPU `index`. */
 static int start_pod(struct agent *a, int port, int index)
 {

@@ -21,17 +21,6 @@
 
 #define MAXA 8
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t l = sizeof(sa);
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &l);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* Start agent `index` of a group g of `members` pods with `slots` local slots. */
 static int start_member(struct agent *a, int port, int index, int members, int slots,
                         const char *extra)

@@ -460,9 +460,9 @@ struct reap {
 
 static atomic_int reapers_live; /* gpu_stop waits (bounded) for these */
 
-static void *reaper_main(void *arg)
+/* Abort and free what r holds (on whichever thread calls it). */
+static void reap_run(struct reap *r)
 {
-    struct reap *r = arg;
     cudaSetDevice(r->device);
     int64_t t0 = now_ns();
     if (r->child) ncclCommAbort(r->child);
@@ -483,7 +483,12 @@ static void *reaper_main(void *arg)
         log_msg(LOG_INFO, "gpu.comm_aborted",
                 "device=%d group=%d gen=%u child_ms=%.1f root_ms=%.1f", r->device, r->group,
                 r->gen, (t1 - t0) / 1e6, (now_ns() - t1) / 1e6);
-    free(r);
+}
+
+static void *reaper_main(void *arg)
+{
+    reap_run(arg);
+    free(arg);
     atomic_fetch_sub(&reapers_live, 1);
     return NULL;
 }
@@ -494,35 +499,34 @@ static void *reaper_main(void *arg)
 static void comm_abort(struct launcher *l, struct comm *c)
 {
     if (!c->root && !c->child && !c->stream && !c->scratch && !c->tmp) return;
-    struct reap *r = calloc(1, sizeof(*r));
-    pthread_t th;
-    pthread_attr_t at;
-    if (r) {
-        r->root = c->root;
-        r->slot = c->child;
-        r->child = c->child && c->state != COMM_SPLIT ? *c->child : NULL;
-        r->split_pending = c->state == COMM_SPLIT;
-        r->device = l->device;
-        r->group = c->group;
-        r->gen = c->gen;
-        r->stream = c->stream;
-        r->scratch = c->scratch;
-        r->tmp = c->tmp;
-        c->stream = NULL;
-        c->scratch = c->tmp = NULL;
-        c->tmp_size = 0;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        atomic_fetch_add(&reapers_live, 1);
-        int e = pthread_create(&th, &at, reaper_main, r);
-        pthread_attr_destroy(&at);
-        if (e != 0) reaper_main(r); /* no thread: abort here */
-    } else {
-        if (c->child && c->state != COMM_SPLIT && *c->child) ncclCommAbort(*c->child);
-        if (c->root) ncclCommAbort(c->root);
-    }
+    struct reap h = {.root = c->root,
+                     .slot = c->child,
+                     .child = c->child && c->state != COMM_SPLIT ? *c->child : NULL,
+                     .split_pending = c->state == COMM_SPLIT,
+                     .device = l->device,
+                     .group = c->group,
+                     .gen = c->gen,
+                     .stream = c->stream,
+                     .scratch = c->scratch,
+                     .tmp = c->tmp};
     c->child = NULL;
     c->root = c->c = NULL;
+    c->stream = NULL;
+    c->scratch = c->tmp = NULL;
+    c->tmp_size = 0;
+    struct reap *r = malloc(sizeof(*r));
+    if (!r) {
+        reap_run(&h); /* no memory for a thread's copy: abort here */
+        return;
+    }
+    *r = h;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    atomic_fetch_add(&reapers_live, 1);
+    if (pthread_create(&th, &at, reaper_main, r) != 0) reaper_main(r); /* here, then */
+    pthread_attr_destroy(&at);
 }
 
 /* Abort c: every op on it fails with code. The entry stays (BROKEN) so that later
@@ -565,11 +569,7 @@ static void comm_destroy(struct launcher *l, struct comm *c)
     }
     /* a blocking child's destroy waits for the other ranks on this host: abort, which
      * is local (nothing is in flight when a communicator is destroyed) */
-    comm_abort(l, c);
-    if (c->scratch) cudaFree(c->scratch);
-    if (c->tmp) cudaFree(c->tmp);
-    if (c->stream) cudaStreamDestroy(c->stream);
-    (void)l;
+    comm_abort(l, c); /* takes the stream and buffers too */
     free(c);
 }
 

@@ -525,6 +525,8 @@ static coll_err register_buffer(coll_buffer **out, coll_conn *c, coll_buffer *b,
     union wire_msg r;
     void *ptr = b->ptr;
     b->conn = c;
+    m->mem_reg.kind = b->kind;
+    m->mem_reg.device = b->device;
     pthread_mutex_lock(&c->lock);
     coll_err rc = COLL_OK;
     if (b->kind != WIRE_MEM_MEMFD) {
@@ -580,8 +582,6 @@ static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size
     union wire_msg m;
     wire_init(&m, WIRE_MEM_REG, 0);
     m.mem_reg.size = size;
-    m.mem_reg.device = COLL_DEVICE_HOST;
-    m.mem_reg.kind = WIRE_MEM_MEMFD;
     return register_buffer(out, c, b, &m, fd);
 }
 
@@ -605,8 +605,6 @@ static coll_err gpu_alloc(coll_buffer **out, coll_conn *c, size_t size, int devi
     b->device = device;
     b->kind = WIRE_MEM_CUMEM_FD;
     m.mem_reg.size = mapped;
-    m.mem_reg.device = device;
-    m.mem_reg.kind = WIRE_MEM_CUMEM_FD;
     coll_err rc = register_buffer(out, c, b, &m, fd);
     close(fd);
     return rc;
@@ -633,8 +631,6 @@ coll_err coll_mem_register_cuda(coll_buffer **out, coll_conn *c, void *ptr, size
     b->device = device;
     b->kind = WIRE_MEM_CUDA_IPC;
     m.mem_reg.size = size;
-    m.mem_reg.device = device;
-    m.mem_reg.kind = WIRE_MEM_CUDA_IPC;
     return register_buffer(out, c, b, &m, -1);
 }
 
