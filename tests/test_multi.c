@@ -212,6 +212,82 @@ static void two_pods_mid_sizes_bitwise(void **state)
     stop_all(a, 2);
 }
 
+/* ---- broadcast chains: each pod relays bytes as they arrive -------------------------- */
+
+struct bc {
+    const char *sock;
+    size_t count; /* this rank's count for the mismatch test; 0: the full run */
+};
+
+static int bcast_rank_main(void *arg)
+{
+    const struct bc *o = arg;
+    /* just past the tiny limit, and a few MiB (many socket buffers in flight) */
+    static const size_t counts[] = {16385, 1000003};
+    const size_t maxc = 1000003;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, o->sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    float *in = coll_mem_ptr(b), *out = in + maxc;
+    for (int root = 0; root < info.size; root++)
+        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                size_t n = counts[k];
+                for (size_t i = 0; i < n; i++) {
+                    in[i] = info.rank == root ? pair_input(root, i) : -1.0f;
+                    out[i] = -2.0f;
+                }
+                float *dst = inplace ? in : out;
+                coll_request r;
+                coll_err e = coll_broadcast(g, in, dst, n, COLL_FLOAT32, root, NULL, &r);
+                if (e == COLL_OK) e = coll_wait(c, r, 30000);
+                if (e != COLL_OK) {
+                    fprintf(stderr, "broadcast root %d count %zu: %s (%s)\n", root, n,
+                            coll_strerror(e), coll_last_error());
+                    return 103;
+                }
+                for (size_t i = 0; i < n; i++) {
+                    float want = pair_input(root, i);
+                    if (memcmp(&dst[i], &want, 4) != 0) {
+                        fprintf(stderr, "rank %d: broadcast root %d count %zu inplace %d: "
+                                        "element %zu is %a, want %a\n",
+                                info.rank, root, n, inplace, i, (double)dst[i], (double)want);
+                        return 104;
+                    }
+                }
+            }
+    /* a root is done once its bytes are sent: leaving then would end the epoch under
+     * pods still receiving */
+    coll_request r;
+    coll_err e = coll_barrier(g, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    if (e != COLL_OK) return 105;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void four_pods_broadcast_relays(void **state)
+{
+    (void)state;
+    struct agent a[4];
+    int port;
+    start_all(a, 4, 1, &port);
+    struct bc jobs[4];
+    pid_t p[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (struct bc){.sock = a[i].sock};
+        p[i] = child_run(bcast_rank_main, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(child_wait(p[i], 120000), 0);
+    stop_all(a, 4);
+}
+
 /* A small op starts on the engine thread of the pod that is ready first; its peer is
  * late, so the engine hands it to the net thread half done, which finishes it. */
 static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
@@ -353,6 +429,7 @@ int main(void)
         cmocka_unit_test(ops_4_agents),
         cmocka_unit_test(ops_8_agents),
         cmocka_unit_test(two_pods_mid_sizes_bitwise),
+        cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),

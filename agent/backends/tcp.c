@@ -33,8 +33,8 @@
 #include "wire.h"
 
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
-#define BCAST_SEG (512 * 1024) /* broadcast pipeline segment */
 #define EXCHANGE_SPINS 50
+#define RELAY_BYTES (256 * 1024) /* a relay passes on at least this much at a time */
 
 static int64_t now_ns(void)
 {
@@ -57,6 +57,11 @@ struct xfer {
     size_t red_done;
     /* when red_dst is also being sent (by this transfer), fold only what it has sent */
     const struct xfer *red_after;
+    /* a send that relays what a receive brings in: its payload runs no further than
+     * gate's payload has arrived */
+    const struct xfer *gate;
+    /* a receive whose header is checked against ours as soon as it is in */
+    int check_hdr;
 };
 
 /* Payload bytes x has moved (its header excluded). */
@@ -64,6 +69,17 @@ static size_t x_payload_done(const struct xfer *x)
 {
     size_t pl = x->niov ? x->iov[x->niov - 1].iov_len : 0, hl = x->total - pl;
     return x->done > hl ? x->done - hl : 0;
+}
+
+/* How far x may move now: all of it, or for a relay, its header and what has arrived. */
+static size_t x_limit(const struct xfer *x)
+{
+    if (!x->gate) return x->total;
+    size_t pl = x->niov ? x->iov[x->niov - 1].iov_len : 0;
+    size_t got = x_payload_done(x->gate);
+    if (x->gate->done < x->gate->total) got -= got % RELAY_BYTES;
+    size_t lim = x->total - pl + got;
+    return lim < x->total ? lim : x->total;
 }
 
 struct opctx {
@@ -93,20 +109,24 @@ static void x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size
     if (hdr) x->iov[x->niov++] = (struct iovec){hdr, hl};
     if (n) x->iov[x->niov++] = (struct iovec){p, n};
     x->total = hl * (hdr != NULL) + n;
+    x->check_hdr = hdr != NULL;
 }
 
-/* The iovec of x from its current offset. */
-static int x_iov(const struct xfer *x, struct iovec *out)
+/* The iovec of x from its current offset up to limit. */
+static int x_iov(const struct xfer *x, size_t limit, struct iovec *out)
 {
-    size_t skip = x->done;
+    size_t skip = x->done, room = limit - x->done;
     int n = 0;
-    for (int i = 0; i < x->niov; i++) {
+    for (int i = 0; i < x->niov && room; i++) {
         if (skip >= x->iov[i].iov_len) {
             skip -= x->iov[i].iov_len;
             continue;
         }
+        size_t len = x->iov[i].iov_len - skip;
+        if (len > room) len = room;
         out[n].iov_base = (char *)x->iov[i].iov_base + skip;
-        out[n].iov_len = x->iov[i].iov_len - skip;
+        out[n].iov_len = len;
+        room -= len;
         skip = 0;
         n++;
     }
@@ -146,7 +166,10 @@ static int failf(struct opctx *o, int code, const char *fmt, ...)
     return code;
 }
 
-/* Move every transfer to completion. */
+static int check_hdr(struct opctx *o, int peer);
+
+/* Move every transfer to completion. Relays (sends with a gate) go after the receives
+ * that feed them, so what arrives is passed on in the same pass. */
 static int exchange(struct opctx *o, struct xfer *x, int nx)
 {
     struct tcp_comm *c = o->c;
@@ -155,40 +178,51 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
     int spins = 0;
     for (;;) {
         int left = 0, np = 0;
-        for (int i = 0; i < nx; i++) {
-            struct xfer *t = &x[i];
-            /* try first: most small transfers complete without a poll */
-            while (t->done < t->total) {
-                struct iovec v[2];
-                int nv = x_iov(t, v);
-                ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
-                                       : readv(c->fds[t->peer], v, nv);
-                if (r > 0) {
-                    t->done += (size_t)r;
-                    if (!t->is_send) fold(o, t, 0);
-                    continue;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < nx; i++) {
+                struct xfer *t = &x[i];
+                if ((t->gate != NULL) != pass) continue;
+                /* try first: most small transfers complete without a poll */
+                size_t lim;
+                while (t->done < (lim = x_limit(t))) {
+                    struct iovec v[2];
+                    int nv = x_iov(t, lim, v);
+                    ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
+                                           : readv(c->fds[t->peer], v, nv);
+                    if (r > 0) {
+                        t->done += (size_t)r;
+                        if (t->is_send) continue;
+                        if (t->check_hdr && t->done >= t->iov[0].iov_len) {
+                            t->check_hdr = 0;
+                            int st = check_hdr(o, t->peer);
+                            if (st != COLL_OK) return st;
+                        }
+                        fold(o, t, 0);
+                        continue;
+                    }
+                    if (r == 0 && !t->is_send)
+                        return failf(o, COLL_ERR_PEER_LOST,
+                                     "node %d closed the data connection", t->peer);
+                    if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+                    if (r < 0 && t->is_send && (errno == EPIPE || errno == ECONNRESET)) {
+                        /* the peer closed: it either finished this op and left (and needs
+                         * nothing more from us) or failed; our own result depends only on
+                         * what we receive, so carry on and let the receives decide */
+                        t->done = t->total;
+                        break;
+                    }
+                    return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s",
+                                 t->peer, r < 0 ? strerror(errno) : "closed");
                 }
-                if (r == 0 && !t->is_send)
-                    return failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection",
-                                 t->peer);
-                if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
-                if (r < 0 && t->is_send && (errno == EPIPE || errno == ECONNRESET)) {
-                    /* the peer closed: it either finished this op and left (and needs
-                     * nothing more from us) or failed; our own result depends only on
-                     * what we receive, so carry on and let the receives decide */
-                    t->done = t->total;
-                    break;
+                if (t->done < t->total) {
+                    left++;
+                    if (t->done >= lim) continue; /* a relay waiting for its receive */
+                    pf[np] = (struct pollfd){.fd = c->fds[t->peer],
+                                             .events = t->is_send ? POLLOUT : POLLIN};
+                    idx[np++] = i;
+                } else if (!t->is_send && t->red_dst && t->red_done < t->total) {
+                    fold(o, t, 1);
                 }
-                return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", t->peer,
-                             r < 0 ? strerror(errno) : "closed");
-            }
-            if (t->done < t->total) {
-                pf[np] = (struct pollfd){.fd = c->fds[t->peer],
-                                         .events = t->is_send ? POLLOUT : POLLIN};
-                idx[np++] = i;
-                left++;
-            } else if (!t->is_send && t->red_dst && t->red_done < t->total) {
-                fold(o, t, 1);
             }
         }
         if (!left) {
@@ -466,33 +500,17 @@ static int op_broadcast(struct opctx *o)
     if (c->me == rnode && t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
     int n = c->nodes, pos = (c->me - rnode + n) % n;
     int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
-    int st = COLL_OK;
-    { /* a chain from the root, pipelined in segments (small ones went the tiny way) */
-        size_t nseg = (bytes + BCAST_SEG - 1) / BCAST_SEG;
-        if (pos == 0) {
-            struct xfer x;
-            x_send(&x, next, &o->hdr, sizeof(o->hdr), buf, bytes);
-            st = exchange(o, &x, 1);
-        } else {
-            for (size_t k = 0; st == COLL_OK && k <= nseg; k++) {
-                struct xfer x[2];
-                int nx = 0;
-                if (k < nseg) {
-                    size_t off = k * BCAST_SEG, len = bytes - off < BCAST_SEG ? bytes - off : BCAST_SEG;
-                    x_recv(&x[nx++], prev, k == 0 ? &o->peer_hdr[prev] : NULL, sizeof(o->hdr),
-                           buf + off, len);
-                }
-                if (pos < n - 1 && k == 0) x_send(&x[nx++], next, &o->hdr, sizeof(o->hdr), NULL, 0);
-                if (pos < n - 1 && k >= 1) {
-                    size_t off = (k - 1) * BCAST_SEG,
-                           len = bytes - off < BCAST_SEG ? bytes - off : BCAST_SEG;
-                    x_send(&x[nx++], next, NULL, 0, buf + off, len);
-                }
-                st = exchange(o, x, nx);
-                if (st == COLL_OK && k == 0) st = check_hdr(o, prev);
-            }
-        }
+    /* a chain from the root; each pod passes bytes on as they arrive (small ones went
+     * the tiny way) */
+    struct xfer x[2];
+    int nx = 0;
+    if (pos != 0) x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), buf, bytes);
+    if (pos != n - 1) {
+        x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), buf, bytes);
+        if (pos != 0) x[nx].gate = &x[0];
+        nx++;
     }
+    int st = exchange(o, x, nx);
     if (st != COLL_OK) return st;
     copy_to_locals(o, buf, bytes);
     return COLL_OK;
