@@ -177,7 +177,7 @@ void group_detach(struct group *g, int slot)
     if (e == g->epoch) group_break(g, COLL_ERR_PEER_LOST, "a participant left");
 }
 
-static void finish_op(struct group *g, struct op *op, int status)
+static void finish_op(struct group *g, struct op *op, int status, const char *why)
 {
     /* op->s is NULL when its session ended while the op was with the net thread;
      * complete() then only drops the buffer references */
@@ -185,7 +185,7 @@ static void finish_op(struct group *g, struct op *op, int status)
         g->ops_done++;
     else
         g->ops_failed++;
-    g->complete(op, status);
+    g->complete(op, status, status == COLL_OK ? NULL : why);
 }
 
 static void send_mark(struct group *g);
@@ -244,7 +244,8 @@ static void to_gpu(struct group *g, struct op *op)
 {
     struct gtask *x = g->gt_free;
     if (!x || !g->gpu || !op->sync) {
-        finish_op(g, op, !x ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL);
+        finish_op(g, op, !x ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL,
+                  !x ? "too many GPU ops in flight in this group" : "no GPU launcher");
         return;
     }
     if (g->commid_gen != g->comm_gen && g->nodes == 1) {
@@ -252,7 +253,7 @@ static void to_gpu(struct group *g, struct op *op)
         char why[160];
         if (gpu_new_commid(g->commid, why, sizeof(why)) < 0) {
             log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, why);
-            finish_op(g, op, COLL_ERR_INTERNAL);
+            finish_op(g, op, COLL_ERR_INTERNAL, why);
             return;
         }
         g->commid_gen = g->comm_gen;
@@ -325,13 +326,13 @@ void group_net_formed(struct group *g, const struct net_event *ev)
 
 /* Several pods: the epoch is over. Ops held for it fail; the launchers abort its
  * communicators at once (a peer may be gone: NCCL would wait for it forever). */
-static void gpu_epoch_over(struct group *g, int err)
+static void gpu_epoch_over(struct group *g, int err, const char *why)
 {
     while (g->gwait_head) {
         struct gtask *x = g->gwait_head;
         g->gwait_head = x->free_next;
         g->gpu_inflight--;
-        finish_op(g, &x->op, err);
+        finish_op(g, &x->op, err, why);
         x->live = 0;
         x->free_next = g->gt_free;
         g->gt_free = x;
@@ -364,7 +365,7 @@ void group_gpu_done(struct group *g, struct gpu_task *t)
             log_msg(LOG_WARN, "group.gpu_op", "group=%s rank=%d op=%s error=\"%s\" detail=\"%s\"",
                     g->cfg->name, t->rank, wire_kind_name(t->kind),
                     coll_strerror((coll_err)t->status), t->why);
-        finish_op(g, &x->op, t->status);
+        finish_op(g, &x->op, t->status, t->why);
         if (t->comm_failed && t->gen == g->comm_gen && (g->nodes == 1 || g->gpu_formed)) {
             /* the communicator is gone: the next op makes a new one, and what is
              * pending now cannot run on it */
@@ -400,7 +401,7 @@ void group_net_done(struct group *g, struct net_task *t)
         }
     }
     for (int k = 0; k < t->nops; k++)
-        finish_op(g, &t->ops[k], t->status);
+        finish_op(g, &t->ops[k], t->status, t->why);
     t->nops = 0;
     t->engine_next = g->task_free;
     g->task_free = t;
@@ -416,7 +417,7 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
     if (!t) { /* cannot happen: each task holds an op in flight of some session */
         for (int k = 0; k < nops; k++) {
             struct op tmp = ops[k];
-            finish_op(g, &tmp, COLL_ERR_INTERNAL);
+            finish_op(g, &tmp, COLL_ERR_INTERNAL, "no free network task");
         }
         return;
     }
@@ -448,7 +449,7 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
     g->inline_count[rc]++;
     if (rc == NET_INLINE_DONE) {
         for (int k = 0; k < t->nops; k++)
-            finish_op(g, &t->ops[k], t->status);
+            finish_op(g, &t->ops[k], t->status, t->why);
         t->nops = 0;
         t->engine_next = g->task_free;
         g->task_free = t;
@@ -468,7 +469,7 @@ static void break_local(struct group *g, int err, const char *why)
         for (int k = 0; k < g->nslots; k++) {
             if (!r->present[k]) continue;
             r->present[k] = 0;
-            finish_op(g, &r->ops[k], r->status ? r->status : err);
+            finish_op(g, &r->ops[k], r->status ? r->status : err, r->status ? r->why : why);
             failed++;
         }
         r->arrived = 0;
@@ -476,13 +477,13 @@ static void break_local(struct group *g, int err, const char *why)
     while (g->p2p_head) {
         struct op *op = g->p2p_head;
         g->p2p_head = op->next;
-        finish_op(g, op, err);
+        finish_op(g, op, err, why);
         op->next = g->p2p_free;
         g->p2p_free = op;
         failed++;
     }
     g->p2p_tail = NULL;
-    if (g->gpu_dev && g->gpu && g->nodes > 1) gpu_epoch_over(g, err);
+    if (g->gpu_dev && g->gpu && g->nodes > 1) gpu_epoch_over(g, err, why);
     uint32_t old = g->epoch;
     g->epoch++;
     g->lo_seq = 0;
@@ -564,7 +565,7 @@ static void run_round(struct group *g, struct round *r)
     }
     for (int k = 0; k < g->nslots; k++) {
         r->present[k] = 0;
-        finish_op(g, &r->ops[k], status);
+        finish_op(g, &r->ops[k], status, status == r->status ? r->why : NULL);
     }
     r->arrived = 0;
     g->lo_seq++;
@@ -580,12 +581,13 @@ static void submit_collective(struct group *g, int slot, struct op *op)
     if (r->arrived == 0) {
         r->seq = seq;
         r->status = COLL_OK;
+        r->why[0] = '\0';
         r->deadline_ns = op->deadline_ns;
     } else if (r->seq != seq || r->present[slot]) {
         /* cannot happen while sessions respect the in-flight limit the agent enforces */
         log_msg(LOG_ERROR, "group.window", "group=%s slot=%d seq=%llu busy_with=%llu",
                 g->cfg->name, slot, (unsigned long long)seq, (unsigned long long)r->seq);
-        finish_op(g, op, COLL_ERR_INTERNAL);
+        finish_op(g, op, COLL_ERR_INTERNAL, "the op window of the group is out of step");
         return;
     }
     if (r->arrived > 0 && r->status == COLL_OK) {
@@ -601,6 +603,8 @@ static void submit_collective(struct group *g, int slot, struct op *op)
                     g->cfg->name, g->epoch, (unsigned long long)seq, r->ops[first].rank, a,
                     op->rank, b);
             r->status = COLL_ERR_MISMATCH;
+            snprintf(r->why, sizeof(r->why), "rank %d: %.60s; rank %d: %.60s",
+                     r->ops[first].rank, a, op->rank, b);
         }
     }
     r->ops[slot] = *op;
@@ -647,8 +651,8 @@ static void submit_p2p(struct group *g, struct op *op)
                                      .recv = d};
             status = g->be->run(g->be_ctx, &t);
         }
-        finish_op(g, snd, status);
-        finish_op(g, rcv, status);
+        finish_op(g, snd, status, NULL);
+        finish_op(g, rcv, status, NULL);
         if (o != op) {
             o->next = g->p2p_free;
             g->p2p_free = o;
@@ -657,7 +661,7 @@ static void submit_p2p(struct group *g, struct op *op)
     }
     struct op *q = g->p2p_free;
     if (!q) {
-        finish_op(g, op, COLL_ERR_LIMIT);
+        finish_op(g, op, COLL_ERR_LIMIT, "too many sends and receives wait for their partners");
         return;
     }
     g->p2p_free = q->next;

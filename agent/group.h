@@ -34,8 +34,9 @@ struct op {
 };
 
 /* Completion sink: called once for every op the group finishes or fails; it must
- * drop the op's buffer references. */
-typedef void (*group_complete_fn)(struct op *op, int status);
+ * drop the op's buffer references. why: what failed and where (NULL or "": nothing
+ * to add to the status). */
+typedef void (*group_complete_fn)(struct op *op, int status, const char *why);
 
 struct group_slot {
     struct session *s; /* NULL: free */
@@ -47,6 +48,7 @@ struct round {
     uint64_t seq;
     int arrived;
     int status;
+    char why[WIRE_WHY_MAX]; /* with status: the disagreement */
     int64_t deadline_ns;
     struct op *ops;      /* [nslots] */
     uint8_t *present;    /* [nslots] */

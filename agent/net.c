@@ -215,9 +215,11 @@ static void wake_engine(struct net *n)
     (void)w;
 }
 
-static void return_task(struct net *n, struct net_task *t, int status)
+/* Hand t back to the engine with status and, for a failure, the reason (NULL: none). */
+static void return_task_why(struct net *n, struct net_task *t, int status, const char *why)
 {
     t->status = status;
+    snprintf(t->why, sizeof(t->why), "%s", status != COLL_OK && why ? why : "");
     t->next = NULL;
     pthread_mutex_lock(&n->out_lock);
     if (n->done_tail)
@@ -227,6 +229,11 @@ static void return_task(struct net *n, struct net_task *t, int status)
     n->done_tail = t;
     pthread_mutex_unlock(&n->out_lock);
     wake_engine(n);
+}
+
+static void return_task(struct net *n, struct net_task *t, int status)
+{
+    return_task_why(n, t, status, NULL);
 }
 
 static void post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why)
@@ -265,24 +272,23 @@ static void close_data(struct ngroup *g)
 
 /* ---- sends and receives between pods ----------------------------------------------- */
 
-static void return_task(struct net *n, struct net_task *t, int status);
 static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
                      int tell_others);
 
 /* Fail every send and receive in flight and forget half-read messages. */
-static void p2p_reset(struct net *n, struct ngroup *g, int code)
+static void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
 {
     for (int p = 0; p < RDV_MAX_NODES; p++) {
         struct p2p_out *o = &g->out[p];
         while (o->head) {
             struct net_task *t = o->head;
             o->head = t->next;
-            return_task(n, t, code);
+            return_task_why(n, t, code, why);
         }
         o->tail = NULL;
         o->done = 0;
         struct p2p_in *in = &g->in[p];
-        if (in->task) return_task(n, in->task, code);
+        if (in->task) return_task_why(n, in->task, code, why);
         if (in->unx) {
             free(in->unx->data);
             free(in->unx);
@@ -292,7 +298,7 @@ static void p2p_reset(struct net *n, struct ngroup *g, int code)
     while (g->posted_head) {
         struct net_task *t = g->posted_head;
         g->posted_head = t->next;
-        return_task(n, t, code);
+        return_task_why(n, t, code, why);
     }
     g->posted_tail = NULL;
     while (g->unx_head) {
@@ -318,6 +324,18 @@ static int p2p_matches(const struct ngroup *g, const struct net_task *t, const s
 static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 {
     return h->count == t->count && h->dtype == t->dtype;
+}
+
+/* Complete receive t with the message of header h: matched, or a mismatch named. */
+static void p2p_finish(struct net *n, struct net_task *t, const struct data_op_hdr *h)
+{
+    char w[160] = "";
+    int ok = p2p_agree(t, h);
+    if (!ok)
+        snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                 h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype),
+                 h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype));
+    return_task_why(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
 }
 
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
@@ -358,9 +376,10 @@ static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
         if (ok && t->count)
             memcpy(t->recv[t->local_slot], u->data,
                    t->count * coll_dtype_size((coll_dtype)t->dtype));
+        struct data_op_hdr h = u->hdr;
         free(u->data);
         free(u);
-        return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH);
+        p2p_finish(n, t, &h);
         return;
     }
     if (g->posted_tail)
@@ -477,7 +496,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
         if (in->pgot < in->plen) continue;
         /* a whole message */
         if (in->task) {
-            return_task(n, in->task, in->discard ? COLL_ERR_MISMATCH : COLL_OK);
+            p2p_finish(n, in->task, &in->hdr);
         } else {
             /* its receive may have been posted while the bytes were arriving */
             struct unexpected *u = in->unx;
@@ -490,11 +509,12 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 break;
             }
             if (match) {
-                int ok = p2p_agree(match, &u->hdr);
-                if (ok && match->count) memcpy(match->recv[match->local_slot], u->data, in->plen);
+                if (p2p_agree(match, &u->hdr) && match->count)
+                    memcpy(match->recv[match->local_slot], u->data, in->plen);
+                struct data_op_hdr h = u->hdr;
                 free(u->data);
                 free(u);
-                return_task(n, match, ok ? COLL_OK : COLL_ERR_MISMATCH);
+                p2p_finish(n, match, &h);
             } else {
                 u->next = NULL;
                 if (g->unx_tail)
@@ -521,16 +541,16 @@ static void p2p_progress(struct net *n, struct ngroup *g)
     }
 }
 
-static void fail_queue(struct net *n, struct ngroup *g, int code)
+static void fail_queue(struct net *n, struct ngroup *g, int code, const char *why)
 {
     if (g->handoff) {
-        return_task(n, g->handoff, code);
+        return_task_why(n, g->handoff, code, why);
         g->handoff = NULL;
     }
     while (g->q_head) {
         struct net_task *t = g->q_head;
         g->q_head = t->next;
-        return_task(n, t, code);
+        return_task_why(n, t, code, why);
     }
     g->q_tail = NULL;
 }
@@ -596,8 +616,10 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
             coll_strerror((coll_err)code), why);
     close_data(g);
     g->committed = g->ready = 0;
-    fail_queue(n, g, code);
-    p2p_reset(n, g, code);
+    char w[160];
+    snprintf(w, sizeof(w), "epoch %u ended: %s", g->epoch, why);
+    fail_queue(n, g, code, w);
+    p2p_reset(n, g, code, w);
     if (!from_engine) {
         g->awaiting_mark = 1;
         post_event(n, g, 1, code, why);
@@ -1098,6 +1120,7 @@ int net_inline(struct net *n, struct net_task *t)
             } else {
                 g->ops_done++;
                 t->status = st;
+                snprintf(t->why, sizeof(t->why), "%s", st != COLL_OK ? why : "");
                 if (st != COLL_OK) {
                     g->inline_abort = st;
                     snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
@@ -1142,7 +1165,7 @@ static void take_engine_tasks(struct net *n)
             while (q) {
                 struct net_task *qn = q->next;
                 if (q->lepoch < g->floor)
-                    return_task(n, q, COLL_ERR_EPOCH);
+                    return_task_why(n, q, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
                 else {
                     q->next = NULL;
                     if (keep_t) keep_t->next = q;
@@ -1155,7 +1178,7 @@ static void take_engine_tasks(struct net *n)
             g->q_tail = keep_t;
             return_task(n, t, COLL_OK);
         } else if (t->lepoch < g->floor) {
-            return_task(n, t, COLL_ERR_EPOCH);
+            return_task_why(n, t, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
         } else {
             t->next = NULL;
             if (g->q_tail) g->q_tail->next = t;
@@ -1187,7 +1210,7 @@ static int run_ready_ops(struct net *n)
                 g->scratch[k] = c.scratch[k];
                 g->scratch_cap[k] = c.scratch_cap[k];
             }
-            return_task(n, t, st);
+            return_task_why(n, t, st, why);
             g->ops_done++;
             ran++;
             if (g->abort_pending) ng_abort_finish(n, g);
@@ -1227,7 +1250,7 @@ static int run_ready_ops(struct net *n)
                 g->scratch[k] = c.scratch[k];
                 g->scratch_cap[k] = c.scratch_cap[k];
             }
-            return_task(n, t, st); /* t is the engine's from here on */
+            return_task_why(n, t, st, why); /* t is the engine's from here on */
             g->ops_done++;
             if (g->abort_pending && (st != COLL_OK || !g->q_head))
                 ng_abort_finish(n, g);
@@ -1306,8 +1329,8 @@ static void *net_main(void *arg)
     take_engine_tasks(n);
     for (int i = 0; i < n->ngroups; i++)
         if (n->groups[i]) {
-            fail_queue(n, n->groups[i], COLL_ERR_SHUTDOWN);
-            p2p_reset(n, n->groups[i], COLL_ERR_SHUTDOWN);
+            fail_queue(n, n->groups[i], COLL_ERR_SHUTDOWN, "the agent is stopping");
+            p2p_reset(n, n->groups[i], COLL_ERR_SHUTDOWN, "the agent is stopping");
         }
     pthread_mutex_unlock(&n->coll_lock);
     return NULL;

@@ -40,6 +40,7 @@ struct net_task {
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
     int64_t deadline_ns;
     int status; /* set by the net thread */
+    char why[160]; /* with a failed status: what failed and where, or "" */
     /* engine-owned */
     struct op *ops;
     int nops;

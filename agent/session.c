@@ -440,7 +440,7 @@ int session_on_message(struct session *s)
 
 /* ---- ops ---------------------------------------------------------------------------- */
 
-void session_complete(struct op *op, int status)
+void session_complete(struct op *op, int status, const char *why)
 {
     struct session *s = op->s;
     buffer_unref(&op->sb);
@@ -454,6 +454,9 @@ void session_complete(struct op *op, int status)
     buffer_unref(&op->sync);
     if (!s || s->state == SESSION_DEAD) return;
     struct wire_shm *shm = s->shm;
+    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
+    if (status != COLL_OK && idx < WIRE_RING_ENTRIES) /* read by the client after the cqe */
+        snprintf(shm->why[idx], sizeof(shm->why[idx]), "%s", why ? why : "");
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
     slot->tag = op->sqe.tag;
     slot->status = status;
@@ -520,7 +523,7 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
     if (why[0]) {
         log_msg(LOG_INFO, "session.refuse_op", "session=%llu pid=%d detail=\"%s\"",
                 (unsigned long long)s->id, (int)s->pid, why);
-        session_complete(op, COLL_ERR_INVALID);
+        session_complete(op, COLL_ERR_INVALID, why);
         return 0;
     }
     return 1;
@@ -537,7 +540,8 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
     struct op op = {.s = s, .sqe = *q};
     s->ops_submitted++;
     if (q->epoch != h->epoch || h->epoch != g->epoch) {
-        session_complete(&op, COLL_ERR_EPOCH);
+        session_complete(&op, COLL_ERR_EPOCH,
+                         "the group was re-formed since this handle was opened");
         return 0;
     }
     op.rank = g->node_index * g->nslots + h->slot;

@@ -73,7 +73,7 @@ int session_poll(struct session *s);
 /* Whether the next sq entry is published (no side effects). */
 int session_has_work(struct session *s);
 /* Post the completion of op (group callback). */
-void session_complete(struct op *op, int status);
+void session_complete(struct op *op, int status, const char *why);
 /* Tell the client why it is being dropped (best effort, never blocks). */
 void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
 

@@ -288,6 +288,76 @@ static void four_pods_broadcast_relays(void **state)
     stop_all(a, 4);
 }
 
+/* One pod's count disagrees with its neighbour's: that pod's application gets an error
+ * that names both sides' values, nobody hangs, and the group serves the next op. */
+static int bcast_mismatch_main(void *arg)
+{
+    const struct bc *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    const size_t maxc = 1 << 20;
+    if (coll_connect(&c, o->sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, c, maxc * 4, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    float *x = coll_mem_ptr(b);
+    coll_request r;
+    coll_err e = coll_broadcast(g, x, x, o->count, COLL_FLOAT32, 0, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    if (info.rank == 2) {
+        if (e != COLL_ERR_MISMATCH) {
+            fprintf(stderr, "rank 2: %s, want a mismatch\n", coll_strerror(e));
+            return 103;
+        }
+        char want[64];
+        snprintf(want, sizeof(want), "count %zu", o->count);
+        if (!strstr(coll_last_error(), want) || !strstr(coll_last_error(), "count 1000000")) {
+            fprintf(stderr, "rank 2: error does not name both counts: %s\n", coll_last_error());
+            return 104;
+        }
+    }
+    /* the others may finish (what they received is right) or fail with the epoch */
+    /* the next op: the group re-forms for it if the mismatch ended the epoch */
+    for (int attempt = 0;; attempt++) {
+        for (int i = 0; i < 64; i++)
+            x[i] = (float)(info.rank + 1);
+        e = coll_allreduce(g, x, x + 64, 64, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        if (e == COLL_OK || !coll_err_retryable(e) || attempt == 20) break;
+        if (e == COLL_ERR_EPOCH) {
+            coll_group_close(&g);
+            if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 106;
+        }
+        usleep(50000);
+    }
+    if (e != COLL_OK) {
+        fprintf(stderr, "rank %d: op after the mismatch: %s (%s)\n", info.rank, coll_strerror(e),
+                coll_last_error());
+        return 107;
+    }
+    if (x[64] != 6.0f || x[127] != 6.0f) return 108;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void broadcast_count_mismatch_is_named(void **state)
+{
+    (void)state;
+    struct agent a[3];
+    int port;
+    start_all(a, 3, 1, &port);
+    struct bc jobs[3] = {{a[0].sock, 1000000}, {a[1].sock, 1000000}, {a[2].sock, 999999}};
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = child_run(bcast_mismatch_main, &jobs[i]);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(child_wait(p[i], 60000), 0);
+    assert_true(agent_log_count(&a[2], "mismatch") + agent_log_count(&a[2], "runs broadcast") >= 1);
+    stop_all(a, 3);
+}
+
 /* A small op starts on the engine thread of the pod that is ready first; its peer is
  * late, so the engine hands it to the net thread half done, which finishes it. */
 static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
@@ -430,6 +500,7 @@ int main(void)
         cmocka_unit_test(ops_8_agents),
         cmocka_unit_test(two_pods_mid_sizes_bitwise),
         cmocka_unit_test(four_pods_broadcast_relays),
+        cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),

@@ -485,6 +485,9 @@ static void disagreement_is_an_error_for_everyone(void **state)
     coll_request r;
     assert_int_equal(coll_allreduce(g, x, x + 64, 4, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
     assert_int_equal(coll_wait(c, r, 5000), COLL_ERR_MISMATCH);
+    /* the application is told what each side submitted */
+    const char *why = coll_last_error();
+    if (!strstr(why, "count=4") || !strstr(why, "count=5")) fail_msg("error: %s", why);
     assert_int_equal(child_wait(pid, 5000), 20 + COLL_ERR_MISMATCH);
     assert_true(agent_log_wait(&f->a, "group.mismatch", 1, 2000));
     coll_disconnect(&c);

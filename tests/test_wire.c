@@ -71,7 +71,7 @@ static void other_versions_are_named(void **state)
     m.h.version = 9;
     assert_int_equal(wire_decode(&m, m.h.len, &out, &v, err, sizeof(err)), -1);
     assert_int_equal(v, 9);
-    assert_non_null(strstr(err, "protocol version 9 is not supported (this side speaks 2)"));
+    assert_non_null(strstr(err, "protocol version 9 is not supported (this side speaks 3)"));
 }
 
 static void unterminated_strings_are_refused(void **state)

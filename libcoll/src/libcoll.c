@@ -60,6 +60,7 @@ struct req {
     uint8_t rang; /* submission woke a sleeping agent: sleep at once, don't spin */
     uint8_t gpu;  /* a GPU op: its done word can be waited on by a stream */
     uint8_t detached; /* handed to a stream (coll_wait_stream): freed when it completes */
+    uint8_t agent_failed; /* the agent failed it: its reason is in the shared region */
     uint32_t group;   /* handle of the group it was submitted to */
     int32_t status;
     coll_buffer *sb, *rb;
@@ -105,7 +106,7 @@ struct coll_conn {
     intptr_t shm_delta; /* host -> GPU address of the region */
     coll_err stream_err; /* a failed op that was handed to a stream, not yet reported */
     uint32_t stream_err_group; /* its group: closing that group forgets the error */
-    char stream_err_msg[160];
+    char stream_err_msg[256];
     coll_buffer **bufs; /* sorted by ptr */
     size_t nbufs, capbufs;
     coll_group *groups;
@@ -231,6 +232,7 @@ static void mark_lost(coll_conn *c, coll_err why, const char *msg)
         if (r->state == REQ_PENDING) {
             r->state = REQ_DONE;
             r->status = why;
+            r->agent_failed = 0;
             if (r->sb) r->sb->inflight--;
             if (r->rb) r->rb->inflight--;
             r->sb = r->rb = NULL;
@@ -753,6 +755,13 @@ static coll_buffer *find_buffer(coll_conn *c, const void *p, uint64_t bytes)
 }
 
 /* Reap every completion the agent has posted; caller holds the lock. */
+/* The agent's reason for failing request slot idx (written before its cqe). */
+static void agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
+{
+    memcpy(out, c->shm->why[idx], WIRE_WHY_MAX);
+    out[WIRE_WHY_MAX - 1] = '\0'; /* whatever the agent left there */
+}
+
 static void reap(coll_conn *c)
 {
     uint32_t start = c->cq_head;
@@ -770,6 +779,7 @@ static void reap(coll_conn *c)
             struct req *r = &c->reqs[idx];
             r->state = REQ_DONE;
             r->status = e.status;
+            r->agent_failed = e.status != COLL_OK;
             if (r->sb) r->sb->inflight--;
             if (r->rb) r->rb->inflight--;
             r->sb = r->rb = NULL;
@@ -777,9 +787,11 @@ static void reap(coll_conn *c)
                 if (e.status != COLL_OK && !c->stream_err) {
                     c->stream_err = (coll_err)e.status;
                     c->stream_err_group = r->group;
+                    char why[WIRE_WHY_MAX];
+                    agent_why(c, idx, why);
                     snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
-                             "an op handed to a stream earlier failed: %s",
-                             coll_strerror((coll_err)e.status));
+                             "an op handed to a stream earlier failed (%s)%s%s",
+                             coll_strerror((coll_err)e.status), why[0] ? ": " : "", why);
                 }
                 r->state = REQ_FREE;
                 r->detached = 0;
@@ -1026,8 +1038,12 @@ static coll_err consume(coll_conn *c, struct req *r)
     r->state = REQ_FREE;
     c->free_idx[c->nfree++] = (uint32_t)(r - c->reqs);
     if (st != COLL_OK) {
+        char why[WIRE_WHY_MAX] = "";
+        if (r->agent_failed) agent_why(c, (uint32_t)(r - c->reqs), why);
         if (st == COLL_ERR_AGENT_LOST || st == COLL_ERR_PROTOCOL)
             fail(st, "agent connection lost: %s", c->lost_msg);
+        else if (why[0])
+            fail(st, "the agent failed the op (%s): %s", coll_strerror(st), why);
         else
             fail(st, "the agent failed the op: %s", coll_strerror(st));
     }

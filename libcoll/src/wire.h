@@ -15,9 +15,10 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
-#define WIRE_VERSION 2
+#define WIRE_VERSION 3
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
+#define WIRE_WHY_MAX 160 /* the reason of a failed op, in the shared region */
 #define WIRE_MAX_MSG 512 /* no control message is larger */
 #define WIRE_RING_ENTRIES 256 /* ops in flight per session */
 
@@ -243,6 +244,9 @@ struct wire_shm {
      */
     _Atomic uint64_t ready[WIRE_RING_ENTRIES];
     _Atomic uint64_t done[WIRE_RING_ENTRIES];
+    /* why[i]: when the op of request slot i fails, the agent's reason (what failed and
+     * where), written before its cqe is published; "" when it has none to add */
+    char why[WIRE_RING_ENTRIES][WIRE_WHY_MAX];
 };
 
 #endif
