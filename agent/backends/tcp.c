@@ -34,7 +34,6 @@
 
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
 #define EXCHANGE_SPINS 50
-#define RELAY_BYTES (256 * 1024) /* a relay passes on at least this much at a time */
 
 static int64_t now_ns(void)
 {
@@ -48,8 +47,9 @@ static int64_t now_ns(void)
 struct xfer {
     int peer;
     int is_send;
-    struct iovec iov[2];
+    struct iovec iov[3]; /* a header, then the payload in up to two pieces */
     int niov;
+    size_t hl; /* header bytes */
     size_t total, done;
     /* receive with reduction: payload lands in iov[niov-1] (a scratch area) and is
      * folded into red_dst segment by segment */
@@ -58,8 +58,9 @@ struct xfer {
     /* when red_dst is also being sent (by this transfer), fold only what it has sent */
     const struct xfer *red_after;
     /* a send that relays what a receive brings in: its payload runs no further than
-     * gate's payload has arrived */
+     * gate_base plus what of gate's payload has arrived */
     const struct xfer *gate;
+    size_t gate_base;
     /* a receive whose header is checked against ours as soon as it is in */
     int check_hdr;
 };
@@ -67,18 +68,14 @@ struct xfer {
 /* Payload bytes x has moved (its header excluded). */
 static size_t x_payload_done(const struct xfer *x)
 {
-    size_t pl = x->niov ? x->iov[x->niov - 1].iov_len : 0, hl = x->total - pl;
-    return x->done > hl ? x->done - hl : 0;
+    return x->done > x->hl ? x->done - x->hl : 0;
 }
 
 /* How far x may move now: all of it, or for a relay, its header and what has arrived. */
 static size_t x_limit(const struct xfer *x)
 {
     if (!x->gate) return x->total;
-    size_t pl = x->niov ? x->iov[x->niov - 1].iov_len : 0;
-    size_t got = x_payload_done(x->gate);
-    if (x->gate->done < x->gate->total) got -= got % RELAY_BYTES;
-    size_t lim = x->total - pl + got;
+    size_t lim = x->hl + x->gate_base + x_payload_done(x->gate);
     return lim < x->total ? lim : x->total;
 }
 
@@ -99,7 +96,8 @@ static void x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const v
     x->is_send = 1;
     if (hdr) x->iov[x->niov++] = (struct iovec){(void *)hdr, hl};
     if (n) x->iov[x->niov++] = (struct iovec){(void *)p, n};
-    x->total = hl * (hdr != NULL) + n;
+    x->hl = hdr ? hl : 0;
+    x->total = x->hl + n;
 }
 
 static void x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n)
@@ -108,8 +106,29 @@ static void x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size
     x->peer = peer;
     if (hdr) x->iov[x->niov++] = (struct iovec){hdr, hl};
     if (n) x->iov[x->niov++] = (struct iovec){p, n};
-    x->total = hl * (hdr != NULL) + n;
+    x->hl = hdr ? hl : 0;
+    x->total = x->hl + n;
     x->check_hdr = hdr != NULL;
+}
+
+/* Append to x's payload chunks k0, k0 + 1, ... (cnt of them, wrapping past the last)
+ * of buf split by chunk() over units of es bytes: at most two contiguous pieces. */
+static void chunk(size_t count, int n, int k, size_t *off, size_t *len);
+static void x_add_chunks(struct xfer *x, char *buf, size_t units, int n, int k0, int cnt, size_t es)
+{
+    while (cnt > 0) {
+        int run = k0 + cnt <= n ? cnt : n - k0; /* up to the last chunk */
+        size_t o0, l0, o1, l1;
+        chunk(units, n, k0, &o0, &l0);
+        chunk(units, n, k0 + run - 1, &o1, &l1);
+        size_t len = (o1 + l1 - o0) * es;
+        if (len) {
+            x->iov[x->niov++] = (struct iovec){buf + o0 * es, len};
+            x->total += len;
+        }
+        cnt -= run;
+        k0 = 0;
+    }
 }
 
 /* The iovec of x from its current offset up to limit. */
@@ -136,9 +155,8 @@ static int x_iov(const struct xfer *x, size_t limit, struct iovec *out)
 static void fold(struct opctx *o, struct xfer *x, int final)
 {
     if (!x->red_dst) return;
-    struct iovec *pl = &x->iov[x->niov - 1];
-    size_t hl = x->total - pl->iov_len;
-    size_t have = x->done > hl ? x->done - hl : 0;
+    struct iovec *pl = &x->iov[x->niov - 1]; /* one piece: a scratch area */
+    size_t have = x_payload_done(x);
     size_t upto = final ? have : (have / SEG_BYTES) * SEG_BYTES;
     if (x->red_after) {
         size_t sent = x_payload_done(x->red_after);
@@ -185,14 +203,14 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                 /* try first: most small transfers complete without a poll */
                 size_t lim;
                 while (t->done < (lim = x_limit(t))) {
-                    struct iovec v[2];
+                    struct iovec v[3];
                     int nv = x_iov(t, lim, v);
                     ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
                                            : readv(c->fds[t->peer], v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
                         if (t->is_send) continue;
-                        if (t->check_hdr && t->done >= t->iov[0].iov_len) {
+                        if (t->check_hdr && t->done >= t->hl) {
                             t->check_hdr = 0;
                             int st = check_hdr(o, t->peer);
                             if (st != COLL_OK) return st;
@@ -396,27 +414,25 @@ static int ring_reduce_scatter(struct opctx *o, void *buf, size_t units, size_t 
     return COLL_OK;
 }
 
-/* Ring allgather: this node holds chunk `me`; afterwards every chunk. */
+/* Ring allgather: this node holds chunk `me`; afterwards every chunk. One exchange:
+ * chunks travel leftwards, and each pod passes on what it receives from its right as it
+ * arrives, so no step waits for the slowest pod of the one before. */
 static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit, int with_hdr)
 {
     struct tcp_comm *c = o->c;
     int n = c->nodes, me = c->me, right = (me + 1) % n, left = (me + n - 1) % n;
-    size_t es = o->es * unit;
-    for (int s = 0; s < n - 1; s++) {
-        int sc = ((me - s) % n + n) % n, rc = ((me - s - 1) % n + n) % n;
-        size_t so, sl, ro, rl;
-        chunk(units, n, sc, &so, &sl);
-        chunk(units, n, rc, &ro, &rl);
-        int h = with_hdr && s == 0;
-        struct xfer x[2];
-        x_send(&x[0], right, h ? &o->hdr : NULL, sizeof(o->hdr), (char *)buf + so * es, sl * es);
-        x_recv(&x[1], left, h ? &o->peer_hdr[left] : NULL, sizeof(o->hdr), (char *)buf + ro * es,
-               rl * es);
-        int st = exchange(o, x, 2);
-        if (st == COLL_OK && h) st = check_hdr(o, left);
-        if (st != COLL_OK) return st;
-    }
-    return COLL_OK;
+    size_t es = o->es * unit, off, len;
+    struct xfer x[2];
+    /* in: chunks me+1 .. me+n-1; out: chunks me .. me+n-2, the first ours, the rest as
+     * they come in (out's position len(me) + j is in's position j) */
+    x_recv(&x[0], right, with_hdr ? &o->peer_hdr[right] : NULL, sizeof(o->hdr), NULL, 0);
+    x_add_chunks(&x[0], buf, units, n, (me + 1) % n, n - 1, es);
+    x_send(&x[1], left, with_hdr ? &o->hdr : NULL, sizeof(o->hdr), NULL, 0);
+    x_add_chunks(&x[1], buf, units, n, me, n - 1, es);
+    chunk(units, n, me, &off, &len);
+    x[1].gate = &x[0];
+    x[1].gate_base = len * es;
+    return exchange(o, x, 2);
 }
 
 /* ---- ops ---------------------------------------------------------------------------------- */
