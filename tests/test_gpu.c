@@ -7,6 +7,7 @@
  * The parent never initialises CUDA (children are forked); a child reports the GPUs.
  */
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,6 +326,71 @@ static void stream_order_both_ways(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* More ops than request slots, each handed to the stream (coll_wait_stream), behind a
+ * gate: nobody can wait for them on the host, so submission must wait for slots to
+ * free themselves (the gate opens from another thread), not fail with LIMIT. */
+static void *open_later(void *arg)
+{
+    usleep(300000);
+    *((struct gate *)arg)->word = 1;
+    return NULL;
+}
+
+static int many_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(coll_mem_alloc(&b, c, 4096, 0) == COLL_OK, 4);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 5);
+    float ones[16];
+    for (int i = 0; i < 16; i++)
+        ones[i] = 1.0f;
+    float *x = coll_mem_ptr(b);
+    CHECK(cudaMemcpy(x, ones, sizeof(ones), cudaMemcpyHostToDevice) == cudaSuccess, 6);
+    struct gate gt;
+    CHECK(gate_make(&gt) == 0 && gate_block(&gt, st) == 0, 7);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, open_later, &gt) == 0, 8);
+    double t0 = now_ms();
+    for (int i = 0; i < 600; i++) {
+        coll_request r;
+        /* out of place, ping-pong: each op reads what the one before wrote */
+        float *src = x + (i % 2) * 16, *dst = x + ((i + 1) % 2) * 16;
+        coll_err e = coll_allreduce(g, src, dst, 16, COLL_FLOAT32, COLL_SUM, st, &r);
+        if (e == COLL_OK) e = coll_wait_stream(c, r, st);
+        if (e != COLL_OK) {
+            fprintf(stderr, "op %d: %s (%s)\n", i, coll_strerror(e), coll_last_error());
+            return 9;
+        }
+    }
+    double waited = now_ms() - t0;
+    pthread_join(th, NULL);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 10);
+    float got[16];
+    CHECK(cudaMemcpy(got, x, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess, 11);
+    fprintf(stderr, "600 stream-waited ops behind a gate submitted in %.0f ms\n", waited);
+    CHECK(got[0] == 1.0f && got[15] == 1.0f, 12);
+    CHECK(waited >= 250, 13); /* the 257th waited for the gate */
+    CHECK(coll_mem_release(&b) == COLL_OK, 14);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void stream_waited_ops_free_their_slots(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
+    struct job j = {.sock = a.sock};
+    assert_int_equal(child_wait(child_run(many_main, &j), 120000), 0);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 /* Submit an op behind a gate that stays shut; tell the parent; linger. */
@@ -361,8 +427,11 @@ static int held_main(void *arg)
                                 st, &r2);
     if (e == COLL_OK) e = coll_wait(c, r2, 20000);
     double waited = now_ms() - t0;
-    fprintf(stderr, "held op ended with %s after %.0f ms\n", coll_strerror(e), waited);
+    fprintf(stderr, "held op ended with %s after %.0f ms: %s\n", coll_strerror(e), waited,
+            coll_last_error());
     CHECK(e == COLL_ERR_TIMEOUT || e == COLL_ERR_PEER_LOST, 11);
+    /* the agent said why, not only the code */
+    CHECK(strstr(coll_last_error(), "the agent failed the op (") != NULL, 16);
     CHECK(coll_err_retryable(e), 12);
     CHECK(waited < 10000, 13);
     *gt.word = 1;
@@ -484,7 +553,8 @@ static int survivor_main(void *arg)
     double t0 = now_ms();
     coll_err e = coll_wait(c, r, 30000);
     double waited = now_ms() - t0;
-    fprintf(stderr, "survivor: op ended with %s after %.0f ms\n", coll_strerror(e), waited);
+    fprintf(stderr, "survivor: op ended with %s after %.0f ms: %s\n", coll_strerror(e), waited,
+            coll_last_error());
     CHECK(e == COLL_ERR_PEER_LOST && coll_err_retryable(e), 7);
     CHECK(waited < 10000, 8);
     char go;
@@ -562,6 +632,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(auto_backend_and_uuid),
         cmocka_unit_test(stream_order_both_ways),
+        cmocka_unit_test(stream_waited_ops_free_their_slots),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

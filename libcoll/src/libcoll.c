@@ -30,6 +30,8 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
 #define SPIN_PAUSE_NS 3000
+/* submission with every request slot taken, some by ops only streams wait for */
+#define SLOT_WAIT_NS (30LL * 1000000000)
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -101,6 +103,7 @@ struct coll_conn {
     struct req reqs[WIRE_RING_ENTRIES];
     uint32_t free_idx[WIRE_RING_ENTRIES];
     uint32_t nfree;
+    uint32_t ndetached; /* requests only a stream waits for (coll_wait_stream) */
     int agent_gpu;      /* the agent imports GPU buffers */
     int shm_gpu;        /* the region is registered with CUDA */
     intptr_t shm_delta; /* host -> GPU address of the region */
@@ -113,6 +116,7 @@ struct coll_conn {
 };
 
 static void reap(coll_conn *c);
+static void sleep_for_completion(coll_conn *c, int64_t deadline);
 
 static int64_t now_ns(void)
 {
@@ -795,6 +799,7 @@ static void reap(coll_conn *c)
                 }
                 r->state = REQ_FREE;
                 r->detached = 0;
+                c->ndetached--;
                 c->free_idx[c->nfree++] = idx;
             }
         }
@@ -871,6 +876,23 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         c->stream_err = COLL_OK;
         goto out;
     }
+    if (c->nfree == 0) reap(c);
+    if (c->nfree == 0 && c->ndetached > 0) {
+        /* streams wait for some of the slots' ops and nobody else will: they free
+         * themselves as they complete, so wait for one (bounded; before any buffer is
+         * looked up, as the lock is let go meanwhile) */
+        int64_t deadline = now_ns() + SLOT_WAIT_NS;
+        while (c->nfree == 0 && !c->lost && now_ns() < deadline) {
+            pthread_mutex_unlock(&c->lock);
+            sleep_for_completion(c, deadline);
+            pthread_mutex_lock(&c->lock);
+            reap(c);
+        }
+        if (c->lost) {
+            rc = fail(c->lost, "agent connection lost: %s", c->lost_msg);
+            goto out;
+        }
+    }
     rc = resolve(c, "send", a->send, selems, es, a->send_used, &sb, &s.send_off, &s.send_buf);
     if (rc) goto out;
     rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, &rb, &s.recv_off, &s.recv_buf);
@@ -883,7 +905,6 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
                   g->info.name);
         goto out;
     }
-    if (c->nfree == 0) reap(c);
     if (c->nfree == 0) {
         rc = fail(COLL_ERR_LIMIT, "%d requests are pending: wait for some first",
                   WIRE_RING_ENTRIES);
@@ -1178,6 +1199,7 @@ coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
             rc = consume(c, r); /* the stream passes at once */
         } else {
             r->detached = 1;
+            c->ndetached++;
         }
     }
     pthread_mutex_unlock(&c->lock);

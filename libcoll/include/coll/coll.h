@@ -207,7 +207,9 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
  * NULL: the legacy default stream) whose earlier work the op must follow: the agent
  * starts the op only after that work is done, with no host synchronisation. Ignored
  * for host groups.
- * Errors at submission: INVALID, EPOCH, LIMIT (too many ops in flight), AGENT_LOST.
+ * Errors at submission: INVALID, EPOCH, LIMIT (256 ops in flight: wait for some first;
+ * when streams wait for some of them, coll_wait_stream, submission waits up to 30 s for
+ * one of those to finish first), AGENT_LOST.
  */
 COLL_API coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count,
                                  coll_dtype dt, coll_redop op, void *stream, coll_request *req);
