@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Two builds of the agent side by side: N agents of build A, then N of build B, ROUNDS
+# times alternating, the same coll-bench each time; prints per size the median time per
+# op of each and the median of the per-round ratios B/A (below 1: B is faster). These
+# 2-CPU VMs swing by 2x between runs, so only ratios taken within one round count.
+# Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
+# Usage: bench/ab.sh BUILD_A BUILD_B AGENTS OP MIN MAX ITERS ROUNDS
+#   e.g. bench/ab.sh /tmp/base/build build-rel 4 broadcast 1048576 67108864 5 5
+set -euo pipefail
+[ $# -eq 8 ] || { sed -n '2,8p' "$0"; exit 2; }
+A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
+out=$(mktemp /tmp/coll-ab-XXXX)
+trap 'rm -f "$out"' EXIT
+run() { # build label
+    local build=$1 lab=$2 dir port extra socks="" pids=()
+    dir=$(mktemp -d /tmp/coll-ab-XXXX)
+    port=$((21000 + RANDOM % 20000))
+    extra=EXTRA_$lab
+    for i in $(seq 0 $((n - 1))); do
+        cat >"$dir/$i.yaml" <<YAML
+agent:
+  socket: $dir/$i.sock
+  log_level: warn
+${!extra:-}
+node:
+  index: $i
+discovery:
+  peers: ["127.0.0.1:$port"]
+groups:
+  - name: bench
+    backend: host
+    members: $n
+    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
+YAML
+        "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+        pids+=($!)
+        socks="${socks:+$socks,}$dir/$i.sock"
+    done
+    for i in $(seq 0 $((n - 1))); do
+        for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
+    done
+    echo "## $lab" >>"$out"
+    "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
+        -n "$iters" -w 3 -c 1 >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
+    kill "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$dir"
+}
+for _ in $(seq "$rounds"); do
+    run "$A" A
+    run "$B" B
+done
+python3 - "$out" <<'PY'
+import statistics, sys
+cur, d = None, {}
+for line in open(sys.argv[1]):
+    if line.startswith("## "):
+        cur = line.split()[1]
+        continue
+    f = line.split()
+    if cur and len(f) >= 5 and f[0].isdigit():
+        d.setdefault(int(f[0]), {}).setdefault(cur, []).append(float(f[2]))
+print(f"{'bytes':>10} {'A_us':>10} {'B_us':>10} {'B/A':>6}  per-round B/A")
+for b in sorted(d):
+    a, bb = d[b].get("A", []), d[b].get("B", [])
+    rs = [y / x for x, y in zip(a, bb)]
+    if not rs:
+        continue
+    print(f"{b:>10} {statistics.median(a):10.1f} {statistics.median(bb):10.1f} "
+          f"{statistics.median(rs):6.2f}  " + " ".join(f"{r:.2f}" for r in rs))
+PY
