@@ -11,7 +11,8 @@
  *
  * All transfers of a step run at once through one poll loop (exchange()); a ring
  * step reduces each segment as soon as it has arrived, so reduction overlaps the
- * network.
+ * network. A send may relay a receive (gate): the broadcast chain and the allgather
+ * ring pass bytes on as they arrive instead of going step by step.
  */
 #include "tcp.h"
 
@@ -109,26 +110,6 @@ static void x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size
     x->hl = hdr ? hl : 0;
     x->total = x->hl + n;
     x->check_hdr = hdr != NULL;
-}
-
-/* Append to x's payload chunks k0, k0 + 1, ... (cnt of them, wrapping past the last)
- * of buf split by chunk() over units of es bytes: at most two contiguous pieces. */
-static void chunk(size_t count, int n, int k, size_t *off, size_t *len);
-static void x_add_chunks(struct xfer *x, char *buf, size_t units, int n, int k0, int cnt, size_t es)
-{
-    while (cnt > 0) {
-        int run = k0 + cnt <= n ? cnt : n - k0; /* up to the last chunk */
-        size_t o0, l0, o1, l1;
-        chunk(units, n, k0, &o0, &l0);
-        chunk(units, n, k0 + run - 1, &o1, &l1);
-        size_t len = (o1 + l1 - o0) * es;
-        if (len) {
-            x->iov[x->niov++] = (struct iovec){buf + o0 * es, len};
-            x->total += len;
-        }
-        cnt -= run;
-        k0 = 0;
-    }
 }
 
 /* The iovec of x from its current offset up to limit. */
@@ -412,6 +393,25 @@ static int ring_reduce_scatter(struct opctx *o, void *buf, size_t units, size_t 
         if (st != COLL_OK) return st;
     }
     return COLL_OK;
+}
+
+/* Append to x's payload chunks k0, k0 + 1, ... (cnt of them, wrapping past the last)
+ * of buf split by chunk() over units of es bytes: at most two contiguous pieces. */
+static void x_add_chunks(struct xfer *x, char *buf, size_t units, int n, int k0, int cnt, size_t es)
+{
+    while (cnt > 0) {
+        int run = k0 + cnt <= n ? cnt : n - k0; /* up to the last chunk */
+        size_t o0, l0, o1, l1;
+        chunk(units, n, k0, &o0, &l0);
+        chunk(units, n, k0 + run - 1, &o1, &l1);
+        size_t len = (o1 + l1 - o0) * es;
+        if (len) {
+            x->iov[x->niov++] = (struct iovec){buf + o0 * es, len};
+            x->total += len;
+        }
+        cnt -= run;
+        k0 = 0;
+    }
 }
 
 /* Ring allgather: this node holds chunk `me`; afterwards every chunk. One exchange:
