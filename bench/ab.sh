@@ -11,38 +11,17 @@ set -euo pipefail
 A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
 out=$(mktemp /tmp/coll-ab-XXXX)
 trap 'rm -f "$out"' EXIT
+. "$(dirname "$0")/agents.sh"
 run() { # build label
-    local build=$1 lab=$2 dir port extra socks="" pids=()
+    local build=$1 lab=$2 dir extra
     dir=$(mktemp -d /tmp/coll-ab-XXXX)
-    port=$((21000 + RANDOM % 20000))
     extra=EXTRA_$lab
-    for i in $(seq 0 $((n - 1))); do
-        cat >"$dir/$i.yaml" <<YAML
-agent:
-  socket: $dir/$i.sock
-  log_level: warn
-${!extra:-}
-node:
-  index: $i
-discovery:
-  peers: ["127.0.0.1:$port"]
-groups:
-  - name: bench
-    backend: host
-    members: $n
-    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
-YAML
-        "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
-        pids+=($!)
-        socks="${socks:+$socks,}$dir/$i.sock"
-    done
-    for i in $(seq 0 $((n - 1))); do
-        for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
-    done
+    AGENT_PIDS=()
+    start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
     echo "## $lab" >>"$out"
-    "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
+    "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
         -n "$iters" -w 3 -c 1 >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
-    kill "${pids[@]}" 2>/dev/null || true
+    kill "${AGENT_PIDS[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
     rm -rf "$dir"
 }

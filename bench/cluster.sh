@@ -13,30 +13,12 @@ maxb=${5:-67108864}
 iters=${6:-20}
 dir=$(mktemp -d /tmp/coll-cluster-XXXX)
 port=$((20000 + $$ % 20000))
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+AGENT_PIDS=()
+cleanup() { for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
-socks=""
-for i in $(seq 0 $((n - 1))); do
-    cat >"$dir/$i.yaml" <<YAML
-agent:
-  socket: $dir/$i.sock
-  log_level: warn
-node:
-  index: $i
-discovery:
-  peers: ["127.0.0.1:$port"]
-groups:
-  - name: bench
-    backend: host
-    members: $n
-    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
-YAML
-    "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
-    pids+=($!)
-    socks="${socks:+$socks,}$dir/$i.sock"
-done
-for i in $(seq 0 $((n - 1))); do for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done; done
+. "$(dirname "$0")/agents.sh"
+start_agents "$build" "$n" "$dir" "$port"
+socks=$AGENT_SOCKS
 mpicc -O2 -o "$dir/mpi_bench" "$(dirname "$0")/mpi_bench.c"
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs, $n agents / ranks, float32, iters $iters"
 if command -v iperf3 >/dev/null; then

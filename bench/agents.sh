@@ -1,0 +1,33 @@
+# Sourced by the bench scripts: start_agents BUILD N DIR PORT [EXTRA]
+# Starts N agents of BUILD on loopback, node i with socket DIR/i.sock and log DIR/i.log,
+# all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
+# added to each agent section (e.g. "  spin_us: 0"). Appends the agents' pids to
+# AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
+# socket exists (at most 5 s each).
+start_agents() {
+    local build=$1 n=$2 dir=$3 port=$4 extra=${5:-} i
+    AGENT_SOCKS=""
+    for i in $(seq 0 $((n - 1))); do
+        cat >"$dir/$i.yaml" <<YAML
+agent:
+  socket: $dir/$i.sock
+  log_level: warn
+$extra
+node:
+  index: $i
+discovery:
+  peers: ["127.0.0.1:$port"]
+groups:
+  - name: bench
+    backend: host
+    members: $n
+    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
+YAML
+        "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+        AGENT_PIDS+=($!)
+        AGENT_SOCKS="${AGENT_SOCKS:+$AGENT_SOCKS,}$dir/$i.sock"
+    done
+    for i in $(seq 0 $((n - 1))); do
+        for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
+    done
+}
