@@ -391,6 +391,75 @@ static void stream_waited_ops_free_their_slots(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* The same op again and again (one rank: replayed from a captured graph after the
+ * second time), with new inputs each time, then on a new buffer after the old one is
+ * released: every result is checked, for each op kind that replays. */
+static int repeat_main(void *arg)
+{
+    struct job *j = arg;
+    enum { N = 4099 };
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 4);
+    static float h[2 * N];
+    for (int round = 0; round < 2; round++) {
+        coll_buffer *b;
+        CHECK(coll_mem_alloc(&b, c, 2 * N * 4, 0) == COLL_OK, 5);
+        float *in = coll_mem_ptr(b), *out = in + N;
+        for (int kind = 0; kind < 5; kind++) {
+            for (int k = 0; k < 5; k++) {
+                for (int i = 0; i < N; i++) {
+                    h[i] = (float)(i % 97) + (float)(100 * k + 10 * kind + round);
+                    h[N + i] = -1.0f;
+                }
+                CHECK(cudaMemcpyAsync(in, h, sizeof(h), cudaMemcpyHostToDevice, st) == 0, 6);
+                coll_request r;
+                coll_err e;
+                switch (kind) {
+                case 0: e = coll_allreduce(g, in, out, N, COLL_FLOAT32, COLL_AVG, st, &r); break;
+                case 1: e = coll_broadcast(g, in, out, N, COLL_FLOAT32, 0, st, &r); break;
+                case 2: e = coll_reduce(g, in, out, N, COLL_FLOAT32, COLL_MAX, 0, st, &r); break;
+                case 3: e = coll_allgather(g, in, out, N, COLL_FLOAT32, st, &r); break;
+                default: e = coll_reduce_scatter(g, in, out, N, COLL_FLOAT32, COLL_SUM, st, &r); break;
+                }
+                CHECK(e == COLL_OK, 7);
+                CHECK(coll_wait_stream(c, r, st) == COLL_OK, 8);
+                CHECK(cudaMemcpyAsync(h + N, out, N * 4, cudaMemcpyDeviceToHost, st) == 0, 9);
+                CHECK(cudaStreamSynchronize(st) == cudaSuccess, 10);
+                for (int i = 0; i < N; i++) {
+                    float want = (float)(i % 97) + (float)(100 * k + 10 * kind + round);
+                    if (h[N + i] != want) {
+                        fprintf(stderr, "round %d kind %d pass %d: element %d is %g, want %g\n",
+                                round, kind, k, i, (double)h[N + i], (double)want);
+                        return 11;
+                    }
+                }
+            }
+        }
+        CHECK(coll_mem_release(&b) == COLL_OK, 12);
+    }
+    cudaStreamDestroy(st);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void repeated_ops_replay(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
+    struct job j = {.sock = a.sock};
+    assert_int_equal(child_wait(child_run(repeat_main, &j), 120000), 0);
+    assert_int_equal(agent_stop(&a), 0);
+    /* replayed: the launcher's closing line counts graphs and replays */
+    assert_int_equal(agent_log_count(&a, "gpu.launcher_stopped"), 1);
+    assert_int_equal(agent_log_count(&a, "replayed=0"), 0);
+    assert_int_equal(agent_log_count(&a, " graphs=0 "), 0);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 /* Submit an op behind a gate that stays shut; tell the parent; linger. */
@@ -633,6 +702,7 @@ int main(void)
         cmocka_unit_test(auto_backend_and_uuid),
         cmocka_unit_test(stream_order_both_ways),
         cmocka_unit_test(stream_waited_ops_free_their_slots),
+        cmocka_unit_test(repeated_ops_replay),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

@@ -215,8 +215,13 @@ int gpu_resolve_device(const char *spec, char *why, size_t whylen)
     return -1;
 }
 
+/* Bumped when a GPU buffer import goes away: launchers drop their replayable graphs,
+ * which name buffers by address. */
+static atomic_uint buf_gen;
+
 static void release_cumem(struct buffer *b)
 {
+    atomic_fetch_add(&buf_gen, 1);
     struct cumem *m = b->priv;
     cumem_free(m);
     free(m);
@@ -257,6 +262,7 @@ struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], cha
 
 static void release_ipc(struct buffer *b)
 {
+    atomic_fetch_add(&buf_gen, 1);
     cudaIpcCloseMemHandle(b->priv);
 }
 
@@ -335,6 +341,19 @@ int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
 
 /* ---- launchers ------------------------------------------------------------------- */
 
+/* An op's launch captured as a CUDA graph, keyed by everything the launch reads. */
+#define GRAPH_SLOTS 32
+struct cgraph {
+    int used, seen, failed;
+    uint8_t kind, dtype, redop;
+    int32_t peer;
+    uint64_t count;
+    const void *send;
+    void *recv;
+    cudaGraphExec_t exec;
+    uint64_t last;
+};
+
 /* INIT: the root communicator is being created; SPLIT: its blocking child is being
  * split off (several ranks only); READY: ops run on c. */
 enum comm_state { COMM_INIT = 0, COMM_SPLIT, COMM_READY, COMM_BROKEN };
@@ -357,6 +376,10 @@ struct comm {
     int64_t created_ns;
     char why[160];
     struct gpu_task *fly_head, *fly_tail; /* issued, in stream order */
+    /* one rank: ops that repeat are replayed as CUDA graphs (graph_launch) */
+    struct cgraph graphs[GRAPH_SLOTS];
+    uint64_t graph_tick;
+    unsigned graph_bufgen;
 };
 
 struct launcher {
@@ -370,7 +393,7 @@ struct launcher {
     int sleeping;                       /* guarded by lock */
     struct gpu_task *pend_head, *pend_tail; /* taken, not yet issued */
     struct comm *comms;
-    uint64_t created, issued;
+    uint64_t created, issued, graphs_made, replayed;
 };
 
 struct gpu {
@@ -448,6 +471,26 @@ static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_fail
 /* An abort handed to a thread of its own: ncclCommAbort of a blocking communicator
  * whose kernel waits for a dead peer can take long (or, inside NCCL, never end), and
  * the launcher must keep serving its GPU's other groups. */
+/* ---- replayed launches --------------------------------------------------------------- */
+
+/*
+ * NCCL's host-side launch of a small op costs more than the op (6 us for 8 bytes on an
+ * H200; a captured graph of it launches in 3: bench/RESULTS.md). So on one-rank
+ * communicators an op seen twice with the same arguments is captured once and replayed
+ * from then on. One rank only: there NCCL's captured work is a plain copy or nothing,
+ * with no NCCL state tied to the graph; multi-rank captures hold persistent NCCL plans
+ * whose lifetime an abort would have to respect. COLL_NCCL_GRAPHS=0 turns it off.
+ */
+static int graphs_on = 1;
+
+static void graph_flush(struct comm *c)
+{
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec); /* freed when done */
+        memset(&c->graphs[i], 0, sizeof(c->graphs[i]));
+    }
+}
+
 struct reap {
     ncclComm_t root, child;
     cudaStream_t stream; /* freed after the aborts: cudaFree and cudaStreamDestroy */
@@ -498,6 +541,7 @@ static void *reaper_main(void *arg)
  * on peers. */
 static void comm_abort(struct launcher *l, struct comm *c)
 {
+    graph_flush(c); /* one rank's graphs hold no NCCL state; in flight, freed when done */
     if (!c->root && !c->child && !c->stream && !c->scratch && !c->tmp) return;
     struct reap h = {.root = c->root,
                      .slot = c->child,
@@ -713,6 +757,82 @@ static ncclResult_t launch(struct comm *c, const struct gpu_task *t)
     return r;
 }
 
+static int graph_key_eq(const struct cgraph *e, const struct gpu_task *t)
+{
+    return e->used && e->kind == t->kind && e->dtype == t->dtype && e->redop == t->redop &&
+           e->peer == t->peer && e->count == t->count && e->send == t->send && e->recv == t->recv;
+}
+
+/* t's entry: found, or a free or least recently used one made over for t. */
+static struct cgraph *graph_entry(struct comm *c, const struct gpu_task *t)
+{
+    struct cgraph *victim = &c->graphs[0];
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        struct cgraph *e = &c->graphs[i];
+        if (graph_key_eq(e, t)) return e;
+        if (!e->used || (victim->used && e->last < victim->last)) victim = e;
+    }
+    if (victim->exec) cudaGraphExecDestroy(victim->exec);
+    *victim = (struct cgraph){.used = 1,
+                              .kind = t->kind,
+                              .dtype = t->dtype,
+                              .redop = t->redop,
+                              .peer = t->peer,
+                              .count = t->count,
+                              .send = t->send,
+                              .recv = t->recv};
+    return victim;
+}
+
+static ncclResult_t graph_run(cudaGraphExec_t x, cudaStream_t st)
+{
+    if (cudaGraphLaunch(x, st) == cudaSuccess) return ncclSuccess;
+    cudaGetLastError();
+    return ncclUnhandledCudaError;
+}
+
+/* Launch t on c, from a graph when it repeats (see above). */
+static ncclResult_t graph_launch(struct launcher *l, struct comm *c, const struct gpu_task *t)
+{
+    int kind_ok = t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST ||
+                  t->kind == WIRE_OP_REDUCE || t->kind == WIRE_OP_ALLGATHER ||
+                  t->kind == WIRE_OP_REDUCE_SCATTER;
+    if (!graphs_on || c->nranks != 1 || !kind_ok) return launch(c, t);
+    unsigned bg = atomic_load(&buf_gen);
+    if (bg != c->graph_bufgen) {
+        graph_flush(c);
+        c->graph_bufgen = bg;
+    }
+    struct cgraph *e = graph_entry(c, t);
+    e->last = ++c->graph_tick;
+    if (e->exec) {
+        l->replayed++;
+        return graph_run(e->exec, c->stream);
+    }
+    if (e->failed || ++e->seen < 2) return launch(c, t);
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        e->failed = 1;
+        return launch(c, t);
+    }
+    ncclResult_t r = launch(c, t);
+    cudaGraph_t gr = NULL;
+    cudaError_t ce = cudaStreamEndCapture(c->stream, &gr);
+    if (r == ncclSuccess && ce == cudaSuccess && gr &&
+        cudaGraphInstantiate(&e->exec, gr, 0) == cudaSuccess) {
+        cudaGraphDestroy(gr);
+        l->graphs_made++;
+        l->replayed++;
+        return graph_run(e->exec, c->stream);
+    }
+    if (gr) cudaGraphDestroy(gr);
+    cudaGetLastError();
+    e->exec = NULL;
+    e->failed = 1;
+    /* captured but not run: run it now; a launch that failed fails the same way */
+    return r == ncclSuccess ? launch(c, t) : r;
+}
+
 static int p2p(const struct gpu_task *t)
 {
     return t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV;
@@ -741,7 +861,7 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     if (n > 1) r = ncclGroupStart();
     for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
         if (ts[i]->count == 0 && ts[i]->kind != WIRE_OP_BARRIER) continue;
-        r = launch(c, ts[i]);
+        r = n == 1 ? graph_launch(l, c, ts[i]) : launch(c, ts[i]);
     }
     if (n > 1) {
         ncclResult_t e = ncclGroupEnd();
@@ -1032,8 +1152,10 @@ static void *launcher_main(void *arg)
         if (c->fly_head) comm_break(l, c, COLL_ERR_SHUTDOWN, "the agent is stopping");
         comm_destroy(l, c);
     }
-    log_msg(LOG_INFO, "gpu.launcher_stopped", "device=%d comms_created=%llu ops_issued=%llu",
-            l->device, (unsigned long long)l->created, (unsigned long long)l->issued);
+    log_msg(LOG_INFO, "gpu.launcher_stopped",
+            "device=%d comms_created=%llu ops_issued=%llu graphs=%llu replayed=%llu", l->device,
+            (unsigned long long)l->created, (unsigned long long)l->issued,
+            (unsigned long long)l->graphs_made, (unsigned long long)l->replayed);
     return NULL;
 }
 
@@ -1097,6 +1219,8 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         snprintf(why, whylen, "no group uses a GPU");
         return NULL;
     }
+    const char *gv = getenv("COLL_NCCL_GRAPHS");
+    graphs_on = !(gv && strcmp(gv, "0") == 0);
     struct gpu *g = calloc(1, sizeof(*g));
     if (!g) {
         snprintf(why, whylen, "out of memory");
@@ -1132,7 +1256,8 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
             return NULL;
         }
         g->l[i].started = 1;
-        log_msg(LOG_INFO, "gpu.launcher", "device=%d", g->l[i].device);
+        log_msg(LOG_INFO, "gpu.launcher", "device=%d graphs=%s", g->l[i].device,
+                graphs_on ? "one-rank" : "off");
     }
     return g;
 }
