@@ -468,9 +468,6 @@ static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_fail
     post(g, t);
 }
 
-/* An abort handed to a thread of its own: ncclCommAbort of a blocking communicator
- * whose kernel waits for a dead peer can take long (or, inside NCCL, never end), and
- * the launcher must keep serving its GPU's other groups. */
 /* ---- replayed launches --------------------------------------------------------------- */
 
 /*
@@ -491,6 +488,9 @@ static void graph_flush(struct comm *c)
     }
 }
 
+/* An abort handed to a thread of its own: ncclCommAbort of a blocking communicator
+ * whose kernel waits for a dead peer can take long (or, inside NCCL, never end), and
+ * the launcher must keep serving its GPU's other groups. */
 struct reap {
     ncclComm_t root, child;
     cudaStream_t stream; /* freed after the aborts: cudaFree and cudaStreamDestroy */
