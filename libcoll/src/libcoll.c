@@ -758,7 +758,6 @@ static coll_buffer *find_buffer(coll_conn *c, const void *p, uint64_t bytes)
     return b;
 }
 
-/* Reap every completion the agent has posted; caller holds the lock. */
 /* The agent's reason for failing request slot idx (written before its cqe). */
 static void agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
 {
@@ -766,6 +765,7 @@ static void agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
     out[WIRE_WHY_MAX - 1] = '\0'; /* whatever the agent left there */
 }
 
+/* Reap every completion the agent has posted; caller holds the lock. */
 static void reap(coll_conn *c)
 {
     uint32_t start = c->cq_head;
