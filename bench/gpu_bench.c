@@ -274,18 +274,20 @@ static int run_rank(const struct opts *o, int rank)
     }
     x.rank = info.rank;
     size_t maxb = o->maxb;
+    /* room for the first ops below (2 elements per rank) whatever the sizes asked */
+    size_t cap = maxb < 4096 ? 4096 : maxb;
     coll_buffer *bs, *br;
-    AK(coll_mem_alloc(&bs, x.c, maxb, rank));
-    AK(coll_mem_alloc(&br, x.c, maxb, rank));
+    AK(coll_mem_alloc(&bs, x.c, cap, rank));
+    AK(coll_mem_alloc(&br, x.c, cap, rank));
     x.as = coll_mem_ptr(bs);
     x.ar = coll_mem_ptr(br);
-    CK(cudaMalloc(&x.ds, maxb));
-    CK(cudaMalloc(&x.dr, maxb));
-    CK(cudaMemset(x.ds, 0, maxb));
-    CK(cudaMemset(x.as, 0, maxb));
+    CK(cudaMalloc(&x.ds, cap));
+    CK(cudaMalloc(&x.dr, cap));
+    CK(cudaMemset(x.ds, 0, cap));
+    CK(cudaMemset(x.as, 0, cap));
     float *hs, *hr;
-    CK(cudaMallocHost((void **)&hs, maxb));
-    CK(cudaMallocHost((void **)&hr, maxb));
+    CK(cudaMallocHost((void **)&hs, cap));
+    CK(cudaMallocHost((void **)&hr, cap));
 
     /* first ops: communicator creation, both ways */
     double t0 = now_us();

@@ -603,6 +603,30 @@ static void two_pods_one_gpu_each(void **state)
 /* Pod 0's application: an allreduce with pod 1, then one that pod 1 never joins (its
  * agent is killed): it must fail with a retryable error well inside op_ms; then, when
  * the parent says pod 1 is back, reopen and run again. */
+/* times in-place allreduces of 1024 floats on b (rank r starts at r + 1; two ranks), each
+ * waited for on the host: the same op every time, so after the second it is replayed
+ * from a captured graph. Checks the doubling sums. */
+static int repeated_pair_allreduce(coll_conn *c, coll_group *g, coll_buffer *b, int rank,
+                                   int times)
+{
+    float h[1024];
+    for (int i = 0; i < 1024; i++)
+        h[i] = (float)(rank + 1);
+    CHECK(cudaMemcpy(coll_mem_ptr(b), h, sizeof(h), cudaMemcpyHostToDevice) == 0, 40);
+    for (int k = 0; k < times; k++) {
+        coll_request r;
+        CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 1024, COLL_FLOAT32, COLL_SUM,
+                             NULL, &r) == COLL_OK,
+              41);
+        CHECK(coll_wait(c, r, 30000) == COLL_OK, 42);
+    }
+    CHECK(cudaMemcpy(h, coll_mem_ptr(b), sizeof(h), cudaMemcpyDeviceToHost) == 0, 43);
+    float want = 3.0f * (float)(1 << (times - 1));
+    for (int i = 0; i < 1024; i++)
+        CHECK(h[i] == want, 44);
+    return 0;
+}
+
 static int survivor_main(void *arg)
 {
     struct job *j = arg;
@@ -614,6 +638,10 @@ static int survivor_main(void *arg)
     if (rc) return rc;
     coll_buffer *b;
     CHECK(coll_mem_alloc(&b, c, 4096, 0) == COLL_OK, 4);
+    /* a few of the same op first: the one the peer's death interrupts is replayed from a
+     * graph, whose communicator must still abort */
+    rc = repeated_pair_allreduce(c, g, b, 0, 4);
+    if (rc) return rc;
     coll_request r;
     CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 1024, COLL_FLOAT32, COLL_SUM, NULL,
                          &r) == COLL_OK,
@@ -645,7 +673,12 @@ static int pod1_main(void *arg)
     CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
     CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
     int rc = small_allreduce(c, g, 1, 2);
-    if (rc == 0 && j->hold_fd >= 0) pause(); /* stay attached until killed */
+    if (rc == 0 && j->hold_fd >= 0) {
+        coll_buffer *b;
+        CHECK(coll_mem_alloc(&b, c, 4096, 1) == COLL_OK, 4);
+        rc = repeated_pair_allreduce(c, g, b, 1, 4);
+        if (rc == 0) pause(); /* stay attached until killed */
+    }
     coll_disconnect(&c);
     return rc;
 }
@@ -688,6 +721,9 @@ static void killed_pod_fails_survivor_then_reforms(void **state)
     assert_int_equal(agent_log_count(&a[0], "gpu.comm_init"), 2);
     for (int i = 0; i < 2; i++)
         assert_int_equal(agent_stop(&a[i]), 0);
+    /* the interrupted op was a replay (two-rank graphs), and its abort still finished */
+    assert_int_equal(agent_log_count(&a[0], "gpu.launcher_stopped"), 1);
+    assert_int_equal(agent_log_count(&a[0], "replayed=0"), 0);
 }
 
 int main(void)

@@ -472,13 +472,17 @@ static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_fail
 
 /*
  * NCCL's host-side launch of a small op costs more than the op (6 us for 8 bytes on an
- * H200; a captured graph of it launches in 3: bench/RESULTS.md). So on one-rank
- * communicators an op seen twice with the same arguments is captured once and replayed
- * from then on. One rank only: there NCCL's captured work is a plain copy or nothing,
- * with no NCCL state tied to the graph; multi-rank captures hold persistent NCCL plans
- * whose lifetime an abort would have to respect. COLL_NCCL_GRAPHS=0 turns it off.
+ * H200; a captured graph of it launches in 3: bench/RESULTS.md). So an op seen twice
+ * with the same arguments is captured once and replayed from then on. Lifetimes: a
+ * multi-rank capture holds persistent NCCL plans, and NCCL's destroy and abort wait until
+ * every graph referencing the communicator is gone, so the graphs are always destroyed
+ * first (comm_abort, comm_destroy; work in flight finishes or is aborted, then the
+ * graph is freed). Captures do not register user buffers (NCCL_GRAPH_REGISTER=0 unless
+ * set otherwise), so a replay reads and writes addresses exactly as an eager launch
+ * does, and the graphs are dropped whenever a buffer import goes away.
+ * COLL_NCCL_GRAPHS=0 turns replay off; =1 limits it to one-rank communicators.
  */
-static int graphs_on = 1;
+static int graphs_on = 2; /* 0 off, 1 one-rank communicators, 2 all */
 
 static void graph_flush(struct comm *c)
 {
@@ -541,7 +545,7 @@ static void *reaper_main(void *arg)
  * on peers. */
 static void comm_abort(struct launcher *l, struct comm *c)
 {
-    graph_flush(c); /* one rank's graphs hold no NCCL state; in flight, freed when done */
+    graph_flush(c); /* before the abort, which waits for graphs that use c's communicator */
     if (!c->root && !c->child && !c->stream && !c->scratch && !c->tmp) return;
     struct reap h = {.root = c->root,
                      .slot = c->child,
@@ -598,6 +602,7 @@ static void comm_break(struct launcher *l, struct comm *c, int code, const char 
 
 static void comm_destroy(struct launcher *l, struct comm *c)
 {
+    graph_flush(c); /* before NCCL's destroy, which waits for graphs that use c */
     if (c->state == COMM_READY && c->c == c->root && c->root) {
         /* one rank, nothing in flight: finalize (non-blocking, polled briefly) */
         ncclCommFinalize(c->root);
@@ -797,7 +802,7 @@ static ncclResult_t graph_launch(struct launcher *l, struct comm *c, const struc
     int kind_ok = t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST ||
                   t->kind == WIRE_OP_REDUCE || t->kind == WIRE_OP_ALLGATHER ||
                   t->kind == WIRE_OP_REDUCE_SCATTER;
-    if (!graphs_on || c->nranks != 1 || !kind_ok) return launch(c, t);
+    if (!graphs_on || (graphs_on == 1 && c->nranks != 1) || !kind_ok) return launch(c, t);
     unsigned bg = atomic_load(&buf_gen);
     if (bg != c->graph_bufgen) {
         graph_flush(c);
@@ -1220,7 +1225,8 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         return NULL;
     }
     const char *gv = getenv("COLL_NCCL_GRAPHS");
-    graphs_on = !(gv && strcmp(gv, "0") == 0);
+    graphs_on = gv && (strcmp(gv, "0") == 0 || strcmp(gv, "1") == 0) ? atoi(gv) : 2;
+    setenv("NCCL_GRAPH_REGISTER", "0", 0); /* before any capture reads it (see above) */
     struct gpu *g = calloc(1, sizeof(*g));
     if (!g) {
         snprintf(why, whylen, "out of memory");
@@ -1257,7 +1263,7 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         }
         g->l[i].started = 1;
         log_msg(LOG_INFO, "gpu.launcher", "device=%d graphs=%s", g->l[i].device,
-                graphs_on ? "one-rank" : "off");
+                graphs_on == 2 ? "on" : graphs_on ? "one-rank" : "off");
     }
     return g;
 }
