@@ -219,7 +219,8 @@ static void wake_engine(struct net *n)
 static void return_task_why(struct net *n, struct net_task *t, int status, const char *why)
 {
     t->status = status;
-    snprintf(t->why, sizeof(t->why), "%s", status != COLL_OK && why ? why : "");
+    t->why[0] = '\0';
+    if (status != COLL_OK && why) snprintf(t->why, sizeof(t->why), "%s", why);
     t->next = NULL;
     pthread_mutex_lock(&n->out_lock);
     if (n->done_tail)
@@ -1120,8 +1121,9 @@ int net_inline(struct net *n, struct net_task *t)
             } else {
                 g->ops_done++;
                 t->status = st;
-                snprintf(t->why, sizeof(t->why), "%s", st != COLL_OK ? why : "");
+                t->why[0] = '\0';
                 if (st != COLL_OK) {
+                    snprintf(t->why, sizeof(t->why), "%s", why);
                     g->inline_abort = st;
                     snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
                 }

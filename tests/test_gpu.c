@@ -315,13 +315,20 @@ static int order_main(void *arg)
     return 0;
 }
 
+/* Start a one-GPU agent (op timeout op_ms) and run fn as its one client, which must
+ * succeed; the agent is left running for the caller's checks of its log. */
+static void one_client(struct agent *a, int op_ms, int (*fn)(void *))
+{
+    assert_int_equal(start_gpu_agent(a, 1, op_ms), 0);
+    struct job j = {.sock = a->sock, .hold_fd = -1};
+    assert_int_equal(child_wait(child_run(fn, &j), 120000), 0);
+}
+
 static void stream_order_both_ways(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
-    struct job j = {.sock = a.sock};
-    assert_int_equal(child_wait(child_run(order_main, &j), 120000), 0);
+    one_client(&a, 60000, order_main);
     assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 1);
     assert_int_equal(agent_stop(&a), 0);
 }
@@ -385,9 +392,7 @@ static void stream_waited_ops_free_their_slots(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
-    struct job j = {.sock = a.sock};
-    assert_int_equal(child_wait(child_run(many_main, &j), 120000), 0);
+    one_client(&a, 60000, many_main);
     assert_int_equal(agent_stop(&a), 0);
 }
 
@@ -450,9 +455,7 @@ static void repeated_ops_replay(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(start_gpu_agent(&a, 1, 60000), 0);
-    struct job j = {.sock = a.sock};
-    assert_int_equal(child_wait(child_run(repeat_main, &j), 120000), 0);
+    one_client(&a, 60000, repeat_main);
     assert_int_equal(agent_stop(&a), 0);
     /* replayed: the launcher's closing line counts graphs and replays */
     assert_int_equal(agent_log_count(&a, "gpu.launcher_stopped"), 1);
@@ -546,9 +549,7 @@ static void op_timeout_releases_streams(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(start_gpu_agent(&a, 1, 1500), 0);
-    struct job j = {.sock = a.sock, .hold_fd = -1};
-    assert_int_equal(child_wait(child_run(held_main, &j), 120000), 0);
+    one_client(&a, 1500, held_main);
     /* the broken communicator was replaced once */
     assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 2);
     assert_true(agent_log_count(&a, "gpu.comm_abort") >= 1);

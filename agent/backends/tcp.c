@@ -167,8 +167,9 @@ static int failf(struct opctx *o, int code, const char *fmt, ...)
 
 static int check_hdr(struct opctx *o, int peer);
 
-/* Move every transfer to completion. Relays (sends with a gate) go after the receives
- * that feed them, so what arrives is passed on in the same pass. */
+/* Move every transfer to completion, checking each received header against ours as
+ * soon as it is in (so callers need not). Relays (sends with a gate) go after the
+ * receives that feed them, so what arrives is passed on in the same pass. */
 static int exchange(struct opctx *o, struct xfer *x, int nx)
 {
     struct tcp_comm *c = o->c;
@@ -389,7 +390,6 @@ static int ring_reduce_scatter(struct opctx *o, void *buf, size_t units, size_t 
         x_recv(&x[1], left, s == 0 ? &o->peer_hdr[left] : NULL, sizeof(o->hdr), tmp, rl * es);
         x[1].red_dst = rl ? (char *)buf + ro * es : NULL;
         int st = exchange(o, x, 2);
-        if (st == COLL_OK && s == 0) st = check_hdr(o, left);
         if (st != COLL_OK) return st;
     }
     return COLL_OK;
@@ -475,8 +475,6 @@ static int op_reduce_scatter(struct opctx *o)
             x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * bb, bb);
         }
         st = exchange(o, x, nx);
-        for (int p = 0; st == COLL_OK && p < c->nodes; p++)
-            if (p != c->me) st = check_hdr(o, p);
         if (st != COLL_OK) return st;
         reduce_in_pod_order(o, mine, in, bb, block);
     } else {
@@ -556,8 +554,6 @@ static int op_reduce(struct opctx *o)
             x_send(&x[nx++], rnode, &o->hdr, sizeof(o->hdr), T, bytes);
         }
         st = exchange(o, x, nx);
-        for (int p = 0; st == COLL_OK && c->me == rnode && p < c->nodes; p++)
-            if (p != c->me) st = check_hdr(o, p);
         if (st != COLL_OK || c->me != rnode) return st;
         reduce_in_pod_order(o, T, in, bytes, count);
     } else {
@@ -608,8 +604,6 @@ static int op_alltoall(struct opctx *o)
         x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * pb, pb);
     }
     int st = exchange(o, x, nx);
-    for (int p = 0; st == COLL_OK && p < c->nodes; p++)
-        if (p != c->me) st = check_hdr(o, p);
     if (st != COLL_OK) return st;
     memcpy(in + (size_t)c->me * pb, out + (size_t)c->me * pb, pb);
     /* unpack: from pod k, [s][j] = rank k*L + s's block for our local j */
@@ -722,8 +716,6 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     int st = exchange(&s->o, s->x, s->nx);
     if (st == TCP_AGAIN) return st;
     struct net_task *t = s->o.t;
-    for (int i = 0; st == COLL_OK && i < s->nx; i++) /* every peer we heard from */
-        if (!s->x[i].is_send) st = check_hdr(&s->o, s->x[i].peer);
     if (st == COLL_OK && (t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_ALLGATHER)) {
         size_t total = t->count * s->o.es *
                        (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
