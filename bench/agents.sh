@@ -3,7 +3,8 @@
 # all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
 # added to each agent section (e.g. "  spin_us: 0"). Appends the agents' pids to
 # AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
-# socket exists (at most 5 s each).
+# socket exists (at most 5 s each). With PIN=1, agent i runs on CPU i mod nproc (and
+# coll-bench -a pins application i the same way): one CPU per "pod".
 start_agents() {
     local build=$1 n=$2 dir=$3 port=$4 extra=${5:-} i
     AGENT_SOCKS=""
@@ -23,7 +24,11 @@ groups:
     members: $n
     timeouts: {op_ms: 120000, heartbeat_ms: 1000}
 YAML
-        "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+        if [ "${PIN:-0}" = 1 ]; then
+            taskset -c $((i % $(nproc))) "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+        else
+            "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &
+        fi
         AGENT_PIDS+=($!)
         AGENT_SOCKS="${AGENT_SOCKS:+$AGENT_SOCKS,}$dir/$i.sock"
     done

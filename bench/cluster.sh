@@ -27,7 +27,8 @@ if command -v iperf3 >/dev/null; then
     iperf3 -c 127.0.0.1 -p $((port + 1)) -t 3 --bidir -f g 2>/dev/null | grep -E "sender|receiver" | tail -4 | sed 's/^/# iperf3 /'
 fi
 for op in $ops; do
-    "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3 -c 1
+    "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3 -c 1 \
+        $([ "${PIN:-0}" = 1 ] && echo -a)
     mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl tcp,self \
         --mca btl_tcp_if_include lo "$dir/mpi_bench" -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3
     if /usr/bin/python3 -c "import torch.distributed" 2>/dev/null; then

@@ -10,7 +10,9 @@
  * elements, then the median and 90th percentile of single-op round trips. -G sleeps
  * GAP_US between iterations, so the agent is idle (asleep) when each op arrives.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <sched.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +260,26 @@ fail:
     return 1;
 }
 
+/* -a: process i runs on CPU i mod (CPUs this process may use), as bench/agents.sh pins
+ * agent i when PIN=1, so that each "pod" (an agent and its application) has a CPU of its
+ * own, as pods on separate machines would, and as mpirun binds its ranks. */
+static int pin_to_cpu(int i)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+    int n = CPU_COUNT(&allowed), k = i % n;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &allowed) || k-- != 0) continue;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) == 0) return 0;
+        fprintf(stderr, "coll-bench: cannot pin process %d to CPU %d: %s\n", i, cpu,
+                strerror(errno));
+        return -1;
+    }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {.minb = 8,
@@ -270,8 +292,8 @@ int main(int argc, char **argv)
                      .procs = 1,
                      .check = 1,
                      .group = "demo"};
-    int c;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:h")) != -1) {
+    int c, pin = 0;
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:ah")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -321,10 +343,13 @@ int main(int argc, char **argv)
         case 'c':
             o.check = atoi(optarg);
             break;
+        case 'a':
+            pin = 1;
+            break;
         default:
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
-                            "[-G GAP_US] [-c 0|1]\n");
+                            "[-G GAP_US] [-c 0|1] [-a]\n");
             return 2;
         }
     }
@@ -349,6 +374,7 @@ int main(int argc, char **argv)
         pids[i] = fork();
         if (pids[i] == 0) {
             o.sock = nsocks ? socks[i % nsocks] : NULL;
+            if (pin && pin_to_cpu(i) != 0) _exit(1);
             _exit(run_rank(&o));
         }
     }
