@@ -5,6 +5,7 @@
  * mid-op (the survivors fail within the timeout and the group re-forms when it is
  * back); configs that disagree; garbage on the rendezvous port.
  */
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
@@ -210,6 +211,105 @@ static void two_pods_mid_sizes_bitwise(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(child_wait(p[i], 120000), 0);
     stop_all(a, 2);
+}
+
+/* ---- four and eight pods: small allreduces by recursive doubling --------------------- */
+
+/* Full 24-bit mantissas over a range of exponents, so that sums round and another
+ * order of the operands would give other bits (pair_input's sums are exact). */
+static float tree_input(int rank, size_t i)
+{
+    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)((rank + 1) * 0x85ebca6bu);
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    float m = (float)((x & 0xffffffu) | 0x800000u);
+    return ldexpf(x & 0x80000000u ? -m : m, (int)((x >> 24) & 7u) - 24);
+}
+
+/* What recursive doubling yields over pods lo .. lo+n-1 (n a power of two): the pairwise
+ * tree ((a0 + a1) + (a2 + a3)) + ..., whichever side each pod adds first. */
+static float tree_sum(int lo, int n, size_t i)
+{
+    return n == 1 ? tree_input(lo, i) : tree_sum(lo, n / 2, i) + tree_sum(lo + n / 2, n / 2, i);
+}
+
+struct dbl {
+    const char *sock;
+    int delay_ms; /* before the first op: late pods make the early ones hand over */
+};
+
+static int doubling_rank_main(void *arg)
+{
+    const struct dbl *o = arg;
+    /* one element, an odd count, and the tiny limit exactly (64 KiB) */
+    static const size_t counts[] = {1, 1001, 16384};
+    const size_t maxc = 16384;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, o->sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    float *in = coll_mem_ptr(b), *out = in + maxc;
+    if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            size_t n = counts[k];
+            for (size_t i = 0; i < n; i++)
+                in[i] = tree_input(info.rank, i);
+            float *dst = inplace ? in : out;
+            coll_request r;
+            coll_err e = coll_allreduce(g, in, dst, n, COLL_FLOAT32, COLL_SUM, NULL, &r);
+            if (e == COLL_OK) e = coll_wait(c, r, 30000);
+            if (e != COLL_OK) {
+                fprintf(stderr, "rank %d: allreduce count %zu: %s (%s)\n", info.rank, n,
+                        coll_strerror(e), coll_last_error());
+                return 103;
+            }
+            for (size_t i = 0; i < n; i++) {
+                float want = tree_sum(0, info.size, i);
+                if (memcmp(&dst[i], &want, 4) != 0) {
+                    fprintf(stderr, "rank %d: allreduce count %zu inplace %d: element %zu is %a, "
+                                    "want %a\n",
+                            info.rank, n, inplace, i, (double)dst[i], (double)want);
+                    return 104;
+                }
+            }
+        }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Every pod gets the same bits (the tree's), with 4 pods and with 8; with 4, the second
+ * pair is 300 ms late, so the first pair's engines finish step one and hand step two to
+ * their net threads half done. */
+static void four_and_eight_pods_double_bitwise(void **state)
+{
+    (void)state;
+    for (int n = 4; n <= 8; n += 4) {
+        struct agent a[8];
+        int port;
+        start_all(a, n, 1, &port);
+        for (int i = 0; i < n; i++) /* ready, so that the ops are not simply queued */
+            assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
+        struct dbl jobs[8];
+        pid_t p[8];
+        for (int i = 0; i < n; i++) {
+            jobs[i] = (struct dbl){a[i].sock, n == 4 && i >= 2 ? 300 : 0};
+            p[i] = child_run(doubling_rank_main, &jobs[i]);
+        }
+        for (int i = 0; i < n; i++)
+            assert_int_equal(child_wait(p[i], 60000), 0);
+        stop_all(a, n);
+        if (n == 4) { /* the first op was handed over, or queued if the net thread was
+                       * busy at that instant: not every op ran on the engine */
+            assert_int_equal(agent_log_count(&a[0], "group.stats"), 1);
+            assert_int_equal(agent_log_count(&a[0], "handed_over=0 queued=0"), 0);
+        }
+    }
 }
 
 /* ---- broadcast chains: each pod relays bytes as they arrive -------------------------- */
@@ -499,6 +599,7 @@ int main(void)
         cmocka_unit_test(ops_4_agents),
         cmocka_unit_test(ops_8_agents),
         cmocka_unit_test(two_pods_mid_sizes_bitwise),
+        cmocka_unit_test(four_and_eight_pods_double_bitwise),
         cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
