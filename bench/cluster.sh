@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Collectives across N agents on this machine (loopback TCP), side by side in one run with
 # OpenMPI's TCP transport on the same sizes, Gloo (torch.distributed, when Debian's
-# python3-torch is installed), and the loopback TCP ceiling (iperf3 --bidir).
+# python3-torch is installed), and the loopback TCP ceiling (iperf3 --bidir). Broadcast
+# runs in place (coll-bench -i), as MPI_Bcast and torch's broadcast have one buffer.
+# PIN=1 gives each pod (agent i and application i) CPU i mod nproc, as mpirun binds its
+# ranks when there are no more of them than CPUs.
 # Usage: bench/cluster.sh [BUILD_DIR] [AGENTS] [OPS] [MIN] [MAX] [ITERS]
 #   e.g. bench/cluster.sh build 2 "allreduce allgather" 8 67108864 20
 set -euo pipefail
@@ -28,7 +31,7 @@ if command -v iperf3 >/dev/null; then
 fi
 for op in $ops; do
     "$build/coll-bench" -s "$socks" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3 -c 1 \
-        $([ "${PIN:-0}" = 1 ] && echo -a)
+        $([ "${PIN:-0}" = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i)
     mpirun --allow-run-as-root --oversubscribe -np "$n" --mca pml ob1 --mca btl tcp,self \
         --mca btl_tcp_if_include lo "$dir/mpi_bench" -o "$op" -b "$minb" -e "$maxb" -f 8 -n "$iters" -w 3
     if /usr/bin/python3 -c "import torch.distributed" 2>/dev/null; then

@@ -2,13 +2,15 @@
  * coll_bench.c: collective benchmark through the agent, in the style of nccl-tests.
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
- *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1]
+ *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1] [-a] [-i]
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
  * per size: bytes, count, time per op in us (mean), algbw and busbw in GB/s, wrong
  * elements, then the median and 90th percentile of single-op round trips. -G sleeps
  * GAP_US between iterations, so the agent is idle (asleep) when each op arrives.
+ * -a pins process i to CPU i mod count (one CPU per pod). -i runs allreduce or broadcast
+ * in place (one buffer, as MPI_Bcast has), where the default is two buffers.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -36,7 +38,7 @@ static const char *const op_names[] = {"allreduce", "broadcast", "reduce", "allg
 struct opts {
     size_t minb, maxb;
     double factor;
-    int op, dtype, iters, warmup, procs, check;
+    int op, dtype, iters, warmup, procs, check, inplace;
     long gap_us;
     const char *group, *sock;
 };
@@ -214,22 +216,27 @@ static int run_rank(const struct opts *o)
         if (o->op == 6) count = 0;
         coll_request req;
         fill(s, count * (size_t)n, o->dtype, rank);
+        void *dst = o->inplace ? s : r;
         for (int i = 0; i < o->warmup; i++) {
-            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+            if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
         double total = 0;
         for (int i = 0; i < o->iters; i++) {
             if (o->gap_us) usleep((useconds_t)o->gap_us);
             double t0 = now_us();
-            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+            if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
             lat[i] = now_us() - t0;
             total += lat[i];
         }
         long wrong = 0;
         if (o->check) {
-            memset(r, 0, count * es * (size_t)n);
-            if (submit(o, g, s, r, count, &req) || coll_wait(c, req, -1)) goto fail;
+            if (o->inplace)
+                fill(r, count, o->dtype, rank);
+            else
+                memset(r, 0, count * es * (size_t)n);
+            if (submit(o, g, o->inplace ? r : s, r, count, &req) || coll_wait(c, req, -1))
+                goto fail;
             wrong = check(o, r, count, rank, n);
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
@@ -293,7 +300,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:ah")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aih")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -346,15 +353,18 @@ int main(int argc, char **argv)
         case 'a':
             pin = 1;
             break;
+        case 'i':
+            o.inplace = 1;
+            break;
         default:
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
-                            "[-G GAP_US] [-c 0|1] [-a]\n");
+                            "[-G GAP_US] [-c 0|1] [-a] [-i]\n");
             return 2;
         }
     }
     if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||
-        o.factor <= 1) {
+        o.factor <= 1 || (o.inplace && o.op != 0 && o.op != 1)) {
         fprintf(stderr, "coll-bench: bad arguments\n");
         return 2;
     }
