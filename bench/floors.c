@@ -4,8 +4,12 @@
  *
  *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU]
  *
- * shm_spin: both sides spin on a word in shared memory.
- * eventfd:  both sides sleep in read(2) on an eventfd and wake the other by write(2).
+ * syscall:   one bare system call (getppid), for scale.
+ * shm_spin:  both sides spin on a word in shared memory (left out when -c names one CPU
+ *            twice: a side that never yields would hold it for a whole time slice).
+ * shm_yield: the same, calling sched_yield(2) between looks: on one CPU, each round trip
+ *            is two switches between processes.
+ * eventfd:   both sides sleep in read(2) on an eventfd and wake the other by write(2).
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
  * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
  * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
@@ -15,6 +19,7 @@
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <sys/syscall.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,32 +84,42 @@ int main(int argc, char **argv)
         mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (!lat || w == MAP_FAILED) return 1;
 
-    /* shared-memory spin */
-    atomic_store(w, 0);
-    pid_t p = fork();
-    if (p == 0) {
-        pin(cpu_child);
-        for (uint32_t i = 0; i < (uint32_t)n; i++) {
-            while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 1)
-                ;
-            atomic_store_explicit(w, 2 * i + 2, memory_order_release);
-        }
-        _exit(0);
-    }
-    for (uint32_t i = 0; i < (uint32_t)n; i++) {
-        if (gap) usleep((useconds_t)gap);
+    for (int i = 0; i < n; i++) {
         double t0 = now_us();
-        atomic_store_explicit(w, 2 * i + 1, memory_order_release);
-        while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 2)
-            ;
-        lat[i] = now_us() - t0;
+        for (int k = 0; k < 100; k++)
+            syscall(SYS_getppid);
+        lat[i] = (now_us() - t0) / 100;
     }
-    waitpid(p, NULL, 0);
-    report("shm_spin", lat, n, gap);
+    report("syscall", lat, n, 0);
+
+    /* shared-memory spin, then the same with a yield between looks */
+    for (int yield = cpu_parent >= 0 && cpu_parent == cpu_child; yield < 2; yield++) {
+        atomic_store(w, 0);
+        pid_t p = fork();
+        if (p == 0) {
+            pin(cpu_child);
+            for (uint32_t i = 0; i < (uint32_t)n; i++) {
+                while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 1)
+                    if (yield) sched_yield();
+                atomic_store_explicit(w, 2 * i + 2, memory_order_release);
+            }
+            _exit(0);
+        }
+        for (uint32_t i = 0; i < (uint32_t)n; i++) {
+            if (gap) usleep((useconds_t)gap);
+            double t0 = now_us();
+            atomic_store_explicit(w, 2 * i + 1, memory_order_release);
+            while (atomic_load_explicit(w, memory_order_acquire) != 2 * i + 2)
+                if (yield) sched_yield();
+            lat[i] = now_us() - t0;
+        }
+        waitpid(p, NULL, 0);
+        report(yield ? "shm_yield" : "shm_spin", lat, n, gap);
+    }
 
     /* eventfd, both sides asleep */
     int a = eventfd(0, EFD_CLOEXEC), b = eventfd(0, EFD_CLOEXEC);
-    p = fork();
+    pid_t p = fork();
     if (p == 0) {
         pin(cpu_child);
         uint64_t v;
