@@ -58,6 +58,8 @@ struct xfer {
     size_t red_done;
     /* when red_dst is also being sent (by this transfer), fold only what it has sent */
     const struct xfer *red_after;
+    /* our own operand, when it is not red_dst: red_dst = red_src op what arrives */
+    const void *red_src;
     /* a send that relays what a receive brings in: its payload runs no further than
      * gate_base plus what of gate's payload has arrived */
     const struct xfer *gate;
@@ -149,7 +151,8 @@ static void fold(struct opctx *o, struct xfer *x, int final)
         size_t max = (size_t)REDUCE_CHUNK * o->es;
         if (len > max) len = max;
         char *d = (char *)x->red_dst + x->red_done;
-        const void *srcs[2] = {d, (char *)pl->iov_base + x->red_done};
+        const void *mine = x->red_src ? (const char *)x->red_src + x->red_done : d;
+        const void *srcs[2] = {mine, (char *)pl->iov_base + x->red_done};
         reduce_n(o->t->dtype, o->red_op, d, srcs, 2, len / o->es, 1);
         x->red_done += len;
     }
@@ -709,9 +712,15 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         return 0;
     }
     void *buf = NULL;
+    const char *own = t->send[0];
+    /* two pods, one participant, two buffers apart: send straight from its send buffer
+     * and fold into its result, with no copy between them first */
+    int direct = c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
+                 (own + bytes <= (const char *)t->recv[0] ||
+                  (const char *)t->recv[0] + bytes <= own);
     if (t->kind == WIRE_OP_ALLREDUCE) {
         buf = t->recv[0];
-        local_reduce(&s->o, buf, 0, t->count);
+        if (!direct) local_reduce(&s->o, buf, 0, t->count);
         s->tmp = scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
         if (!s->tmp) return -1;
     }
@@ -726,7 +735,8 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
     }
     for (int p = 0; p < s->c.nodes; p++) {
         if (p == s->c.me) continue;
-        x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, buf ? bytes : 0);
+        x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), direct ? own : buf,
+               buf ? bytes : 0);
         x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                s->tmp ? s->tmp + (size_t)p * bytes : NULL, buf ? bytes : 0);
     }
@@ -734,7 +744,10 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         /* two pods: fold the other's vector into ours as it arrives, behind what we have
          * sent of ours; both add the same two operands, so the results are identical */
         s->x[1].red_dst = buf;
-        s->x[1].red_after = &s->x[0];
+        if (direct)
+            s->x[1].red_src = own;
+        else
+            s->x[1].red_after = &s->x[0];
     }
     return 0;
 }
