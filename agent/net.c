@@ -100,7 +100,8 @@ struct ngroup {
     int has_commid;
     uint8_t commid[RDV_COMMID_BYTES];
     struct rdv_member members[RDV_MAX_NODES];
-    int fds[RDV_MAX_NODES];  /* collectives, in lockstep */
+    int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
+    int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
     int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
     struct p2p_out out[RDV_MAX_NODES];
     struct p2p_in in[RDV_MAX_NODES];
@@ -266,8 +267,9 @@ static void close_data(struct ngroup *g)
 {
     for (int i = 0; i < RDV_MAX_NODES; i++) {
         if (g->fds[i] >= 0) close(g->fds[i]);
+        if (g->rfds[i] >= 0) close(g->rfds[i]);
         if (g->pfds[i] >= 0) close(g->pfds[i]);
-        g->fds[i] = g->pfds[i] = -1;
+        g->fds[i] = g->rfds[i] = g->pfds[i] = -1;
     }
 }
 
@@ -698,12 +700,20 @@ static void tune_socket(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
+/* Where the connection of channel ch with node peer goes: opened by us (opener) or
+ * by the peer. COLL carries the opener's bytes, COLL_BACK the other side's. */
+static int *conn_slot(struct ngroup *g, int ch, int peer, int opener)
+{
+    if (ch == DATA_CH_P2P) return &g->pfds[peer];
+    return (ch == DATA_CH_COLL) == opener ? &g->fds[peer] : &g->rfds[peer];
+}
+
 static void check_ready(struct net *n, struct ngroup *g)
 {
     (void)n;
     if (!g->committed || g->ready) return;
     for (int i = 0; i < g->nodes; i++)
-        if (i != g->me && (g->fds[i] < 0 || g->pfds[i] < 0)) return;
+        if (i != g->me && (g->fds[i] < 0 || g->rfds[i] < 0 || g->pfds[i] < 0)) return;
     g->ready = 1;
     log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
             g->epoch, g->nodes, g->me);
@@ -722,8 +732,8 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
     memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
     g->form_deadline = now_ns() + (int64_t)g->cfg->join_timeout_ms * NS_PER_MS;
     g->coord_heard = now_ns();
-    for (int jc = 0; jc < 2 * g->me; jc++) {
-        int j = jc / 2, ch = jc % 2;
+    for (int jc = 0; jc < DATA_CH_COUNT * g->me; jc++) {
+        int j = jc / DATA_CH_COUNT, ch = jc % DATA_CH_COUNT;
         char why[160];
         int fd = connect_to(g->members[j].data_addr, why, sizeof(why));
         if (fd < 0) {
@@ -750,10 +760,7 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
             ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
             return;
         }
-        if (ch == DATA_CH_COLL)
-            g->fds[j] = fd;
-        else
-            g->pfds[j] = fd;
+        *conn_slot(g, ch, j, 1) = fd;
     }
     log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
             g->epoch, g->nodes, g->me);
@@ -1039,8 +1046,7 @@ static void progress_pending(struct net *n)
                         g = n->groups[k];
                 int *slot = NULL;
                 if (g && (int)p->hello.from_index > g->me && (int)p->hello.from_index < g->nodes)
-                    slot = p->hello.channel == DATA_CH_COLL ? &g->fds[p->hello.from_index]
-                                                             : &g->pfds[p->hello.from_index];
+                    slot = conn_slot(g, p->hello.channel, (int)p->hello.from_index, 0);
                 if (!slot || p->hello.epoch < g->epoch ||
                     (g->committed && p->hello.epoch == g->epoch && *slot >= 0))
                     drop = 1;
@@ -1100,6 +1106,7 @@ int net_inline(struct net *n, struct net_task *t)
                              .me = g->me,
                              .nlocal = g->nlocal,
                              .fds = g->fds,
+                             .rfds = g->rfds,
                              .seq = g->ops_done,
                              .deadline_ns = t->deadline_ns,
                              .scratch = {g->scratch[0], g->scratch[1]},
@@ -1238,6 +1245,7 @@ static int run_ready_ops(struct net *n)
                                  .me = g->me,
                                  .nlocal = g->nlocal,
                                  .fds = g->fds,
+                                 .rfds = g->rfds,
                                  .deadline_ns = t->deadline_ns};
             char why[160] = "";
             /* off the queue while it runs: an abort meanwhile must not hand it back
@@ -1414,7 +1422,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
         }
         g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
         for (int k = 0; k < RDV_MAX_NODES; k++)
-            g->fds[k] = g->pfds[k] = -1;
+            g->fds[k] = g->rfds[k] = g->pfds[k] = -1;
         n->groups[i] = g;
     }
     n->zctx = zmq_ctx_new();

@@ -137,7 +137,7 @@ int data_hello_check(const struct data_hello *h, char *why, size_t whylen)
                  h->version);
         return -1;
     }
-    if (h->channel > DATA_CH_P2P) {
+    if (h->channel >= DATA_CH_COUNT) {
         snprintf(why, whylen, "hello for channel %u", h->channel);
         return -1;
     }

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 2
+#define RDV_VERSION 3
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 64
@@ -103,7 +103,7 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
 struct data_hello {
     uint32_t magic;
     uint16_t version;
-    uint16_t channel; /* DATA_CH_COLL or DATA_CH_P2P */
+    uint16_t channel; /* DATA_CH_* */
     uint64_t group_hash; /* FNV of the group name */
     uint32_t epoch;
     uint32_t from_index;
@@ -120,10 +120,13 @@ struct data_op_hdr {
     uint64_t count;
 };
 
-/* Two connections per pair of pods and epoch: collectives run in lockstep on one;
- * sends and receives, which pods do not run in the same order, are framed messages
- * on the other. */
-enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1 };
+/* Three connections per pair of pods and epoch, all opened by the pod of the higher
+ * index. Collectives run in lockstep on two, one per direction (COLL: the opener's bytes
+ * to the other pod; COLL_BACK: the other pod's bytes to the opener), so that a pod's
+ * sends never share a socket, and its lock, with the bytes it receives (as NCCL's
+ * socket transport keeps a connection per direction). Sends and receives, which pods
+ * do not run in the same order, are framed messages both ways on P2P. */
+enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1, DATA_CH_COLL_BACK = 2, DATA_CH_COUNT = 3 };
 
 int data_hello_check(const struct data_hello *h, char *why, size_t whylen);
 

@@ -19,6 +19,7 @@
 #include "coll/coll.h"
 #include "harness.h"
 #include "opcheck.h"
+#include "rdv_wire.h"
 
 #define MAXA 8
 
@@ -555,6 +556,23 @@ static void mismatched_configs_are_rejected(void **state)
     stop_all(a, 2);
 }
 
+/* The data-plane port an agent logged at start ("data=host:port"), or -1. */
+static int data_port_of(const struct agent *a)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return -1;
+    char line[1024];
+    int port = -1;
+    while (port < 0 && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "event=net.start");
+        p = p ? strstr(p, " data=") : NULL;
+        p = p ? strrchr(p, ':') : NULL;
+        if (p) port = atoi(p + 1);
+    }
+    fclose(f);
+    return port;
+}
+
 static void garbage_frames_are_dropped(void **state)
 {
     (void)state;
@@ -581,6 +599,24 @@ static void garbage_frames_are_dropped(void **state)
     assert_true(agent_log_wait(&a[0], "rendezvous version 9", 1, 1000));
     zmq_close(d);
     zmq_ctx_term(ctx);
+    /* the data-plane listener too: a hello for a channel that does not exist, one of
+     * another version, and bytes that are no hello at all */
+    int dport = data_port_of(&a[0]);
+    assert_true(dport > 0);
+    struct data_hello bad[2] = {{.magic = DATA_MAGIC, .version = RDV_VERSION,
+                                 .channel = DATA_CH_COUNT, .from_index = 1},
+                                {.magic = DATA_MAGIC, .version = RDV_VERSION + 1}};
+    for (int i = 0; i < 3; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)dport),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        const void *msg = i < 2 ? (const void *)&bad[i] : (const void *)junk;
+        assert_int_equal(write(fd, msg, sizeof(struct data_hello)), sizeof(struct data_hello));
+        close(fd);
+    }
+    assert_true(agent_log_wait(&a[0], "data.bad_hello", 3, 5000));
+    assert_int_equal(agent_log_count(&a[0], "hello for channel 3"), 1);
     /* the coordinator still forms the group and runs ops */
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
     struct one ok0 = {.sock = a[0].sock}, ok1 = {.sock = a[1].sock};

@@ -191,7 +191,7 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                     struct iovec v[3];
                     int nv = x_iov(t, lim, v);
                     ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
-                                           : readv(c->fds[t->peer], v, nv);
+                                           : readv(c->rfds[t->peer], v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
                         if (t->is_send) continue;
@@ -220,7 +220,8 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                 if (t->done < t->total) {
                     left++;
                     if (t->done >= lim) continue; /* a relay waiting for its receive */
-                    pf[np] = (struct pollfd){.fd = c->fds[t->peer],
+                    pf[np] = (struct pollfd){.fd = t->is_send ? c->fds[t->peer]
+                                                              : c->rfds[t->peer],
                                              .events = t->is_send ? POLLOUT : POLLIN};
                     idx[np++] = i;
                 } else if (!t->is_send && t->red_dst && t->red_done < t->total) {
