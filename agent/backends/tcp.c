@@ -642,6 +642,7 @@ struct tcp_tiny {
     int step, nsteps; /* recursive doubling: the step under way, and how many */
     void *acc;        /* its running result (the result buffer) */
     size_t bytes;
+    char *vec; /* reduce_scatter: the pod's reduced vector, one block per pod */
     char why[160];
 };
 
@@ -676,7 +677,8 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
                                                                   : TCP_TINY_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER ||
              ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) && bytes <= limit) ||
-             (t->kind == WIRE_OP_ALLGATHER && bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES);
+             ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
+              bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
     init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
@@ -693,6 +695,22 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
                 if (p != c->me) x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
         } else {
             x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), buf, bytes);
+        }
+        return 0;
+    }
+    if (t->kind == WIRE_OP_REDUCE_SCATTER) {
+        /* each pod sends block p of its reduced vector to pod p and reduces the blocks
+         * it gets for itself in pod order (op_reduce_scatter's small case, resumable) */
+        size_t block = L * t->count, bb = block * s->o.es, N = (size_t)c->nodes;
+        s->vec = scratch(&s->c, 0, bb * N);
+        s->tmp = scratch(&s->c, 1, bb * N);
+        if (!s->vec || !s->tmp) return -1;
+        local_reduce(&s->o, s->vec, 0, block * N);
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->vec + (size_t)p * bb, bb);
+            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                   s->tmp + (size_t)p * bb, bb);
         }
         return 0;
     }
@@ -770,6 +788,15 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
         size_t total = t->count * s->o.es *
                        (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
         copy_to_locals(&s->o, t->recv[0], total);
+    }
+    if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
+        size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
+        char *mine = s->vec + (size_t)s->c.me * bb;
+        reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
+        finish_avg(&s->o, mine, block);
+        for (size_t k = 0; k < L; k++)
+            if (t->recv[k] && t->count)
+                memcpy(t->recv[k], mine + k * t->count * s->o.es, t->count * s->o.es);
     }
     if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
         size_t bytes = t->count * s->o.es;

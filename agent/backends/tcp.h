@@ -29,7 +29,7 @@ struct tcp_comm {
 };
 
 /* A tiny op (allreduce or broadcast of at most TCP_TINY_BYTES, allgather whose result
- * is at most that, barrier) as a resumable state. */
+ * or reduce_scatter whose input is at most that, barrier) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
 /* ... and an allreduce between two pods up to this (the direct way is then a ring's
