@@ -1111,7 +1111,12 @@ int net_inline(struct net *n, struct net_task *t)
                              .deadline_ns = t->deadline_ns,
                              .scratch = {g->scratch[0], g->scratch[1]},
                              .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]}};
-        if (tcp_tiny_start(g->tiny, &c, t) == 0) {
+        int started = tcp_tiny_start(g->tiny, &c, t);
+        for (int k = 0; k < 2; k++) {
+            g->scratch[k] = c.scratch[k];
+            g->scratch_cap[k] = c.scratch_cap[k];
+        }
+        if (started == 0) {
             int64_t t0 = now_ns();
             char why[160] = "";
             c.budget_until = now_ns() + INLINE_BUDGET_NS;

@@ -466,25 +466,10 @@ static int op_reduce_scatter(struct opctx *o)
     char *T = scratch(c, 0, bb * N);
     if (!T) return failf(o, COLL_ERR_NOMEM, "scratch");
     local_reduce(o, T, 0, block * N);
-    int st;
     char *mine = T + (size_t)c->me * bb;
-    if (bb <= TCP_SMALL_BYTES / N || count == 0) {
-        char *in = scratch(c, 1, bb * N);
-        if (!in) return failf(o, COLL_ERR_NOMEM, "scratch");
-        struct xfer x[2 * RDV_MAX_NODES];
-        int nx = 0;
-        for (int p = 0; p < c->nodes; p++) {
-            if (p == c->me) continue;
-            x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), T + (size_t)p * bb, bb);
-            x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * bb, bb);
-        }
-        st = exchange(o, x, nx);
-        if (st != COLL_OK) return st;
-        reduce_in_pod_order(o, mine, in, bb, block);
-    } else {
-        st = ring_reduce_scatter(o, T, N, block);
-        if (st != COLL_OK) return st;
-    }
+    /* small ones went the tiny way (a direct exchange of blocks) */
+    int st = ring_reduce_scatter(o, T, N, block);
+    if (st != COLL_OK) return st;
     finish_avg(o, mine, block);
     for (size_t s = 0; s < L; s++)
         if (t->recv[s] && count) memcpy(t->recv[s], mine + s * count * o->es, count * o->es);
@@ -543,72 +528,65 @@ static int op_reduce(struct opctx *o)
     char *T = scratch(c, 0, bytes);
     if (!T) return failf(o, COLL_ERR_NOMEM, "scratch");
     local_reduce(o, T, 0, count);
-    int st;
-    if (bytes <= TCP_SMALL_BYTES || count < (size_t)c->nodes) {
-        char *in = scratch(c, 1, bytes * (size_t)c->nodes);
-        if (!in) return failf(o, COLL_ERR_NOMEM, "scratch");
-        struct xfer x[RDV_MAX_NODES];
-        int nx = 0;
-        if (c->me == rnode) {
-            for (int p = 0; p < c->nodes; p++)
-                if (p != c->me)
-                    x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * bytes,
-                           bytes);
-        } else {
-            x_send(&x[nx++], rnode, &o->hdr, sizeof(o->hdr), T, bytes);
+    /* small ones went the tiny way (every pod's vector straight to the root) */
+    int st = ring_reduce_scatter(o, T, count, 1);
+    if (st != COLL_OK) return st;
+    /* gather the reduced chunks at the root */
+    struct xfer x[RDV_MAX_NODES];
+    int nx = 0;
+    size_t off, len;
+    if (c->me == rnode) {
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            chunk(count, c->nodes, p, &off, &len);
+            x_recv(&x[nx++], p, NULL, 0, T + off * o->es, len * o->es);
         }
-        st = exchange(o, x, nx);
-        if (st != COLL_OK || c->me != rnode) return st;
-        reduce_in_pod_order(o, T, in, bytes, count);
     } else {
-        st = ring_reduce_scatter(o, T, count, 1);
-        if (st != COLL_OK) return st;
-        /* gather the reduced chunks at the root */
-        struct xfer x[RDV_MAX_NODES];
-        int nx = 0;
-        size_t off, len;
-        if (c->me == rnode) {
-            for (int p = 0; p < c->nodes; p++) {
-                if (p == c->me) continue;
-                chunk(count, c->nodes, p, &off, &len);
-                x_recv(&x[nx++], p, NULL, 0, T + off * o->es, len * o->es);
-            }
-        } else {
-            chunk(count, c->nodes, c->me, &off, &len);
-            x_send(&x[nx++], rnode, NULL, 0, T + off * o->es, len * o->es);
-        }
-        st = exchange(o, x, nx);
-        if (st != COLL_OK || c->me != rnode) return st;
+        chunk(count, c->nodes, c->me, &off, &len);
+        x_send(&x[nx++], rnode, NULL, 0, T + off * o->es, len * o->es);
     }
+    st = exchange(o, x, nx);
+    if (st != COLL_OK || c->me != rnode) return st;
     finish_avg(o, T, count);
     if (t->recv[rslot] && bytes) memcpy(t->recv[rslot], T, bytes);
     return COLL_OK;
 }
 
-static int op_alltoall(struct opctx *o)
+/* All-to-all packs one message per pair of pods: alltoall_setup packs (for pod k,
+ * [s][j] = local s's block for rank k*L + j) into out and sets up the exchange into in;
+ * after it, alltoall_unpack spreads in over the local participants' results. */
+static size_t alltoall_pair_bytes(const struct opctx *o)
+{
+    size_t L = (size_t)o->c->nlocal;
+    return L * L * o->t->count * o->es;
+}
+
+static void alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx)
 {
     struct tcp_comm *c = o->c;
     struct net_task *t = o->t;
     size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es;
-    size_t pb = L * L * cb; /* bytes between one pair of pods */
-    char *out = scratch(c, 0, pb * N), *in = scratch(c, 1, pb * N);
-    if (!out || !in) return failf(o, COLL_ERR_NOMEM, "scratch");
-    /* pack: for pod k, [s][j] = local s's block for rank k*L + j */
+    size_t pb = alltoall_pair_bytes(o);
     for (size_t k = 0; k < N; k++)
         for (size_t s = 0; s < L; s++)
             for (size_t j = 0; j < L; j++)
                 if (cb)
                     memcpy(out + k * pb + (s * L + j) * cb,
                            (const char *)t->send[s] + (k * L + j) * cb, cb);
-    struct xfer x[2 * RDV_MAX_NODES];
-    int nx = 0;
+    *nx = 0;
     for (int p = 0; p < c->nodes; p++) {
         if (p == c->me) continue;
-        x_send(&x[nx++], p, &o->hdr, sizeof(o->hdr), out + (size_t)p * pb, pb);
-        x_recv(&x[nx++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * pb, pb);
+        x_send(&x[(*nx)++], p, &o->hdr, sizeof(o->hdr), out + (size_t)p * pb, pb);
+        x_recv(&x[(*nx)++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * pb, pb);
     }
-    int st = exchange(o, x, nx);
-    if (st != COLL_OK) return st;
+}
+
+static void alltoall_unpack(struct opctx *o, const char *out, char *in)
+{
+    struct tcp_comm *c = o->c;
+    struct net_task *t = o->t;
+    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es;
+    size_t pb = alltoall_pair_bytes(o);
     memcpy(in + (size_t)c->me * pb, out + (size_t)c->me * pb, pb);
     /* unpack: from pod k, [s][j] = rank k*L + s's block for our local j */
     for (size_t k = 0; k < N; k++)
@@ -617,6 +595,19 @@ static int op_alltoall(struct opctx *o)
                 if (cb)
                     memcpy((char *)t->recv[j] + (k * L + s) * cb, in + k * pb + (s * L + j) * cb,
                            cb);
+}
+
+static int op_alltoall(struct opctx *o)
+{
+    size_t pb = alltoall_pair_bytes(o), N = (size_t)o->c->nodes;
+    char *out = scratch(o->c, 0, pb * N), *in = scratch(o->c, 1, pb * N);
+    if (!out || !in) return failf(o, COLL_ERR_NOMEM, "scratch");
+    struct xfer x[2 * RDV_MAX_NODES];
+    int nx;
+    alltoall_setup(o, out, in, x, &nx);
+    int st = exchange(o, x, nx);
+    if (st != COLL_OK) return st;
+    alltoall_unpack(o, out, in);
     return COLL_OK;
 }
 
@@ -668,7 +659,7 @@ size_t tcp_tiny_size(void)
 static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why,
                      size_t whylen);
 
-int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
+static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
 {
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
@@ -677,8 +668,10 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
                                                                   : TCP_TINY_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER ||
              ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) && bytes <= limit) ||
+             (t->kind == WIRE_OP_REDUCE && bytes <= TCP_TINY_BYTES) ||
              ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
-              bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES);
+              bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES) ||
+             (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
     init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
@@ -698,13 +691,39 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         }
         return 0;
     }
+    if (t->kind == WIRE_OP_ALLTOALL) {
+        size_t total = alltoall_pair_bytes(&s->o) * (size_t)c->nodes;
+        s->vec = scratch(&s->c, 0, total);
+        s->tmp = scratch(&s->c, 1, total);
+        if (!s->vec || !s->tmp) return -2;
+        alltoall_setup(&s->o, s->vec, s->tmp, s->x, &s->nx);
+        return 0;
+    }
+    if (t->kind == WIRE_OP_REDUCE) {
+        /* every pod sends its reduced vector to the root's pod, which reduces them in
+         * pod order */
+        int rnode = t->root / c->nlocal;
+        s->vec = scratch(&s->c, 0, bytes);
+        s->tmp = scratch(&s->c, 1, bytes * (size_t)c->nodes);
+        if (!s->vec || !s->tmp) return -2;
+        local_reduce(&s->o, s->vec, 0, t->count);
+        if (c->me != rnode) {
+            x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), s->vec, bytes);
+            return 0;
+        }
+        for (int p = 0; p < c->nodes; p++)
+            if (p != c->me)
+                x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                       s->tmp + (size_t)p * bytes, bytes);
+        return 0;
+    }
     if (t->kind == WIRE_OP_REDUCE_SCATTER) {
         /* each pod sends block p of its reduced vector to pod p and reduces the blocks
          * it gets for itself in pod order (op_reduce_scatter's small case, resumable) */
         size_t block = L * t->count, bb = block * s->o.es, N = (size_t)c->nodes;
         s->vec = scratch(&s->c, 0, bb * N);
         s->tmp = scratch(&s->c, 1, bb * N);
-        if (!s->vec || !s->tmp) return -1;
+        if (!s->vec || !s->tmp) return -2;
         local_reduce(&s->o, s->vec, 0, block * N);
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
@@ -741,7 +760,7 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
         buf = t->recv[0];
         if (!direct) local_reduce(&s->o, buf, 0, t->count);
         s->tmp = scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
-        if (!s->tmp) return -1;
+        if (!s->tmp) return -2;
     }
     if (s->c.nodes >= 4 && (s->c.nodes & (s->c.nodes - 1)) == 0) {
         while ((1 << s->nsteps) < s->c.nodes)
@@ -771,6 +790,18 @@ int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task
     return 0;
 }
 
+int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
+{
+    int rc = tiny_setup(s, c, t);
+    /* scratch it grew belongs to the caller whatever the outcome (the old block is
+     * gone after a realloc) */
+    for (int k = 0; rc != -1 && k < 2; k++) {
+        c->scratch[k] = s->c.scratch[k];
+        c->scratch_cap[k] = s->c.scratch_cap[k];
+    }
+    return rc;
+}
+
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
 {
     /* the caller's view: budget (engine) or none (net thread), scratch it keeps */
@@ -788,6 +819,14 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
         size_t total = t->count * s->o.es *
                        (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
         copy_to_locals(&s->o, t->recv[0], total);
+    }
+    if (st == COLL_OK && t->kind == WIRE_OP_ALLTOALL) alltoall_unpack(&s->o, s->vec, s->tmp);
+    if (st == COLL_OK && t->kind == WIRE_OP_REDUCE && s->c.me == t->root / s->c.nlocal) {
+        size_t bytes = t->count * s->o.es;
+        reduce_in_pod_order(&s->o, s->vec, s->tmp, bytes, t->count);
+        finish_avg(&s->o, s->vec, t->count);
+        if (t->recv[t->root % s->c.nlocal] && bytes)
+            memcpy(t->recv[t->root % s->c.nlocal], s->vec, bytes);
     }
     if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
         size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
@@ -831,7 +870,13 @@ static void init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, ch
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
     struct tcp_tiny tiny;
-    if (tcp_tiny_start(&tiny, c, t) == 0) return tcp_tiny_progress(&tiny, c, why, whylen);
+    int rc = tcp_tiny_start(&tiny, c, t);
+    if (rc == 0) return tcp_tiny_progress(&tiny, c, why, whylen);
+    if (rc == -2) {
+        snprintf(why, whylen, "no memory for a %s of %llu elements", wire_kind_name(t->kind),
+                 (unsigned long long)t->count);
+        return COLL_ERR_NOMEM;
+    }
     struct opctx o;
     init_ctx(&o, c, t, why, whylen);
     switch (t->kind) {

@@ -28,8 +28,9 @@ struct tcp_comm {
     int64_t budget_until; /* nonzero: on the engine thread; never sleep, stop here */
 };
 
-/* A tiny op (allreduce or broadcast of at most TCP_TINY_BYTES, allgather whose result
- * or reduce_scatter whose input is at most that, barrier) as a resumable state. */
+/* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
+ * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier)
+ * as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
 /* ... and an allreduce between two pods up to this (the direct way is then a ring's
@@ -37,8 +38,9 @@ struct tcp_tiny;
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
 size_t tcp_tiny_size(void);
-/* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny. */
-int tcp_tiny_start(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t);
+/* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
+ * -2 if there was no memory for it. Scratch it grows is c's from then on. */
+int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t);
 /* Move the op on with c's budget and scratch; COLL_OK when finished, TCP_AGAIN, or an
  * error (why). */
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen);
