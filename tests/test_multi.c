@@ -480,6 +480,105 @@ static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
                      1);
 }
 
+/* Every kind of small op, with one pod 200 ms late for each: the early pod's engine
+ * starts it, hands it to its net thread half done, and the result is still right. */
+static int late_kinds_main(void *arg)
+{
+    const struct one *o = arg;
+    enum { K = 12 }; /* elements per block */
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, o->sock, 5000)) return 100;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST)) return 102;
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    int n = info.size, me = info.rank;
+    float *in = coll_mem_ptr(b), *out = in + 2 * K * n;
+    for (int kind = 0; kind < 6; kind++) {
+        for (int i = 0; i < K * n; i++) {
+            in[i] = (float)(100 * me + i);
+            out[i] = -1.0f;
+        }
+        if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
+        coll_request r;
+        coll_err e;
+        switch (kind) {
+        case 0: e = coll_reduce_scatter(g, in, out, K, COLL_FLOAT32, COLL_SUM, NULL, &r); break;
+        case 1: e = coll_reduce(g, in, out, K, COLL_FLOAT32, COLL_SUM, 0, NULL, &r); break;
+        case 2: e = coll_alltoall(g, in, out, K, COLL_FLOAT32, NULL, &r); break;
+        case 3: e = coll_allgather(g, in, out, K, COLL_FLOAT32, NULL, &r); break;
+        case 4: e = coll_broadcast(g, in, out, K, COLL_FLOAT32, 0, NULL, &r); break;
+        default: e = coll_barrier(g, NULL, &r); break;
+        }
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        if (e != COLL_OK) {
+            fprintf(stderr, "rank %d kind %d: %s (%s)\n", me, kind, coll_strerror(e),
+                    coll_last_error());
+            return 103;
+        }
+        for (int i = 0; i < K * n && kind < 5; i++) {
+            float want = -1.0f; /* elements the op must not touch stay as they were */
+            int blk = i / K, j = i % K;
+            if ((kind == 0 || (kind == 1 && me == 0)) && i < K) {
+                /* reduce_scatter: block me of every rank's input; reduce: block 0 */
+                want = 0.0f;
+                for (int p = 0; p < n; p++)
+                    want += (float)(100 * p + (kind == 0 ? me * K : 0) + j);
+            }
+            if (kind == 2) want = (float)(100 * blk + me * K + j); /* block me of rank blk */
+            if (kind == 3) want = (float)(100 * blk + j);          /* rank blk's first block */
+            if (kind == 4 && i < K) want = (float)i;               /* rank 0's */
+            if (out[i] != want) {
+                fprintf(stderr, "rank %d kind %d: element %d is %g, want %g\n", me, kind, i,
+                        (double)out[i], (double)want);
+                return 104;
+            }
+        }
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* The value after key on the agent's group.stats line, or -1. */
+static long group_stat(const struct agent *a, const char *key)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return -1;
+    char line[1024];
+    long v = -1;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "event=group.stats");
+        p = p ? strstr(p, key) : NULL;
+        if (p) v = atol(p + strlen(key));
+    }
+    fclose(f);
+    return v;
+}
+
+static void slow_peer_hands_over_every_small_kind(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    for (int i = 0; i < 2; i++)
+        assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
+    struct one fast = {.sock = a[0].sock}, slow = {.sock = a[1].sock, .delay_ms = 200};
+    pid_t p0 = child_run(late_kinds_main, &fast), p1 = child_run(late_kinds_main, &slow);
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    stop_all(a, 2);
+    /* six ops, each handed over, or queued when the net thread was busy at that instant
+     * (it spins a while after each op); they cannot all have run whole on the engine */
+    long handed = group_stat(&a[0], "handed_over="), queued = group_stat(&a[0], "queued=");
+    long inl = group_stat(&a[0], "inline=");
+    assert_true(handed >= 0 && queued >= 0 && inl >= 0);
+    assert_true(handed + queued >= 1);
+    assert_int_equal(handed + queued + inl, 6);
+}
+
 static void late_agent_completes_the_group(void **state)
 {
     (void)state;
@@ -639,6 +738,7 @@ int main(void)
         cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
+        cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(mismatched_configs_are_rejected),
