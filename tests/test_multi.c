@@ -97,6 +97,13 @@ static void ops_4_agents(void **state)
     matrix(4, 1);
 }
 
+/* doubling and halving with two participants per pod (blocks of two ranks each) */
+static void ops_4_agents_2_slots(void **state)
+{
+    (void)state;
+    matrix(4, 2);
+}
+
 static void ops_8_agents(void **state)
 {
     (void)state;
@@ -732,6 +739,7 @@ int main(void)
         cmocka_unit_test(ops_2_agents_3_slots),
         cmocka_unit_test(ops_3_agents_2_slots),
         cmocka_unit_test(ops_4_agents),
+        cmocka_unit_test(ops_4_agents_2_slots),
         cmocka_unit_test(ops_8_agents),
         cmocka_unit_test(two_pods_mid_sizes_bitwise),
         cmocka_unit_test(four_and_eight_pods_double_bitwise),

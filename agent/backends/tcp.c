@@ -620,7 +620,9 @@ static int op_alltoall(struct opctx *o)
  * pod (me XOR 2^k) and folds the other's into its own, so every pod sends log2(pods)
  * messages instead of pods - 1 (on small machines each send is several microseconds of
  * CPU). Every pod combines the same two operands at each step, and the reductions are
- * commutative, so all pods hold the same bits. Its state lives in struct tcp_tiny, so
+ * commutative, so all pods hold the same bits. Allgather doubles the same way (swapping
+ * the 2^k blocks each side has), and reduce_scatter halves (giving away the half of its
+ * remaining blocks that the partner keeps, folding in the partner's copy of its own). Its state lives in struct tcp_tiny, so
  * the engine thread can start it and, if the peers are slow, hand it to the net thread
  * half done (tcp_tiny_progress picks up where the last call stopped).
  */
@@ -633,22 +635,66 @@ struct tcp_tiny {
     int step, nsteps; /* recursive doubling: the step under way, and how many */
     void *acc;        /* its running result (the result buffer) */
     size_t bytes;
-    char *vec; /* reduce_scatter: the pod's reduced vector, one block per pod */
+    char *vec; /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
+                * packed (all-to-all), or the result itself (allgather by doubling) */
     char why[160];
 };
 
 /* Recursive doubling: set up step s->step (swap with me XOR 2^step, fold on arrival). */
 static void rd_step(struct tcp_tiny *s)
 {
-    int p = s->c.me ^ (1 << s->step);
-    size_t b = s->acc ? s->bytes : 0;
+    int me = s->c.me, p;
+    size_t hl = sizeof(s->o.hdr), b = s->bytes;
     s->nx = 0;
+    if (s->o.t->kind == WIRE_OP_ALLGATHER) {
+        /* both sides hold 2^step blocks (of bytes each), aligned: swap them */
+        int w = 1 << s->step;
+        p = me ^ w;
+        char *mine = s->vec + (size_t)(me & ~(w - 1)) * b;
+        char *theirs = s->vec + (size_t)(p & ~(w - 1)) * b;
+        x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? mine : NULL, (size_t)w * b);
+        x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? theirs : NULL, (size_t)w * b);
+        return;
+    }
+    if (s->o.t->kind == WIRE_OP_REDUCE_SCATTER) {
+        /* recursive halving: of the 2h blocks still ours, give the partner the half that
+         * holds its block and fold its copy of our half into ours */
+        int h = s->c.nodes >> (s->step + 1), lo = me & ~(2 * h - 1);
+        int keep = me & h ? lo + h : lo, give = me & h ? lo : lo + h;
+        p = me ^ h;
+        x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? s->vec + (size_t)give * b : NULL,
+               (size_t)h * b);
+        x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp + (size_t)keep * b : NULL,
+               (size_t)h * b);
+        if (b) s->x[1].red_dst = s->vec + (size_t)keep * b;
+        return;
+    }
+    p = me ^ (1 << s->step);
+    b = s->acc ? s->bytes : 0;
     x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->acc, b);
     x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), b ? s->tmp : NULL, b);
     if (b) {
         s->x[1].red_dst = s->acc;
         s->x[1].red_after = &s->x[0];
     }
+}
+
+/* Recursive doubling (allreduce, allgather) or halving (reduce_scatter): for a power of
+ * two of at least 4 pods, where log2(pods) messages per pod beat pods - 1. */
+static int doubling(const struct tcp_comm *c)
+{
+    return c->nodes >= 4 && (c->nodes & (c->nodes - 1)) == 0;
+}
+
+static void start_steps(struct tcp_tiny *s, char *vec, size_t bytes)
+{
+    s->nsteps = 0;
+    while ((1 << s->nsteps) < s->c.nodes)
+        s->nsteps++;
+    s->step = 0;
+    s->vec = vec;
+    s->bytes = bytes;
+    rd_step(s);
 }
 
 size_t tcp_tiny_size(void)
@@ -725,6 +771,10 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->tmp = scratch(&s->c, 1, bb * N);
         if (!s->vec || !s->tmp) return -2;
         local_reduce(&s->o, s->vec, 0, block * N);
+        if (doubling(c)) {
+            start_steps(s, s->vec, bb);
+            return 0;
+        }
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
             x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->vec + (size_t)p * bb, bb);
@@ -739,6 +789,10 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         for (size_t k = 0; bytes && k < L; k++) {
             char *dst = buf + ((size_t)c->me * L + k) * bytes;
             if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
+        }
+        if (doubling(c)) {
+            start_steps(s, buf, bb);
+            return 0;
         }
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
@@ -762,13 +816,9 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->tmp = scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
         if (!s->tmp) return -2;
     }
-    if (s->c.nodes >= 4 && (s->c.nodes & (s->c.nodes - 1)) == 0) {
-        while ((1 << s->nsteps) < s->c.nodes)
-            s->nsteps++;
-        s->step = 0;
+    if (doubling(c)) {
         s->acc = buf;
-        s->bytes = bytes;
-        rd_step(s);
+        start_steps(s, NULL, bytes);
         return 0;
     }
     for (int p = 0; p < s->c.nodes; p++) {
@@ -831,7 +881,8 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
         size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
         char *mine = s->vec + (size_t)s->c.me * bb;
-        reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
+        if (!s->nsteps) /* halving folded on arrival */
+            reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
         finish_avg(&s->o, mine, block);
         for (size_t k = 0; k < L; k++)
             if (t->recv[k] && t->count)
