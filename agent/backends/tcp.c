@@ -622,9 +622,11 @@ static int op_alltoall(struct opctx *o)
  * CPU). Every pod combines the same two operands at each step, and the reductions are
  * commutative, so all pods hold the same bits. Allgather doubles the same way (swapping
  * the 2^k blocks each side has), and reduce_scatter halves (giving away the half of its
- * remaining blocks that the partner keeps, folding in the partner's copy of its own). Its state lives in struct tcp_tiny, so
- * the engine thread can start it and, if the peers are slow, hand it to the net thread
- * half done (tcp_tiny_progress picks up where the last call stopped).
+ * remaining blocks that the partner keeps, folding in the partner's copy of its own).
+ * Small reduces, reduce_scatters and all-to-alls are one direct exchange each. The
+ * op's state lives in struct tcp_tiny, so the engine thread can start it and, if the
+ * peers are slow, hand it to the net thread half done (tcp_tiny_progress picks up where
+ * the last call stopped).
  */
 struct tcp_tiny {
     struct tcp_comm c;
@@ -632,15 +634,16 @@ struct tcp_tiny {
     struct xfer x[2 * RDV_MAX_NODES];
     int nx;
     char *tmp;
-    int step, nsteps; /* recursive doubling: the step under way, and how many */
-    void *acc;        /* its running result (the result buffer) */
-    size_t bytes;
+    int step, nsteps; /* doubling or halving: the step under way, and how many (0: none) */
+    void *acc;        /* allreduce by doubling: its running result (the result buffer) */
+    size_t bytes;     /* ... and its bytes; allgather, reduce_scatter: bytes per block */
     char *vec; /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
                 * packed (all-to-all), or the result itself (allgather by doubling) */
     char why[160];
 };
 
-/* Recursive doubling: set up step s->step (swap with me XOR 2^step, fold on arrival). */
+/* Set up step s->step of doubling (allreduce, allgather) or halving (reduce_scatter)
+ * with the partner of that step; what arrives is folded in as it comes. */
 static void rd_step(struct tcp_tiny *s)
 {
     int me = s->c.me, p;
@@ -765,7 +768,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     }
     if (t->kind == WIRE_OP_REDUCE_SCATTER) {
         /* each pod sends block p of its reduced vector to pod p and reduces the blocks
-         * it gets for itself in pod order (op_reduce_scatter's small case, resumable) */
+         * it gets for itself in pod order (or halves, above) */
         size_t block = L * t->count, bb = block * s->o.es, N = (size_t)c->nodes;
         s->vec = scratch(&s->c, 0, bb * N);
         s->tmp = scratch(&s->c, 1, bb * N);
