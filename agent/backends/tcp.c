@@ -712,14 +712,18 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
 {
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
-    /* two pods exchange no more than a ring would: the direct way serves mid sizes too */
-    size_t limit = c->nodes == 2 && t->kind == WIRE_OP_ALLREDUCE ? TCP_PAIR_INLINE_BYTES
-                                                                  : TCP_TINY_BYTES;
+    /* two pods exchange no more than a ring would: the direct way serves mid sizes too;
+     * doubling and halving serve mid sizes among 4, 8, ... pods */
+    size_t ar_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
+                      : doubling(c) ? TCP_DOUBLING_ALLREDUCE_BYTES
+                                    : TCP_TINY_BYTES;
+    size_t vec_limit = doubling(c) ? TCP_DOUBLING_BYTES : TCP_TINY_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER ||
-             ((t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST) && bytes <= limit) ||
-             (t->kind == WIRE_OP_REDUCE && bytes <= TCP_TINY_BYTES) ||
+             (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
+             ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) &&
+              bytes <= TCP_TINY_BYTES) ||
              ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
-              bytes * L * (size_t)c->nodes <= TCP_TINY_BYTES) ||
+              bytes * L * (size_t)c->nodes <= vec_limit) ||
              (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;

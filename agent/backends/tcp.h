@@ -29,13 +29,19 @@ struct tcp_comm {
 };
 
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
- * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier)
- * as a resumable state. */
+ * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier;
+ * larger allreduces, allgathers and reduce_scatters below) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
 /* ... and an allreduce between two pods up to this (the direct way is then a ring's
  * bytes in one step); measured in bench/RESULTS.md */
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
+/* ... and among 4, 8, ... pods, by doubling or halving: allgather results and
+ * reduce_scatter inputs up to TCP_DOUBLING_BYTES, allreduces up to
+ * TCP_DOUBLING_ALLREDUCE_BYTES per pod (doubling sends the whole vector log2(pods)
+ * times, so a ring wins sooner); above them the relayed ring is faster (measured) */
+#define TCP_DOUBLING_BYTES ((size_t)1 << 20)
+#define TCP_DOUBLING_ALLREDUCE_BYTES ((size_t)256 << 10)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
