@@ -717,7 +717,9 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     size_t ar_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
                       : doubling(c) ? TCP_DOUBLING_ALLREDUCE_BYTES
                                     : TCP_TINY_BYTES;
-    size_t vec_limit = doubling(c) ? TCP_DOUBLING_BYTES : TCP_TINY_BYTES;
+    size_t vec_limit = doubling(c)    ? TCP_DOUBLING_BYTES
+                       : c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
+                                       : TCP_TINY_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER ||
              (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
              ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) &&
