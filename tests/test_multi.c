@@ -112,6 +112,20 @@ static void ops_8_agents(void **state)
 
 /* ---- one allreduce per rank, for the failure tests --------------------------------------- */
 
+/* A rank's start: connect to sock, open group "g", share bytes of host memory. 0, or
+ * the exit code that says which step failed (100 connect, 101 open, 102 memory). */
+static int rank_open(const char *sock, size_t bytes, coll_conn **c, coll_group **g,
+                     coll_group_info *info, void **mem)
+{
+    coll_buffer *b;
+    if (coll_connect(c, sock, 5000)) return 100;
+    if (coll_group_open(g, *c, "g", COLL_SLOT_ANY)) return 101;
+    if (coll_mem_alloc(&b, *c, bytes, COLL_DEVICE_HOST)) return 102;
+    coll_group_info_get(*g, info);
+    *mem = coll_mem_ptr(b);
+    return 0;
+}
+
 struct one {
     const char *sock;
     int expect;   /* coll_err expected from the allreduce */
@@ -123,13 +137,11 @@ static int allreduce_once(void *arg)
     struct one *o = arg;
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    if (coll_connect(&c, o->sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    if (coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
-    float *x = coll_mem_ptr(b);
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
     for (int i = 0; i < 16; i++)
         x[i] = (float)(info.rank + 1);
     coll_request r;
@@ -169,16 +181,14 @@ static int pair_rank_main(void *arg)
     /* 64 KiB + 4 (just past the tiny limit), segments folded while still sending, the
      * two-pod limit exactly, and one element past it (the ring) */
     static const size_t counts[] = {16385, 300001, 524288, 524289};
+    size_t maxc = 524289;
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    if (coll_connect(&c, sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    size_t maxc = 524289;
-    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
-    float *in = coll_mem_ptr(b), *out = in + maxc;
+    void *mem;
+    int rc = rank_open(sock, maxc * 4 * 2, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *in = mem, *out = in + maxc;
     for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
         for (int inplace = 0; inplace < 2; inplace++) {
             size_t n = counts[k];
@@ -255,13 +265,11 @@ static int doubling_rank_main(void *arg)
     const size_t maxc = 16384;
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    if (coll_connect(&c, o->sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
-    float *in = coll_mem_ptr(b), *out = in + maxc;
+    void *mem;
+    int rc = rank_open(o->sock, maxc * 4 * 2, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *in = mem, *out = in + maxc;
     if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
     for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
         for (int inplace = 0; inplace < 2; inplace++) {
@@ -335,13 +343,11 @@ static int bcast_rank_main(void *arg)
     const size_t maxc = 1000003;
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    if (coll_connect(&c, o->sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    if (coll_mem_alloc(&b, c, maxc * 4 * 2, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
-    float *in = coll_mem_ptr(b), *out = in + maxc;
+    void *mem;
+    int rc = rank_open(o->sock, maxc * 4 * 2, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *in = mem, *out = in + maxc;
     for (int root = 0; root < info.size; root++)
         for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
             for (int inplace = 0; inplace < 2; inplace++) {
@@ -401,16 +407,14 @@ static void four_pods_broadcast_relays(void **state)
 static int bcast_mismatch_main(void *arg)
 {
     const struct bc *o = arg;
+    const size_t maxc = 1 << 20;
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    const size_t maxc = 1 << 20;
-    if (coll_connect(&c, o->sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    if (coll_mem_alloc(&b, c, maxc * 4, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
-    float *x = coll_mem_ptr(b);
+    void *mem;
+    int rc = rank_open(o->sock, maxc * 4, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
     coll_request r;
     coll_err e = coll_broadcast(g, x, x, o->count, COLL_FLOAT32, 0, NULL, &r);
     if (e == COLL_OK) e = coll_wait(c, r, 30000);
@@ -495,14 +499,12 @@ static int late_kinds_main(void *arg)
     enum { K = 12 }; /* elements per block */
     coll_conn *c;
     coll_group *g;
-    coll_buffer *b;
-    if (coll_connect(&c, o->sock, 5000)) return 100;
-    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 101;
-    if (coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST)) return 102;
     coll_group_info info;
-    coll_group_info_get(g, &info);
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
     int n = info.size, me = info.rank;
-    float *in = coll_mem_ptr(b), *out = in + 2 * K * n;
+    float *in = mem, *out = in + 2 * K * n;
     for (int kind = 0; kind < 6; kind++) {
         for (int i = 0; i < K * n; i++) {
             in[i] = (float)(100 * me + i);
