@@ -162,79 +162,11 @@ static int allreduce_once(void *arg)
     return 0;
 }
 
-/* ---- two pods, mid sizes: the one-step exchange that folds on arrival ---------------- */
+/* ---- bitwise allreduces: two pods folding on arrival, 4 and 8 by doubling ------------- */
 
-static float pair_input(int rank, size_t i)
-{
-    /* pseudo-random, with fractions, so that any difference in the order of operands or
-     * any element folded twice or not at all shows in the bits */
-    uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 0x9e3779b9u);
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    return (float)(x % 2000003u) / 1024.0f - 900.0f;
-}
-
-static int pair_rank_main(void *arg)
-{
-    const char *sock = arg;
-    /* 64 KiB + 4 (just past the tiny limit), segments folded while still sending, the
-     * two-pod limit exactly, and one element past it (the ring) */
-    static const size_t counts[] = {16385, 300001, 524288, 524289};
-    size_t maxc = 524289;
-    coll_conn *c;
-    coll_group *g;
-    coll_group_info info;
-    void *mem;
-    int rc = rank_open(sock, maxc * 4 * 2, &c, &g, &info, &mem);
-    if (rc) return rc;
-    float *in = mem, *out = in + maxc;
-    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
-        for (int inplace = 0; inplace < 2; inplace++) {
-            size_t n = counts[k];
-            for (size_t i = 0; i < n; i++)
-                in[i] = pair_input(info.rank, i);
-            float *dst = inplace ? in : out;
-            coll_request r;
-            coll_err e = coll_allreduce(g, in, dst, n, COLL_FLOAT32, COLL_SUM, NULL, &r);
-            if (e == COLL_OK) e = coll_wait(c, r, 30000);
-            if (e != COLL_OK) {
-                fprintf(stderr, "pair allreduce count %zu: %s (%s)\n", n, coll_strerror(e),
-                        coll_last_error());
-                return 103;
-            }
-            for (size_t i = 0; i < n; i++) {
-                float want = pair_input(0, i) + pair_input(1, i);
-                if (memcmp(&dst[i], &want, 4) != 0) {
-                    fprintf(stderr, "pair allreduce count %zu inplace %d: element %zu is %a, want %a\n",
-                            n, inplace, i, (double)dst[i], (double)want);
-                    return 104;
-                }
-            }
-        }
-    }
-    coll_disconnect(&c);
-    return 0;
-}
-
-static void two_pods_mid_sizes_bitwise(void **state)
-{
-    (void)state;
-    struct agent a[2];
-    int port;
-    start_all(a, 2, 1, &port);
-    pid_t p[2];
-    for (int i = 0; i < 2; i++)
-        p[i] = child_run(pair_rank_main, (void *)a[i].sock);
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(child_wait(p[i], 120000), 0);
-    stop_all(a, 2);
-}
-
-/* ---- four and eight pods: small allreduces by recursive doubling --------------------- */
-
-/* Full 24-bit mantissas over a range of exponents, so that sums round and another
- * order of the operands would give other bits (pair_input's sums are exact). */
+/* Pseudo-random floats with full 24-bit mantissas over a range of exponents, so that
+ * sums round: another order of the operands, or an element folded twice or not at all,
+ * gives other bits. */
 static float tree_input(int rank, size_t i)
 {
     uint32_t x = (uint32_t)(i * 2654435761u) ^ (uint32_t)((rank + 1) * 0x85ebca6bu);
@@ -252,17 +184,21 @@ static float tree_sum(int lo, int n, size_t i)
     return n == 1 ? tree_input(lo, i) : tree_sum(lo, n / 2, i) + tree_sum(lo + n / 2, n / 2, i);
 }
 
-struct dbl {
+struct bitwise {
     const char *sock;
-    int delay_ms; /* before the first op: late pods make the early ones hand over */
+    int delay_ms;          /* before the first op: late pods make the early ones hand over */
+    const size_t *counts; /* allreduces of these counts, each in and out of place */
+    int ncounts;
 };
 
-static int doubling_rank_main(void *arg)
+/* Allreduces whose every element must have the bits of the pairwise tree of the pods'
+ * inputs (with two pods, simply a0 + a1). */
+static int bitwise_rank_main(void *arg)
 {
-    const struct dbl *o = arg;
-    /* one element, an odd count, and the tiny limit exactly (64 KiB) */
-    static const size_t counts[] = {1, 1001, 16384};
-    const size_t maxc = 16384;
+    const struct bitwise *o = arg;
+    size_t maxc = 0;
+    for (int k = 0; k < o->ncounts; k++)
+        if (o->counts[k] > maxc) maxc = o->counts[k];
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
@@ -271,9 +207,9 @@ static int doubling_rank_main(void *arg)
     if (rc) return rc;
     float *in = mem, *out = in + maxc;
     if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
-    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+    for (int k = 0; k < o->ncounts; k++)
         for (int inplace = 0; inplace < 2; inplace++) {
-            size_t n = counts[k];
+            size_t n = o->counts[k];
             for (size_t i = 0; i < n; i++)
                 in[i] = tree_input(info.rank, i);
             float *dst = inplace ? in : out;
@@ -299,6 +235,27 @@ static int doubling_rank_main(void *arg)
     return 0;
 }
 
+/* Two pods, mid sizes: the one-step exchange that folds on arrival. 64 KiB + 4 (past
+ * the tiny limit), segments folded while still sending, the two-pod limit exactly, and
+ * one element past it (the ring). */
+static void two_pods_mid_sizes_bitwise(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {16385, 300001, 524288, 524289};
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct bitwise jobs[2];
+    pid_t p[2];
+    for (int i = 0; i < 2; i++) {
+        jobs[i] = (struct bitwise){a[i].sock, 0, counts, 4};
+        p[i] = child_run(bitwise_rank_main, &jobs[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(p[i], 120000), 0);
+    stop_all(a, 2);
+}
+
 /* Every pod gets the same bits (the tree's), with 4 pods and with 8; with 4, the second
  * pair is 300 ms late, so the first pair's engines finish step one and hand step two to
  * their net threads half done. */
@@ -311,11 +268,13 @@ static void four_and_eight_pods_double_bitwise(void **state)
         start_all(a, n, 1, &port);
         for (int i = 0; i < n; i++) /* ready, so that the ops are not simply queued */
             assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
-        struct dbl jobs[8];
+        /* one element, an odd count, and the tiny limit exactly (64 KiB) */
+        static const size_t counts[] = {1, 1001, 16384};
+        struct bitwise jobs[8];
         pid_t p[8];
         for (int i = 0; i < n; i++) {
-            jobs[i] = (struct dbl){a[i].sock, n == 4 && i >= 2 ? 300 : 0};
-            p[i] = child_run(doubling_rank_main, &jobs[i]);
+            jobs[i] = (struct bitwise){a[i].sock, n == 4 && i >= 2 ? 300 : 0, counts, 3};
+            p[i] = child_run(bitwise_rank_main, &jobs[i]);
         }
         for (int i = 0; i < n; i++)
             assert_int_equal(child_wait(p[i], 60000), 0);
@@ -353,7 +312,7 @@ static int bcast_rank_main(void *arg)
             for (int inplace = 0; inplace < 2; inplace++) {
                 size_t n = counts[k];
                 for (size_t i = 0; i < n; i++) {
-                    in[i] = info.rank == root ? pair_input(root, i) : -1.0f;
+                    in[i] = info.rank == root ? tree_input(root, i) : -1.0f;
                     out[i] = -2.0f;
                 }
                 float *dst = inplace ? in : out;
@@ -366,7 +325,7 @@ static int bcast_rank_main(void *arg)
                     return 103;
                 }
                 for (size_t i = 0; i < n; i++) {
-                    float want = pair_input(root, i);
+                    float want = tree_input(root, i);
                     if (memcmp(&dst[i], &want, 4) != 0) {
                         fprintf(stderr, "rank %d: broadcast root %d count %zu inplace %d: "
                                         "element %zu is %a, want %a\n",
