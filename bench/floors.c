@@ -10,6 +10,9 @@
  * shm_yield: the same, calling sched_yield(2) between looks: on one CPU, each round trip
  *            is two switches between processes.
  * eventfd:   both sides sleep in read(2) on an eventfd and wake the other by write(2).
+ * tcp_swap:  both sides send 8 bytes and receive the other's 8 over one loopback TCP
+ *            connection (non-blocking, looking again with a yield): what an 8-byte
+ *            allreduce between two processes costs at the least over TCP.
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
  * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
  * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
@@ -17,8 +20,14 @@
  * p90 in us.
  */
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +47,47 @@ static void pin(int cpu)
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
     sched_setaffinity(0, sizeof(set), &set);
+}
+
+/* A connected pair of loopback TCP sockets, non-blocking, Nagle off. */
+static int tcp_pair(int sv[2])
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&sa, &len) != 0)
+        return -1;
+    sv[0] = socket(AF_INET, SOCK_STREAM, 0);
+    if (sv[0] < 0 || connect(sv[0], (struct sockaddr *)&sa, sizeof(sa)) != 0) return -1;
+    sv[1] = accept(l, NULL, NULL);
+    close(l);
+    for (int k = 0; k < 2; k++) {
+        if (sv[k] < 0) return -1;
+        setsockopt(sv[k], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        fcntl(sv[k], F_SETFL, O_NONBLOCK);
+    }
+    return 0;
+}
+
+/* Send 8 bytes on fd and receive the peer's 8, looking again with a yield. */
+static int swap8(int fd)
+{
+    uint64_t out = 1, in;
+    size_t sent = 0, got = 0;
+    while (sent < 8 || got < 8) {
+        ssize_t r = 0;
+        if (sent < 8 && (r = send(fd, (char *)&out + sent, 8 - sent, MSG_NOSIGNAL)) > 0)
+            sent += (size_t)r;
+        else if (r < 0 && errno != EAGAIN)
+            return -1;
+        if (got < 8 && (r = recv(fd, (char *)&in + got, 8 - got, 0)) > 0)
+            got += (size_t)r;
+        else if (r == 0 || (r < 0 && errno != EAGAIN))
+            return -1;
+        if (sent < 8 || got < 8) sched_yield();
+    }
+    return 0;
 }
 
 static double now_us(void)
@@ -139,5 +189,23 @@ int main(int argc, char **argv)
     }
     waitpid(p, NULL, 0);
     report("eventfd", lat, n, gap);
+
+    int sv[2];
+    if (tcp_pair(sv) != 0) return 1;
+    p = fork();
+    if (p == 0) {
+        pin(cpu_child);
+        for (int i = 0; i < n; i++)
+            if (swap8(sv[1]) != 0) _exit(1);
+        _exit(0);
+    }
+    for (int i = 0; i < n; i++) {
+        if (gap) usleep((useconds_t)gap);
+        double t0 = now_us();
+        if (swap8(sv[0]) != 0) return 1;
+        lat[i] = now_us() - t0;
+    }
+    waitpid(p, NULL, 0);
+    report("tcp_swap", lat, n, gap);
     return 0;
 }
