@@ -30,6 +30,10 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
 #define SPIN_PAUSE_NS 3000
+/* With fewer CPUs than this to run on, an op between pods sleeps at once: its spinning
+ * would take the CPU from the agent threads that produce its result. With more, it spins
+ * first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25% slower on 2). */
+#define SPIN_MIN_CPUS 4
 /* submission with every request slot taken, some by ops only streams wait for */
 #define SLOT_WAIT_NS (30LL * 1000000000)
 
@@ -98,6 +102,7 @@ struct coll_conn {
     int timeout_ms;
     int spin_us;
     int spin_set; /* COLL_SPIN_US was given: spin that long for every op */
+    int few_cpus; /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
     coll_err lost;      /* COLL_OK while the agent is there */
     char lost_msg[WIRE_ERRMSG_MAX];
     struct req reqs[WIRE_RING_ENTRIES];
@@ -326,6 +331,8 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
     c->spin_us = env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
     c->spin_set = env_int("COLL_SPIN_US", -1) >= 0;
+    cpu_set_t cpus;
+    c->few_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) < SPIN_MIN_CPUS;
     pthread_mutex_init(&c->lock, NULL);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++)
         c->free_idx[i] = WIRE_RING_ENTRIES - 1 - i;
@@ -946,9 +953,10 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     memcpy(slot, &s, offsetof(struct wire_sqe, seq));
     ring_publish(&slot->seq, c->sq_next);
     c->sq_next++;
-    /* an op that crosses pods takes longer than a spin is worth: sleep at once and
-     * leave the CPU to the agent's threads (measured: bench/RESULTS.md, issue 3) */
-    r->rang = g->info.nodes > 1 && !c->spin_set;
+    /* on a small machine an op that crosses pods takes longer than a spin is worth:
+     * sleep at once and leave the CPU to the agent's threads (measured: bench/RESULTS.md,
+     * issue 3) */
+    r->rang = g->info.nodes > 1 && !c->spin_set && c->few_cpus;
     if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
         uint64_t one = 1;
         ssize_t w = write(c->efd_agent, &one, sizeof(one));
