@@ -1371,7 +1371,8 @@ static int bind_data(struct net *n, char *why, size_t whylen)
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
     socklen_t sl = sizeof(sa);
     if (n->lfd < 0 || bind(n->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        listen(n->lfd, DATA_CH_COUNT * RDV_MAX_NODES + 64) < 0 || getsockname(n->lfd, (struct sockaddr *)&sa, &sl) < 0) {
+        listen(n->lfd, DATA_CH_COUNT * RDV_MAX_NODES + 64) < 0 ||
+        getsockname(n->lfd, (struct sockaddr *)&sa, &sl) < 0) {
         snprintf(why, whylen, "data-plane listener on port %d: %s", n->cfg->node.data_port,
                  strerror(errno));
         return -1;

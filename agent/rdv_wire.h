@@ -103,7 +103,7 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
 struct data_hello {
     uint32_t magic;
     uint16_t version;
-    uint16_t channel; /* DATA_CH_* */
+    uint16_t channel;    /* DATA_CH_* */
     uint64_t group_hash; /* FNV of the group name */
     uint32_t epoch;
     uint32_t from_index;

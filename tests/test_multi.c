@@ -186,7 +186,7 @@ static float tree_sum(int lo, int n, size_t i)
 
 struct bitwise {
     const char *sock;
-    int delay_ms;          /* before the first op: late pods make the early ones hand over */
+    int delay_ms;         /* before the first op: late pods make the early ones hand over */
     const size_t *counts; /* allreduces of these counts, each in and out of place */
     int ncounts;
 };
@@ -224,8 +224,9 @@ static int bitwise_rank_main(void *arg)
             for (size_t i = 0; i < n; i++) {
                 float want = tree_sum(0, info.size, i);
                 if (memcmp(&dst[i], &want, 4) != 0) {
-                    fprintf(stderr, "rank %d: allreduce count %zu inplace %d: element %zu is %a, "
-                                    "want %a\n",
+                    fprintf(stderr,
+                            "rank %d: allreduce count %zu inplace %d: element %zu is %a, "
+                            "want %a\n",
                             info.rank, n, inplace, i, (double)dst[i], (double)want);
                     return 104;
                 }
@@ -473,12 +474,24 @@ static int late_kinds_main(void *arg)
         coll_request r;
         coll_err e;
         switch (kind) {
-        case 0: e = coll_reduce_scatter(g, in, out, K, COLL_FLOAT32, COLL_SUM, NULL, &r); break;
-        case 1: e = coll_reduce(g, in, out, K, COLL_FLOAT32, COLL_SUM, 0, NULL, &r); break;
-        case 2: e = coll_alltoall(g, in, out, K, COLL_FLOAT32, NULL, &r); break;
-        case 3: e = coll_allgather(g, in, out, K, COLL_FLOAT32, NULL, &r); break;
-        case 4: e = coll_broadcast(g, in, out, K, COLL_FLOAT32, 0, NULL, &r); break;
-        default: e = coll_barrier(g, NULL, &r); break;
+        case 0:
+            e = coll_reduce_scatter(g, in, out, K, COLL_FLOAT32, COLL_SUM, NULL, &r);
+            break;
+        case 1:
+            e = coll_reduce(g, in, out, K, COLL_FLOAT32, COLL_SUM, 0, NULL, &r);
+            break;
+        case 2:
+            e = coll_alltoall(g, in, out, K, COLL_FLOAT32, NULL, &r);
+            break;
+        case 3:
+            e = coll_allgather(g, in, out, K, COLL_FLOAT32, NULL, &r);
+            break;
+        case 4:
+            e = coll_broadcast(g, in, out, K, COLL_FLOAT32, 0, NULL, &r);
+            break;
+        default:
+            e = coll_barrier(g, NULL, &r);
+            break;
         }
         if (e == COLL_OK) e = coll_wait(c, r, 30000);
         if (e != COLL_OK) {
@@ -670,12 +683,13 @@ static void garbage_frames_are_dropped(void **state)
      * another version, and bytes that are no hello at all */
     int dport = data_port_of(&a[0]);
     assert_true(dport > 0);
-    struct data_hello bad[2] = {{.magic = DATA_MAGIC, .version = RDV_VERSION,
-                                 .channel = DATA_CH_COUNT, .from_index = 1},
-                                {.magic = DATA_MAGIC, .version = RDV_VERSION + 1}};
+    struct data_hello bad[2] = {
+        {.magic = DATA_MAGIC, .version = RDV_VERSION, .channel = DATA_CH_COUNT, .from_index = 1},
+        {.magic = DATA_MAGIC, .version = RDV_VERSION + 1}};
     for (int i = 0; i < 3; i++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)dport),
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons((uint16_t)dport),
                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
         const void *msg = i < 2 ? (const void *)&bad[i] : (const void *)junk;

@@ -220,8 +220,7 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                 if (t->done < t->total) {
                     left++;
                     if (t->done >= lim) continue; /* a relay waiting for its receive */
-                    pf[np] = (struct pollfd){.fd = t->is_send ? c->fds[t->peer]
-                                                              : c->rfds[t->peer],
+                    pf[np] = (struct pollfd){.fd = t->is_send ? c->fds[t->peer] : c->rfds[t->peer],
                                              .events = t->is_send ? POLLOUT : POLLIN};
                     idx[np++] = i;
                 } else if (!t->is_send && t->red_dst && t->red_done < t->total) {
@@ -637,8 +636,8 @@ struct tcp_tiny {
     int step, nsteps; /* doubling or halving: the step under way, and how many (0: none) */
     void *acc;        /* allreduce by doubling: its running result (the result buffer) */
     size_t bytes;     /* ... and its bytes; allgather, reduce_scatter: bytes per block */
-    char *vec; /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
-                * packed (all-to-all), or the result itself (allgather by doubling) */
+    char *vec;        /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
+                       * packed (all-to-all), or the result itself (allgather by doubling) */
     char why[160];
 };
 
@@ -717,16 +716,15 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     size_t ar_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
                       : doubling(c) ? TCP_DOUBLING_ALLREDUCE_BYTES
                                     : TCP_TINY_BYTES;
-    size_t vec_limit = doubling(c)    ? TCP_DOUBLING_BYTES
+    size_t vec_limit = doubling(c)     ? TCP_DOUBLING_BYTES
                        : c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
                                        : TCP_TINY_BYTES;
-    int ok = t->kind == WIRE_OP_BARRIER ||
-             (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
-             ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) &&
-              bytes <= TCP_TINY_BYTES) ||
-             ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
-              bytes * L * (size_t)c->nodes <= vec_limit) ||
-             (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
+    int ok =
+        t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
+        ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) && bytes <= TCP_TINY_BYTES) ||
+        ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
+         bytes * L * (size_t)c->nodes <= vec_limit) ||
+        (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
     init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
@@ -787,8 +785,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
             x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->vec + (size_t)p * bb, bb);
-            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
-                   s->tmp + (size_t)p * bb, bb);
+            x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), s->tmp + (size_t)p * bb,
+                   bb);
         }
         return 0;
     }
@@ -816,9 +814,9 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     const char *own = t->send[0];
     /* two pods, one participant, two buffers apart: send straight from its send buffer
      * and fold into its result, with no copy between them first */
-    int direct = c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
-                 (own + bytes <= (const char *)t->recv[0] ||
-                  (const char *)t->recv[0] + bytes <= own);
+    int direct =
+        c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
+        (own + bytes <= (const char *)t->recv[0] || (const char *)t->recv[0] + bytes <= own);
     if (t->kind == WIRE_OP_ALLREDUCE) {
         buf = t->recv[0];
         if (!direct) local_reduce(&s->o, buf, 0, t->count);
@@ -832,8 +830,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     }
     for (int p = 0; p < s->c.nodes; p++) {
         if (p == s->c.me) continue;
-        x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), direct ? own : buf,
-               buf ? bytes : 0);
+        x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), direct ? own : buf, buf ? bytes : 0);
         x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                s->tmp ? s->tmp + (size_t)p * bytes : NULL, buf ? bytes : 0);
     }

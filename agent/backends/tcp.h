@@ -19,8 +19,8 @@ struct tcp_comm {
     struct net *net;
     struct ngroup *g;
     int nodes, me, nlocal;
-    int *fds;  /* by node index, our bytes to that node; fds[me] unused */
-    int *rfds; /* by node index, that node's bytes to us */
+    int *fds;     /* by node index, our bytes to that node; fds[me] unused */
+    int *rfds;    /* by node index, that node's bytes to us */
     uint64_t seq; /* this op's number in the epoch, checked against every peer's */
     int64_t deadline_ns;
     void *scratch[2]; /* grown on demand, kept by the caller between ops */

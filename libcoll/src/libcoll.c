@@ -332,7 +332,8 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->spin_us = env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
     c->spin_set = env_int("COLL_SPIN_US", -1) >= 0;
     cpu_set_t cpus;
-    c->few_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) < SPIN_MIN_CPUS;
+    c->few_cpus =
+        sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) < SPIN_MIN_CPUS;
     pthread_mutex_init(&c->lock, NULL);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++)
         c->free_idx[i] = WIRE_RING_ENTRIES - 1 - i;
