@@ -719,6 +719,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     size_t vec_limit = doubling(c)     ? TCP_DOUBLING_BYTES
                        : c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
                                        : TCP_TINY_BYTES;
+    /* an allgather between two pods sends each block once: the pair limit per block */
+    if (c->nodes == 2 && t->kind == WIRE_OP_ALLGATHER) vec_limit = 2 * TCP_PAIR_INLINE_BYTES;
     int ok =
         t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
         ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) && bytes <= TCP_TINY_BYTES) ||

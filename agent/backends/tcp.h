@@ -33,9 +33,9 @@ struct tcp_comm {
  * larger allreduces, allgathers and reduce_scatters below) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
-/* ... and an allreduce between two pods up to this, or an allgather whose result or a
- * reduce_scatter whose input is up to this (the direct way is then a ring's bytes in one
- * step); measured in bench/RESULTS.md */
+/* ... and between two pods, an allreduce or a reduce_scatter's input of up to this, or
+ * an allgather whose blocks are (the direct way is then a ring's bytes in one step);
+ * measured in bench/RESULTS.md */
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
 /* ... and among 4, 8, ... pods, by doubling or halving: allgather results and
  * reduce_scatter inputs up to TCP_DOUBLING_BYTES, allreduces up to
