@@ -1,13 +1,18 @@
 /*
  * test_wire.c: the local plane's decoders accept exactly the messages of this
  * version and say why they refuse the rest; a deterministic fuzz loop feeds them
- * random and mutated bytes.
+ * random and mutated bytes. Also libcoll's count of usable CPUs (cpus.c), which shares
+ * the library's internal objects.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "coll/coll.h"
+#include "cpus.h"
 #include "harness.h"
 #include "wire.h"
 
@@ -161,6 +166,78 @@ static void fuzzed_bytes_never_crash(void **state)
     assert_true(accepted > 0); /* mutations of payload bytes stay valid */
 }
 
+/* ---- how many CPUs libcoll thinks it can keep busy ------------------------------------- */
+
+static void cpu_quotas_are_read(void **state)
+{
+    (void)state;
+    assert_int_equal(coll_cpus_from_quota(-1, 100000), 0); /* v1: no limit */
+    assert_int_equal(coll_cpus_from_quota(100000, 100000), 1);
+    assert_int_equal(coll_cpus_from_quota(150000, 100000), 2);
+    assert_int_equal(coll_cpus_from_quota(50000, 100000), 1);
+    assert_int_equal(coll_cpus_from_quota(400000, 0), 0);
+    assert_int_equal(coll_cpus_from_cpu_max("max 100000\n"), 0);
+    assert_int_equal(coll_cpus_from_cpu_max("300000 100000\n"), 3);
+    assert_int_equal(coll_cpus_from_cpu_max("250000 100000"), 3);
+    assert_int_equal(coll_cpus_from_cpu_max("12x 100000"), 0);
+    assert_int_equal(coll_cpus_from_cpu_max(""), 0);
+    assert_int_equal(coll_cpus_from_cpu_max(NULL), 0);
+    assert_true(coll_usable_cpus() >= 1);
+}
+
+/* A real cgroup with a one-CPU quota (v1 cpu controller, or v2 with cpu enabled), a
+ * child moved into it: the child counts one CPU. Needs root and such a controller. */
+static void a_cgroup_quota_caps_the_count(void **state)
+{
+    (void)state;
+    char dir[256], file[300];
+    const char *quota_file = NULL, *quota_text = NULL;
+    snprintf(dir, sizeof(dir), "/sys/fs/cgroup/cpu/coll-test-%d", (int)getpid());
+    if (geteuid() == 0 && mkdir(dir, 0755) == 0) {
+        quota_file = "cpu.cfs_quota_us";
+        quota_text = "100000";
+        snprintf(file, sizeof(file), "%s/cpu.cfs_period_us", dir);
+        FILE *f = fopen(file, "w");
+        if (f) {
+            fputs("100000", f);
+            fclose(f);
+        }
+    } else {
+        snprintf(dir, sizeof(dir), "/sys/fs/cgroup/coll-test-%d", (int)getpid());
+        if (geteuid() == 0 && mkdir(dir, 0755) == 0) {
+            snprintf(file, sizeof(file), "%s/cpu.max", dir);
+            if (access(file, W_OK) == 0) {
+                quota_file = "cpu.max";
+                quota_text = "100000 100000";
+            } else {
+                rmdir(dir);
+            }
+        }
+    }
+    if (!quota_file) {
+        fprintf(stderr, "skipped: needs root and a cgroup cpu controller (v1 at "
+                        "/sys/fs/cgroup/cpu or v2 with cpu enabled)\n");
+        skip();
+    }
+    snprintf(file, sizeof(file), "%s/%s", dir, quota_file);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    assert_true(fputs(quota_text, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    pid_t p = fork();
+    if (p == 0) {
+        snprintf(file, sizeof(file), "%s/cgroup.procs", dir);
+        FILE *procs = fopen(file, "w");
+        if (!procs || fprintf(procs, "%d", (int)getpid()) < 0 || fclose(procs) != 0) _exit(2);
+        _exit(coll_usable_cpus() == 1 ? 0 : 1);
+    }
+    int st;
+    assert_int_equal(waitpid(p, &st, 0), p);
+    rmdir(dir); /* the child has exited: the group is empty */
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +249,8 @@ int main(void)
         cmocka_unit_test(sqe_fields_are_range_checked),
         cmocka_unit_test(extents_follow_the_op_and_catch_overflow),
         cmocka_unit_test(fuzzed_bytes_never_crash),
+        cmocka_unit_test(cpu_quotas_are_read),
+        cmocka_unit_test(a_cgroup_quota_caps_the_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

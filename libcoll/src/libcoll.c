@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "cpus.h"
 #include "lcgpu.h"
 #include "ring.h"
 #include "wire.h"
@@ -30,7 +31,7 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
 #define SPIN_PAUSE_NS 3000
-/* With fewer CPUs than this to run on, an op between pods sleeps at once: its spinning
+/* With fewer CPUs than this to keep busy (cpus.h), an op between pods sleeps at once: its spinning
  * would take the CPU from the agent threads that produce its result. With more, it spins
  * first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25% slower on 2). */
 #define SPIN_MIN_CPUS 4
@@ -331,9 +332,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
     c->spin_us = env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
     c->spin_set = env_int("COLL_SPIN_US", -1) >= 0;
-    cpu_set_t cpus;
-    c->few_cpus =
-        sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) < SPIN_MIN_CPUS;
+    c->few_cpus = coll_usable_cpus() < SPIN_MIN_CPUS;
     pthread_mutex_init(&c->lock, NULL);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++)
         c->free_idx[i] = WIRE_RING_ENTRIES - 1 - i;

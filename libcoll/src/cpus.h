@@ -1,0 +1,22 @@
+/*
+ * cpus.h: how many CPUs this process can keep busy, for libcoll's choice between
+ * spinning and sleeping: its affinity mask, capped by its cgroup's CPU quota (cgroup v2
+ * cpu.max, or v1 cpu.cfs_quota_us over cpu.cfs_period_us), which is what a container
+ * with a CPU limit and no cpuset has. Compiled into libcoll and coll_proto (tests).
+ */
+#ifndef COLL_CPUS_H
+#define COLL_CPUS_H
+
+/* CPUs this process can keep busy (at least 1). Reads /proc/self/cgroup and the
+ * cgroup's quota files under /sys/fs/cgroup; any of them missing means no cap. */
+int coll_usable_cpus(void);
+
+/* The cap a quota of quota microseconds per period gives: CPUs rounded up, or 0 for
+ * none (quota < 0, as v1 writes "no limit", or period <= 0). */
+int coll_cpus_from_quota(long long quota, long long period);
+
+/* The same from a cgroup v2 cpu.max line: "max 100000" (none, 0), "150000 100000" (2);
+ * 0 for anything else. */
+int coll_cpus_from_cpu_max(const char *line);
+
+#endif
