@@ -31,9 +31,10 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
 #define SPIN_PAUSE_NS 3000
-/* With fewer CPUs than this to keep busy (cpus.h), an op between pods sleeps at once: its spinning
- * would take the CPU from the agent threads that produce its result. With more, it spins
- * first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25% slower on 2). */
+/* With fewer CPUs than this to keep busy (cpus.h), an op between pods sleeps at once:
+ * its spinning would take the CPU from the agent threads that produce its result. With
+ * more, it spins first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25%
+ * slower on 2). */
 #define SPIN_MIN_CPUS 4
 /* submission with every request slot taken, some by ops only streams wait for */
 #define SLOT_WAIT_NS (30LL * 1000000000)
