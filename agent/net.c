@@ -1093,14 +1093,11 @@ int net_service(struct net *n, struct ngroup *g)
     return 0;
 }
 
-int net_inline(struct net *n, struct net_task *t)
+/* The view of g's connections that op t runs with; its scratch comes back to the group
+ * through keep_scratch. */
+static struct tcp_comm comm_for(struct net *n, struct ngroup *g, const struct net_task *t)
 {
-    struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
-    if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
-    int rc = NET_INLINE_NO;
-    if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
-        !g->handoff && !g->inline_abort && t->lepoch >= g->floor) {
-        struct tcp_comm c = {.net = n,
+    return (struct tcp_comm){.net = n,
                              .g = g,
                              .nodes = g->nodes,
                              .me = g->me,
@@ -1111,20 +1108,33 @@ int net_inline(struct net *n, struct net_task *t)
                              .deadline_ns = t->deadline_ns,
                              .scratch = {g->scratch[0], g->scratch[1]},
                              .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]}};
+}
+
+/* The scratch buffers live on with the group, as the op left them. */
+static void keep_scratch(struct ngroup *g, const struct tcp_comm *c)
+{
+    for (int k = 0; k < 2; k++) {
+        g->scratch[k] = c->scratch[k];
+        g->scratch_cap[k] = c->scratch_cap[k];
+    }
+}
+
+int net_inline(struct net *n, struct net_task *t)
+{
+    struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
+    if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
+    int rc = NET_INLINE_NO;
+    if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
+        !g->handoff && !g->inline_abort && t->lepoch >= g->floor) {
+        struct tcp_comm c = comm_for(n, g, t);
         int started = tcp_tiny_start(g->tiny, &c, t);
-        for (int k = 0; k < 2; k++) {
-            g->scratch[k] = c.scratch[k];
-            g->scratch_cap[k] = c.scratch_cap[k];
-        }
+        keep_scratch(g, &c);
         if (started == 0) {
             int64_t t0 = now_ns();
             char why[160] = "";
             c.budget_until = now_ns() + INLINE_BUDGET_NS;
             int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
-            for (int k = 0; k < 2; k++) {
-                g->scratch[k] = c.scratch[k];
-                g->scratch_cap[k] = c.scratch_cap[k];
-            }
+            keep_scratch(g, &c);
             n->inline_ns += now_ns() - t0;
             n->inline_n++;
             if (st == TCP_AGAIN) { /* slow peers: the net thread finishes it */
@@ -1211,19 +1221,13 @@ static int run_ready_ops(struct net *n)
         struct ngroup *g = n->groups[i];
         if (g && g->handoff && g->ready) { /* a tiny op the engine started */
             struct net_task *t = g->handoff;
-            struct tcp_comm c = {.net = n,
-                                 .g = g,
-                                 .scratch = {g->scratch[0], g->scratch[1]},
-                                 .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]}};
+            struct tcp_comm c = comm_for(n, g, t);
             char why[160] = "";
             g->running = t;
             int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
             g->running = NULL;
             g->handoff = NULL;
-            for (int k = 0; k < 2; k++) {
-                g->scratch[k] = c.scratch[k];
-                g->scratch_cap[k] = c.scratch_cap[k];
-            }
+            keep_scratch(g, &c);
             return_task_why(n, t, st, why);
             g->ops_done++;
             ran++;
@@ -1241,17 +1245,7 @@ static int run_ready_ops(struct net *n)
                 p2p_post(n, g, t);
                 continue;
             }
-            struct tcp_comm c = {.net = n,
-                                 .g = g,
-                                 .seq = g->ops_done,
-                                 .scratch = {g->scratch[0], g->scratch[1]},
-                                 .scratch_cap = {g->scratch_cap[0], g->scratch_cap[1]},
-                                 .nodes = g->nodes,
-                                 .me = g->me,
-                                 .nlocal = g->nlocal,
-                                 .fds = g->fds,
-                                 .rfds = g->rfds,
-                                 .deadline_ns = t->deadline_ns};
+            struct tcp_comm c = comm_for(n, g, t);
             char why[160] = "";
             /* off the queue while it runs: an abort meanwhile must not hand it back
              * to the engine while its buffers are in use */
@@ -1261,10 +1255,7 @@ static int run_ready_ops(struct net *n)
             ran++;
             int st = tcp_run(&c, t, why, sizeof(why));
             g->running = NULL;
-            for (int k = 0; k < 2; k++) { /* the scratch buffers live on with the group */
-                g->scratch[k] = c.scratch[k];
-                g->scratch_cap[k] = c.scratch_cap[k];
-            }
+            keep_scratch(g, &c);
             return_task_why(n, t, st, why); /* t is the engine's from here on */
             g->ops_done++;
             if (g->abort_pending && (st != COLL_OK || !g->q_head))

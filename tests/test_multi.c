@@ -50,6 +50,17 @@ static void stop_all(struct agent *a, int n)
         if (a[i].pid) assert_int_equal(agent_stop(&a[i]), 0);
 }
 
+/* fn once per job (n jobs of size bytes each, one per pod's application) in child
+ * processes, all at once; each must exit 0 within ms. */
+static void run_ranks(int (*fn)(void *), void *jobs, size_t size, int n, int ms)
+{
+    pid_t p[MAXA];
+    for (int i = 0; i < n; i++)
+        p[i] = child_run(fn, (char *)jobs + (size_t)i * size);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(child_wait(p[i], ms), 0);
+}
+
 static void matrix(int n, int slots)
 {
     struct agent a[MAXA];
@@ -247,13 +258,9 @@ static void two_pods_mid_sizes_bitwise(void **state)
     int port;
     start_all(a, 2, 1, &port);
     struct bitwise jobs[2];
-    pid_t p[2];
-    for (int i = 0; i < 2; i++) {
-        jobs[i] = (struct bitwise){a[i].sock, 0, counts, 4};
-        p[i] = child_run(bitwise_rank_main, &jobs[i]);
-    }
     for (int i = 0; i < 2; i++)
-        assert_int_equal(child_wait(p[i], 120000), 0);
+        jobs[i] = (struct bitwise){a[i].sock, 0, counts, 4};
+    run_ranks(bitwise_rank_main, jobs, sizeof(jobs[0]), 2, 120000);
     stop_all(a, 2);
 }
 
@@ -272,13 +279,9 @@ static void four_and_eight_pods_double_bitwise(void **state)
         /* one element, an odd count, and the tiny limit exactly (64 KiB) */
         static const size_t counts[] = {1, 1001, 16384};
         struct bitwise jobs[8];
-        pid_t p[8];
-        for (int i = 0; i < n; i++) {
-            jobs[i] = (struct bitwise){a[i].sock, n == 4 && i >= 2 ? 300 : 0, counts, 3};
-            p[i] = child_run(bitwise_rank_main, &jobs[i]);
-        }
         for (int i = 0; i < n; i++)
-            assert_int_equal(child_wait(p[i], 60000), 0);
+            jobs[i] = (struct bitwise){a[i].sock, n == 4 && i >= 2 ? 300 : 0, counts, 3};
+        run_ranks(bitwise_rank_main, jobs, sizeof(jobs[0]), n, 60000);
         stop_all(a, n);
         if (n == 4) { /* the first op was handed over, or queued if the net thread was
                        * busy at that instant: not every op ran on the engine */
@@ -352,13 +355,9 @@ static void four_pods_broadcast_relays(void **state)
     int port;
     start_all(a, 4, 1, &port);
     struct bc jobs[4];
-    pid_t p[4];
-    for (int i = 0; i < 4; i++) {
-        jobs[i] = (struct bc){.sock = a[i].sock};
-        p[i] = child_run(bcast_rank_main, &jobs[i]);
-    }
     for (int i = 0; i < 4; i++)
-        assert_int_equal(child_wait(p[i], 120000), 0);
+        jobs[i] = (struct bc){.sock = a[i].sock};
+    run_ranks(bcast_rank_main, jobs, sizeof(jobs[0]), 4, 120000);
     stop_all(a, 4);
 }
 
@@ -421,11 +420,7 @@ static void broadcast_count_mismatch_is_named(void **state)
     int port;
     start_all(a, 3, 1, &port);
     struct bc jobs[3] = {{a[0].sock, 1000000}, {a[1].sock, 1000000}, {a[2].sock, 999999}};
-    pid_t p[3];
-    for (int i = 0; i < 3; i++)
-        p[i] = child_run(bcast_mismatch_main, &jobs[i]);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(child_wait(p[i], 60000), 0);
+    run_ranks(bcast_mismatch_main, jobs, sizeof(jobs[0]), 3, 60000);
     assert_true(agent_log_count(&a[2], "mismatch") + agent_log_count(&a[2], "runs broadcast") >= 1);
     stop_all(a, 3);
 }
@@ -440,10 +435,8 @@ static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
     start_all(a, 2, 1, &port);
     for (int i = 0; i < 2; i++) /* ready, so that the op is not simply queued */
         assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
-    struct one fast = {.sock = a[0].sock}, slow = {.sock = a[1].sock, .delay_ms = 300};
-    pid_t p0 = child_run(allreduce_once, &fast), p1 = child_run(allreduce_once, &slow);
-    assert_int_equal(child_wait(p0, 30000), 0);
-    assert_int_equal(child_wait(p1, 30000), 0);
+    struct one fast_slow[2] = {{.sock = a[0].sock}, {.sock = a[1].sock, .delay_ms = 300}};
+    run_ranks(allreduce_once, fast_slow, sizeof(fast_slow[0]), 2, 30000);
     stop_all(a, 2);
     /* handed over, unless the net thread was busy at that instant and it was queued:
      * the op is right either way (checked above); the hand-over is the usual path */
@@ -546,10 +539,8 @@ static void slow_peer_hands_over_every_small_kind(void **state)
     start_all(a, 2, 1, &port);
     for (int i = 0; i < 2; i++)
         assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
-    struct one fast = {.sock = a[0].sock}, slow = {.sock = a[1].sock, .delay_ms = 200};
-    pid_t p0 = child_run(late_kinds_main, &fast), p1 = child_run(late_kinds_main, &slow);
-    assert_int_equal(child_wait(p0, 30000), 0);
-    assert_int_equal(child_wait(p1, 30000), 0);
+    struct one fast_slow[2] = {{.sock = a[0].sock}, {.sock = a[1].sock, .delay_ms = 200}};
+    run_ranks(late_kinds_main, fast_slow, sizeof(fast_slow[0]), 2, 30000);
     stop_all(a, 2);
     /* six ops, each handed over, or queued when the net thread was busy at that instant
      * (it spins a while after each op); they cannot all have run whole on the engine */
@@ -605,11 +596,7 @@ static void killed_agent_fails_survivors_then_group_reforms(void **state)
     /* it comes back: the group re-forms and runs */
     assert_int_equal(start_member(&a[2], port, 2, 3, 1, NULL), 0);
     struct one ok[3] = {{.sock = a[0].sock}, {.sock = a[1].sock}, {.sock = a[2].sock}};
-    pid_t p[3];
-    for (int i = 0; i < 3; i++)
-        p[i] = child_run(allreduce_once, &ok[i]);
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(child_wait(p[i], 30000), 0);
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 3, 30000);
     stop_all(a, 3);
 }
 
@@ -700,10 +687,8 @@ static void garbage_frames_are_dropped(void **state)
     assert_int_equal(agent_log_count(&a[0], "hello for channel 3"), 1);
     /* the coordinator still forms the group and runs ops */
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
-    struct one ok0 = {.sock = a[0].sock}, ok1 = {.sock = a[1].sock};
-    pid_t p0 = child_run(allreduce_once, &ok0), p1 = child_run(allreduce_once, &ok1);
-    assert_int_equal(child_wait(p0, 30000), 0);
-    assert_int_equal(child_wait(p1, 30000), 0);
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     stop_all(a, 2);
 }
 

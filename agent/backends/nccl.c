@@ -16,9 +16,10 @@
  * one with several ranks is then split (also non-blocking, same deadline) into a
  * blocking child that ops are launched on, since NCCL finishes every launch on a
  * non-blocking communicator on a thread of its own (about 60 us per op, against 18 us
- * blocking; bench/handoff_bench.c). Async errors are polled while ops are in flight; an op past its deadline, an async
- * error or an abandoned generation aborts the communicator, and every op on it is
- * failed with the words stored from the CPU, so neither side's stream stays blocked.
+ * blocking; bench/handoff_bench.c). Async errors are polled while ops are in flight; an
+ * op past its deadline, an async error or an abandoned generation aborts the
+ * communicator, and every op on it is failed with the words stored from the CPU, so
+ * neither side's stream stays blocked.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -376,7 +377,7 @@ struct comm {
     int64_t created_ns;
     char why[160];
     struct gpu_task *fly_head, *fly_tail; /* issued, in stream order */
-    /* one rank: ops that repeat are replayed as CUDA graphs (graph_launch) */
+    /* ops that repeat are replayed as CUDA graphs (graph_launch) */
     struct cgraph graphs[GRAPH_SLOTS];
     uint64_t graph_tick;
     unsigned graph_bufgen;

@@ -634,10 +634,10 @@ struct tcp_tiny {
     int nx;
     char *tmp;
     int step, nsteps; /* doubling or halving: the step under way, and how many (0: none) */
-    void *acc;        /* allreduce by doubling: its running result (the result buffer) */
-    size_t bytes;     /* ... and its bytes; allgather, reduce_scatter: bytes per block */
+    size_t bytes;     /* doubling or halving: bytes per block (allreduce: of the vector) */
     char *vec;        /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
-                       * packed (all-to-all), or the result itself (allgather by doubling) */
+                       * packed (all-to-all), or the result itself (allgather, and allreduce
+                       * by doubling: its running result; NULL for a barrier) */
     char why[160];
 };
 
@@ -672,11 +672,11 @@ static void rd_step(struct tcp_tiny *s)
         return;
     }
     p = me ^ (1 << s->step);
-    b = s->acc ? s->bytes : 0;
-    x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->acc, b);
-    x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), b ? s->tmp : NULL, b);
+    if (!s->vec) b = 0;
+    x_send(&s->x[s->nx++], p, &s->o.hdr, hl, s->vec, b);
+    x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp : NULL, b);
     if (b) {
-        s->x[1].red_dst = s->acc;
+        s->x[1].red_dst = s->vec;
         s->x[1].red_after = &s->x[0];
     }
 }
@@ -759,8 +759,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
          * pod order */
         int rnode = t->root / c->nlocal;
         s->vec = scratch(&s->c, 0, bytes);
-        s->tmp = scratch(&s->c, 1, bytes * (size_t)c->nodes);
-        if (!s->vec || !s->tmp) return -2;
+        if (c->me == rnode) s->tmp = scratch(&s->c, 1, bytes * (size_t)c->nodes);
+        if (!s->vec || (c->me == rnode && !s->tmp)) return -2;
         local_reduce(&s->o, s->vec, 0, t->count);
         if (c->me != rnode) {
             x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), s->vec, bytes);
@@ -826,8 +826,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         if (!s->tmp) return -2;
     }
     if (doubling(c)) {
-        s->acc = buf;
-        start_steps(s, NULL, bytes);
+        start_steps(s, buf, bytes);
         return 0;
     }
     for (int p = 0; p < s->c.nodes; p++) {
@@ -848,15 +847,20 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     return 0;
 }
 
-int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
+/* Scratch the op grew goes back to the caller, who keeps it between ops (the old block
+ * is gone after a realloc). */
+static void give_scratch(const struct tcp_tiny *s, struct tcp_comm *c)
 {
-    int rc = tiny_setup(s, c, t);
-    /* scratch it grew belongs to the caller whatever the outcome (the old block is
-     * gone after a realloc) */
-    for (int k = 0; rc != -1 && k < 2; k++) {
+    for (int k = 0; k < 2; k++) {
         c->scratch[k] = s->c.scratch[k];
         c->scratch_cap[k] = s->c.scratch_cap[k];
     }
+}
+
+int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
+{
+    int rc = tiny_setup(s, c, t);
+    if (rc != -1) give_scratch(s, c); /* whatever the outcome, once set up began */
     return rc;
 }
 
@@ -903,10 +907,7 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
         finish_avg(&s->o, t->recv[0], t->count);
         copy_to_locals(&s->o, t->recv[0], bytes);
     }
-    for (int k = 0; k < 2; k++) {
-        c->scratch[k] = s->c.scratch[k];
-        c->scratch_cap[k] = s->c.scratch_cap[k];
-    }
+    give_scratch(s, c);
     if (st != COLL_OK) snprintf(why, whylen, "%s", s->why);
     return st;
 }
