@@ -446,15 +446,12 @@ void session_complete(struct op *op, int status, const char *why)
     buffer_unref(&op->sb);
     buffer_unref(&op->rb);
     struct wire_shm *w = op->sync ? op->sync->map : s && s->state != SESSION_DEAD ? s->shm : NULL;
-    if (w && (op->sqe.flags & WIRE_SQE_F_GPU) && status != COLL_OK) {
-        /* release a client stream that waits for this op's done word */
-        uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
-        ring_store_max64(&w->done[idx], op->sqe.tag);
-    }
+    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1; /* checked for GPU ops */
+    if (w && (op->sqe.flags & WIRE_SQE_F_GPU) && status != COLL_OK && idx < WIRE_RING_ENTRIES)
+        ring_store_max64(&w->done[idx], op->sqe.tag); /* release a client stream waiting */
     buffer_unref(&op->sync);
     if (!s || s->state == SESSION_DEAD) return;
     struct wire_shm *shm = s->shm;
-    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
     if (status != COLL_OK && idx < WIRE_RING_ENTRIES) /* read by the client after the cqe */
         snprintf(shm->why[idx], sizeof(shm->why[idx]), "%s", why ? why : "");
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
@@ -470,12 +467,18 @@ void session_complete(struct op *op, int status, const char *why)
     }
 }
 
-/* Resolve one side of an op to an address, holding a reference. */
-static int resolve(struct session *s, const char *what, uint32_t id, uint64_t off, uint64_t elems,
-                   size_t es, int used, struct buffer **bp, void **pp)
+/* Where one side of an op lands: buffer slot and byte range, checked. */
+struct sqe_side {
+    struct buffer *b; /* NULL: the side is unused */
+    uint64_t off;
+};
+
+/* Check one side of an op against the session's buffers (no side effects). */
+static int check_side(struct session *s, const char *what, uint32_t id, uint64_t off,
+                      uint64_t elems, size_t es, int used, struct sqe_side *out)
 {
-    *bp = NULL;
-    *pp = NULL;
+    out->b = NULL;
+    out->off = 0;
     if (!used || elems == 0) return 0;
     uint32_t i = id - 1;
     if (id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i])
@@ -484,15 +487,63 @@ static int resolve(struct session *s, const char *what, uint32_t id, uint64_t of
     if (elems > UINT64_MAX / es || off > b->size || elems * es > b->size - off)
         return violation(s, "%s range [%llu, +%llu elements) exceeds buffer %u of %zu bytes", what,
                          (unsigned long long)off, (unsigned long long)elems, id, b->size);
-    *bp = buffer_ref(b);
-    *pp = (char *)b->map + off;
+    out->b = b;
+    out->off = off;
+    return 0;
+}
+
+/*
+ * The one validation pass over a ring entry, before anything else happens to it: every
+ * field the client wrote is checked here (ranges, group handle, GPU flag and request
+ * slot, peer rank, buffer ids and extents). Returns 0 with the group handle and both
+ * sides resolved, or -1 for a protocol violation (logged, the session is dropped).
+ * Nothing is referenced, completed or indexed with a client value before it returns 0.
+ */
+static int sqe_validate(struct session *s, const struct wire_sqe *q, struct session_handle **hp,
+                        struct sqe_side *send, struct sqe_side *recv)
+{
+    char err[128];
+    if (wire_sqe_check(q, err, sizeof(err)) < 0) return violation(s, "bad op: %s", err);
+    if (q->group >= SESSION_MAX_HANDLES || !s->handles[q->group].g)
+        return violation(s, "op for group handle %u, which is not open", q->group);
+    struct session_handle *h = &s->handles[q->group];
+    struct group *g = h->g;
+    unsigned k = q->kind;
+    if (q->flags & WIRE_SQE_F_GPU) {
+        if (!s->srv->gpu || !g->gpu_dev)
+            return violation(s, "GPU op for group '%s', which runs on %s", g->cfg->name,
+                             g->be->name);
+        uint32_t idx = (uint32_t)(q->tag & 0xffffffffu) - 1;
+        if (idx >= WIRE_RING_ENTRIES)
+            return violation(s, "GPU op tag %llx names no request slot",
+                             (unsigned long long)q->tag);
+    }
+    int needs_peer = k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND ||
+                     k == WIRE_OP_RECV;
+    if (needs_peer && (q->peer < 0 || q->peer >= g->size))
+        return violation(s, "%s names rank %d; the group has %d", wire_kind_name(k), q->peer,
+                         g->size);
+    int rank = g->node_index * g->nslots + h->slot;
+    int send_used = k != WIRE_OP_RECV && k != WIRE_OP_BARRIER &&
+                    !(k == WIRE_OP_BROADCAST && rank != q->peer);
+    int recv_used = k != WIRE_OP_SEND && k != WIRE_OP_BARRIER &&
+                    !(k == WIRE_OP_REDUCE && rank != q->peer);
+    uint64_t se, re;
+    if (wire_sqe_extent(q, 0, (uint32_t)g->size, &se) < 0 ||
+        wire_sqe_extent(q, 1, (uint32_t)g->size, &re) < 0)
+        return violation(s, "op count %llu overflows", (unsigned long long)q->count);
+    size_t es = coll_dtype_size((coll_dtype)q->dtype);
+    if (check_side(s, "send", q->send_buf, q->send_off, se, es, send_used, send) < 0 ||
+        check_side(s, "recv", q->recv_buf, q->recv_off, re, es, recv_used, recv) < 0)
+        return -1;
+    *hp = h;
     return 0;
 }
 
 /* Buffers must live where the group runs: GPU groups take GPU ops (device buffers on
  * the slot's GPU, stream-order words), host groups host buffers. A misplaced op fails
  * with INVALID (the session stays). Returns 1 when op may run, 0 when it was failed
- * here, -1 for a protocol violation. */
+ * here. */
 static int check_placement(struct session *s, struct group *g, int slot, struct op *op)
 {
     const struct wire_sqe *q = &op->sqe;
@@ -509,13 +560,6 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
                  (op->sb && op->sb->device != want ? op->sb : op->rb)->device < 0 ? "the host" : "GPU",
                  (op->sb && op->sb->device != want ? op->sb : op->rb)->device);
     if (gpu_op) {
-        uint32_t idx = (uint32_t)(q->tag & 0xffffffffu) - 1;
-        if (idx >= WIRE_RING_ENTRIES) {
-            buffer_unref(&op->sb);
-            buffer_unref(&op->rb);
-            return violation(s, "GPU op tag %llx names no request slot",
-                             (unsigned long long)q->tag);
-        }
         char w[160];
         if (!why[0] && shm_for_gpu(s, w, sizeof(w)) < 0) snprintf(why, sizeof(why), "%s", w);
         if (s->shm_gpu > 0) op->sync = buffer_ref(s->shm_buf);
@@ -531,11 +575,9 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
 
 static int handle_sqe(struct session *s, const struct wire_sqe *q)
 {
-    char err[128];
-    if (wire_sqe_check(q, err, sizeof(err)) < 0) return violation(s, "bad op: %s", err);
-    if (q->group >= SESSION_MAX_HANDLES || !s->handles[q->group].g)
-        return violation(s, "op for group handle %u, which is not open", q->group);
-    struct session_handle *h = &s->handles[q->group];
+    struct session_handle *h = NULL;
+    struct sqe_side sd, rv;
+    if (sqe_validate(s, q, &h, &sd, &rv) < 0) return -1;
     struct group *g = h->g;
     struct op op = {.s = s, .sqe = *q};
     s->ops_submitted++;
@@ -545,31 +587,16 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         return 0;
     }
     op.rank = g->node_index * g->nslots + h->slot;
-    unsigned k = q->kind;
-    int needs_peer = k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND ||
-                     k == WIRE_OP_RECV;
-    if (needs_peer && (q->peer < 0 || q->peer >= g->size))
-        return violation(s, "%s names rank %d; the group has %d", wire_kind_name(k), q->peer,
-                         g->size);
-    int send_used = k != WIRE_OP_RECV && k != WIRE_OP_BARRIER &&
-                    !(k == WIRE_OP_BROADCAST && op.rank != q->peer);
-    int recv_used = k != WIRE_OP_SEND && k != WIRE_OP_BARRIER &&
-                    !(k == WIRE_OP_REDUCE && op.rank != q->peer);
-    uint64_t se, re;
-    if (wire_sqe_extent(q, 0, (uint32_t)g->size, &se) < 0 ||
-        wire_sqe_extent(q, 1, (uint32_t)g->size, &re) < 0)
-        return violation(s, "op count %llu overflows", (unsigned long long)q->count);
-    size_t es = coll_dtype_size((coll_dtype)q->dtype);
-    if (resolve(s, "send", q->send_buf, q->send_off, se, es, send_used, &op.sb, &op.send) < 0)
-        return -1;
-    if (resolve(s, "recv", q->recv_buf, q->recv_off, re, es, recv_used, &op.rb, &op.recv) < 0) {
-        buffer_unref(&op.sb);
-        return -1;
+    if (sd.b) {
+        op.sb = buffer_ref(sd.b);
+        op.send = (char *)sd.b->map + sd.off;
+    }
+    if (rv.b) {
+        op.rb = buffer_ref(rv.b);
+        op.recv = (char *)rv.b->map + rv.off;
     }
     op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
-    int placed = check_placement(s, g, h->slot, &op);
-    if (placed < 0) return -1;
-    if (placed > 0) group_submit(g, h->slot, &op);
+    if (check_placement(s, g, h->slot, &op) > 0) group_submit(g, h->slot, &op);
     return 0;
 }
 

@@ -360,6 +360,62 @@ static void out_of_bounds_op_is_dropped(void **state)
     assert_serving(f);
 }
 
+/* Open "pair" on a raw session: returns the handle, *epoch its epoch. */
+static uint32_t raw_open_pair(struct raw *r, uint32_t *epoch)
+{
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_OPEN, 3);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
+    m.group_open.slot = -1;
+    raw_send(r->fd, &m, m.h.len, -1);
+    assert_int_equal(raw_recv(r->fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_GROUP_OPEN_OK);
+    *epoch = m.group_open_ok.epoch;
+    return m.group_open_ok.handle;
+}
+
+/* Found on c65a60e: a GPU-flagged entry of a stale epoch was completed (done[idx]
+ * written with the client's index) before its tag was checked: SIGSEGV of the agent. */
+static void gpu_flag_on_host_agent_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    struct wire_sqe q = {.kind = WIRE_OP_BARRIER,
+                         .group = handle,
+                         .epoch = epoch + 7, /* stale: used to complete at once */
+                         .flags = WIRE_SQE_F_GPU,
+                         .tag = 0x00000001fffffff0ull}; /* slot 2^32 - 17 */
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "GPU op");
+    assert_true(agent_log_wait(&f->a, "GPU op for group 'pair'", 1, 2000));
+    assert_serving(f);
+}
+
+/* Every field is checked before anything happens: a wild tag on a stale-epoch op
+ * of a host group is still a violation, not a completion. */
+static void stale_epoch_op_is_validated_first(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    struct wire_sqe q = {.kind = WIRE_OP_BROADCAST,
+                         .dtype = COLL_INT32,
+                         .count = 4,
+                         .group = handle,
+                         .epoch = epoch + 1,
+                         .peer = 1000, /* no such rank */
+                         .tag = 1};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "names rank 1000");
+    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0); /* nothing was completed */
+    assert_serving(f);
+}
+
 /* ---- participants that fail ------------------------------------------------------------ */
 
 /* A new client holding a slot of "pair" and a 4 KiB buffer. */
@@ -632,6 +688,8 @@ int main(void)
         T(bad_op_in_ring_is_dropped),
         T(unpublished_ring_entries_are_ignored),
         T(out_of_bounds_op_is_dropped),
+        T(gpu_flag_on_host_agent_is_dropped),
+        T(stale_epoch_op_is_validated_first),
         T(client_killed_mid_op_fails_partner_promptly),
         T(client_killed_with_op_in_flight),
         T(disagreement_is_an_error_for_everyone),
