@@ -4,7 +4,10 @@
  * by element (tests/opcheck.c): odd counts, zero counts, counts across the kernels'
  * chunk boundary, in place and out of place, with a guard element after every result.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "coll/coll.h"
 #include "harness.h"
@@ -57,6 +60,95 @@ static void ops_4_processes(void **state)
     run_procs(4, 0);
 }
 
+/* ---- threads sharing one connection ----------------------------------------------- */
+
+#define SHARED_THREADS 4
+#define SHARED_ITERS 3000
+
+struct shared_job {
+    coll_conn *c;
+    int slot;
+    int failures;
+    int done;
+    char err[160];
+};
+
+static void *shared_rank(void *arg)
+{
+    struct shared_job *j = arg;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_group_open(&g, j->c, "g", j->slot) || coll_mem_alloc(&b, j->c, 64, COLL_DEVICE_HOST)) {
+        snprintf(j->err, sizeof(j->err), "setup: %s", coll_last_error());
+        j->failures++;
+        return NULL;
+    }
+    int32_t *p = coll_mem_ptr(b);
+    for (int i = 0; i < SHARED_ITERS && !j->failures; i++) {
+        p[0] = j->slot + i;
+        coll_request r;
+        coll_err e = coll_allreduce(g, p, p + 1, 1, COLL_INT32, COLL_SUM, NULL, &r);
+        if (!e) e = coll_wait(j->c, r, -1); /* without limit: a lost completion hangs here */
+        int want = SHARED_THREADS * i + SHARED_THREADS * (SHARED_THREADS - 1) / 2;
+        if (e || p[1] != want) {
+            snprintf(j->err, sizeof(j->err), "iteration %d: %s, got %d want %d", i,
+                     coll_strerror(e), p[1], want);
+            j->failures++;
+        }
+    }
+    coll_mem_release(&b);
+    coll_group_close(&g);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* coll.h: a connection may be used from several threads. Found on c65a60e: with
+ * several threads waiting on one connection, a completion reaped by one thread for
+ * another was never reported and coll_wait(-1) hung. Each thread waits without limit;
+ * the test gives them 240 s in all and fails (rather than hangs) if one is stuck. */
+static void run_shared(const char *spin)
+{
+    struct agent a;
+    char body[256];
+    snprintf(body, sizeof(body),
+             "groups:\n  - name: g\n    backend: host\n    local_slots: %d\n"
+             "    timeouts: {op_ms: 600000}\n",
+             SHARED_THREADS);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    if (spin) setenv("COLL_SPIN_US", spin, 1);
+    coll_conn *c;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    unsetenv("COLL_SPIN_US");
+    pthread_t th[SHARED_THREADS];
+    struct shared_job jobs[SHARED_THREADS];
+    for (int k = 0; k < SHARED_THREADS; k++) {
+        jobs[k] = (struct shared_job){.c = c, .slot = k};
+        assert_int_equal(pthread_create(&th[k], NULL, shared_rank, &jobs[k]), 0);
+    }
+    for (int k = 0; k < SHARED_THREADS; k++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 240;
+        int rc = pthread_timedjoin_np(th[k], NULL, &ts);
+        if (rc) fail_msg("thread %d still waiting after 240 s: a completion was lost", k);
+        if (jobs[k].failures) fail_msg("thread %d: %s", k, jobs[k].err);
+    }
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
+static void threads_share_one_connection(void **state)
+{
+    (void)state;
+    run_shared(NULL);
+}
+
+static void threads_share_one_connection_sleeping(void **state)
+{
+    (void)state;
+    run_shared("0"); /* every wait sleeps on the doorbell at once */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -64,6 +156,8 @@ int main(void)
         cmocka_unit_test(ops_2_processes),
         cmocka_unit_test(ops_3_processes_explicit_slots),
         cmocka_unit_test(ops_4_processes),
+        cmocka_unit_test(threads_share_one_connection),
+        cmocka_unit_test(threads_share_one_connection_sleeping),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

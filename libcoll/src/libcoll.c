@@ -95,6 +95,13 @@ struct coll_group {
 
 struct coll_conn {
     pthread_mutex_t lock;
+    /* Waiting threads: at most one (the poller) sleeps on the doorbell and the socket;
+     * the others sleep on cv, which is broadcast whenever completions are reaped or the
+     * poller leaves. With several threads in epoll on one edge-triggered doorbell, the
+     * edge woke one of them and a completion reaped for another thread was never seen. */
+    pthread_cond_t cv;  /* CLOCK_MONOTONIC; guarded by lock */
+    int poller;         /* a thread sleeps in epoll; guarded by lock */
+    int cv_waiters;     /* threads sleeping on cv; guarded by lock */
     int fd, efd_agent, efd_client;
     int epfd; /* efd_client (edge-triggered: never drained) and the socket */
     struct wire_shm *shm;
@@ -123,7 +130,7 @@ struct coll_conn {
 };
 
 static void reap(coll_conn *c);
-static void sleep_for_completion(coll_conn *c, int64_t deadline);
+static void sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req);
 
 static int64_t now_ns(void)
 {
@@ -249,6 +256,7 @@ static void mark_lost(coll_conn *c, coll_err why, const char *msg)
             r->sb = r->rb = NULL;
         }
     }
+    pthread_cond_broadcast(&c->cv);
 }
 
 /*
@@ -335,6 +343,11 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->spin_set = env_int("COLL_SPIN_US", -1) >= 0;
     c->few_cpus = coll_usable_cpus() < SPIN_MIN_CPUS;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++)
         c->free_idx[i] = WIRE_RING_ENTRIES - 1 - i;
     c->nfree = WIRE_RING_ENTRIES;
@@ -435,6 +448,7 @@ void coll_disconnect(coll_conn **conn)
         free(g);
     }
     pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cv);
     free(c);
 }
 
@@ -812,7 +826,10 @@ static void reap(coll_conn *c)
             }
         }
     }
-    if (c->cq_head != start) ring_store_release(&c->shm->cq_head, c->cq_head);
+    if (c->cq_head != start) {
+        ring_store_release(&c->shm->cq_head, c->cq_head);
+        if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* some may be theirs */
+    }
 }
 
 struct op_args {
@@ -892,7 +909,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         int64_t deadline = now_ns() + SLOT_WAIT_NS;
         while (c->nfree == 0 && !c->lost && now_ns() < deadline) {
             pthread_mutex_unlock(&c->lock);
-            sleep_for_completion(c, deadline);
+            sleep_for_completion(c, deadline, (coll_request){0});
             pthread_mutex_lock(&c->lock);
             reap(c);
         }
@@ -1096,14 +1113,53 @@ static int try_complete(coll_conn *c, coll_request req, coll_err *st)
     return done;
 }
 
-/* Sleep until the agent posts a completion, the socket says something, or the
- * deadline passes. Detects a lost agent. */
-static void sleep_for_completion(coll_conn *c, int64_t deadline)
+/* Another thread is the poller: sleep until it reaps something, leaves, or the
+ * deadline (0: none) passes. Caller holds the lock; returns with it held. */
+static void follow(coll_conn *c, int64_t deadline)
 {
+    c->cv_waiters++;
+    if (deadline > 0) {
+        struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
+        pthread_cond_timedwait(&c->cv, &c->lock, &ts);
+    } else {
+        pthread_cond_wait(&c->cv, &c->lock);
+    }
+    c->cv_waiters--;
+}
+
+/* Whether a wait for req (id 0: for a free request slot) is over; caller holds the lock. */
+static int wait_over(coll_conn *c, coll_request req)
+{
+    if (c->lost) return 1;
+    if (req.id == 0) return c->nfree > 0;
+    struct req *r = lookup(c, req);
+    return !r || r->state != REQ_PENDING;
+}
+
+/* Sleep until the agent posts a completion, the socket says something, or the
+ * deadline passes, unless the wait for req (id 0: a free request slot) is over already.
+ * Detects a lost agent. One thread at a time sleeps on the doorbell and reaps for all;
+ * the others follow it (see struct coll_conn). Every check of req is made under the
+ * lock that reaping holds, after this thread is counted as sleeping: a completion
+ * reaped by another thread is seen, and one not yet posted rings the doorbell. */
+static void sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
+{
+    pthread_mutex_lock(&c->lock);
+    if (wait_over(c, req)) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    if (c->poller) {
+        follow(c, deadline);
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    c->poller = 1;
+    pthread_mutex_unlock(&c->lock);
     atomic_fetch_add(&c->shm->client_sleeping.v, 1);
     ring_full_fence();
     pthread_mutex_lock(&c->lock);
-    int skip = c->lost || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
+    int skip = wait_over(c, req) || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
     pthread_mutex_unlock(&c->lock);
     if (!skip) {
         int ms = -1;
@@ -1141,6 +1197,11 @@ static void sleep_for_completion(coll_conn *c, int64_t deadline)
         }
     }
     atomic_fetch_sub(&c->shm->client_sleeping.v, 1);
+    pthread_mutex_lock(&c->lock);
+    if (!c->lost) reap(c); /* what woke us may be another thread's */
+    c->poller = 0;
+    if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* one of them takes over */
+    pthread_mutex_unlock(&c->lock);
 }
 
 coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
@@ -1169,7 +1230,7 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
             else
                 sched_yield();
         } else {
-            sleep_for_completion(c, deadline);
+            sleep_for_completion(c, deadline, req);
         }
         r = try_complete(c, req, &st);
         if (r != 0) return r > 0 ? st : fail(COLL_ERR_INVALID, "request vanished");
