@@ -74,17 +74,17 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
     g->node_index = node_index;
     g->size = g->nodes * g->nslots;
     g->epoch = 1;
-    g->slots = calloc((size_t)g->nslots, sizeof(*g->slots));
+    /* every block hangs off g as soon as it exists, so group_fini frees whatever a
+     * failure part way left behind */
     size_t nops = (size_t)WIRE_RING_ENTRIES * (size_t)g->nslots;
-    struct op *ops = calloc(nops, sizeof(struct op));
-    uint8_t *present = calloc(nops, 1);
+    g->slots = calloc((size_t)g->nslots, sizeof(*g->slots));
+    g->rounds[0].ops = calloc(nops, sizeof(struct op));
+    g->rounds[0].present = calloc(nops, 1);
     g->p2p_pool = calloc(nops, sizeof(struct op));
-    if (!g->slots || !ops || !present || !g->p2p_pool) {
-        free(ops);
-        free(present);
-        snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
-        return -1;
-    }
+    if (!g->slots || !g->rounds[0].ops || !g->rounds[0].present || !g->p2p_pool)
+        goto fail_memory;
+    struct op *ops = g->rounds[0].ops;
+    uint8_t *present = g->rounds[0].present;
     for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
         g->rounds[i].ops = ops + (size_t)i * (size_t)g->nslots;
         g->rounds[i].present = present + (size_t)i * (size_t)g->nslots;
@@ -98,12 +98,9 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
          * receives with other pods, each its own task */
         size_t ntasks = nops;
         g->task_pool = calloc(ntasks, sizeof(struct net_task));
+        if (!g->task_pool) goto fail_memory;
         struct op *tops = calloc(ntasks * (size_t)g->nslots, sizeof(struct op));
-        if (!g->task_pool || !tops) {
-            free(tops);
-            snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
-            return -1;
-        }
+        if (!tops) goto fail_memory;
         for (size_t i = 0; i < ntasks; i++) {
             g->task_pool[i].ops = tops + i * (size_t)g->nslots;
             g->task_pool[i].engine_next = g->task_free;
@@ -120,18 +117,23 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
         snprintf(g->backend_why, sizeof(g->backend_why), "backend state: out of memory");
     }
     return g->be ? 0 : -1;
+fail_memory:
+    snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
+    log_msg(LOG_ERROR, "group.backend", "group=%s backend=none reason=\"out of memory\"",
+            cfg->name);
+    return -1;
 }
 
 void group_fini(struct group *g)
 {
-    if (!g->slots) return;
+    if (!g->cfg) return; /* zeroed or finished already */
     if (g->nodes > 1)
         log_msg(LOG_INFO, "group.stats",
                 "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu",
                 g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
                 (unsigned long long)g->inline_count[1], (unsigned long long)g->inline_count[2],
                 (unsigned long long)g->inline_count[0]);
-    if (g->be) g->be->ctx_free(g->be_ctx);
+    if (g->be && g->be_ctx) g->be->ctx_free(g->be_ctx);
     if (g->gpu_dev)
         log_msg(LOG_INFO, "group.stats", "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u",
                 g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,

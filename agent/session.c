@@ -300,7 +300,7 @@ static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
     if ((r->kind == WIRE_MEM_CUDA_IPC) != (fd < 0))
         return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u %s a descriptor", r->kind,
                       fd < 0 ? "without" : "with");
-    if (r->size == 0 || r->size > ((uint64_t)1 << 46))
+    if (r->size == 0 || r->size > WIRE_MAX_BUFFER)
         return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer size %llu",
                       (unsigned long long)r->size);
     uint32_t i = 0;

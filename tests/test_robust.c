@@ -612,11 +612,64 @@ static void lookups_fail_cleanly(void **state)
     assert_non_null(strstr(coll_last_error(), "not inside a buffer"));
     assert_int_equal(coll_broadcast(g, NULL, NULL, 0, COLL_FLOAT32, 2, NULL, &r), COLL_ERR_INVALID);
     assert_int_equal(coll_allreduce(g, NULL, NULL, 0, 99, COLL_SUM, NULL, &r), COLL_ERR_INVALID);
+    /* found on c65a60e: narrowed to 8 bits first, 264 was taken as float32 (8) */
+    assert_int_equal(coll_allreduce(g, NULL, NULL, 0, (coll_dtype)264, COLL_SUM, NULL, &r),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "dtype 264"));
+    assert_int_equal(coll_allreduce(g, NULL, NULL, 0, COLL_FLOAT32, (coll_redop)256, NULL, &r),
+                     COLL_ERR_INVALID);
     assert_int_equal(coll_mem_alloc(NULL, c, 16, COLL_DEVICE_HOST), COLL_ERR_INVALID);
     coll_buffer *b;
+    /* found on c65a60e: SYSTEM, which coll.h does not list */
+    assert_int_equal(coll_mem_alloc(&b, c, (size_t)1 << 62, COLL_DEVICE_HOST), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "exceeds"));
     assert_int_equal(coll_mem_alloc(&b, c, 16, 0), COLL_ERR_UNSUPPORTED);
     coll_disconnect(&c);
     assert_serving(f);
+}
+
+/* libcoll checks who serves the socket (SO_PEERCRED) before it sends anything: found
+ * on c65a60e, whoever bound the default path first was "the agent". */
+static void agent_of_another_uid_is_refused(void **state)
+{
+    struct fixture *f = *state;
+    (void)f;
+    if (geteuid() != 0) {
+        print_message("skipped: needs root to listen as another uid\n");
+        skip();
+    }
+    char path[108];
+    tmp_path(path, sizeof(path), "impostor", 0);
+    unlink(path);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    if (pid == 0) { /* an impostor: listens as nobody, never answers */
+        if (setgid(65534) || setuid(65534)) _exit(1);
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, 4)) _exit(2);
+        chmod(path, 0666);
+        if (write(ready[1], "x", 1) != 1) _exit(3);
+        pause();
+        _exit(0);
+    }
+    char x;
+    assert_int_equal(read(ready[0], &x, 1), 1);
+    coll_conn *c = NULL;
+    assert_int_equal(coll_connect(&c, path, 2000), COLL_ERR_CONNECT);
+    assert_null(c);
+    assert_non_null(strstr(coll_last_error(), "served by uid 65534"));
+    /* named by the application: trusted, and then it times out (it never answers) */
+    setenv("COLL_AGENT_UIDS", "1234,65534", 1);
+    assert_int_equal(coll_connect(&c, path, 300), COLL_ERR_TIMEOUT);
+    unsetenv("COLL_AGENT_UIDS");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    unlink(path);
+    close(ready[0]);
+    close(ready[1]);
 }
 
 static void denied_uid_is_refused(void **state)
@@ -697,6 +750,7 @@ int main(void)
         T(in_flight_limit_is_reported),
         T(lookups_fail_cleanly),
         T(denied_uid_is_refused),
+        T(agent_of_another_uid_is_refused),
         T(agent_death_is_noticed),
         T(sigterm_fails_ops_with_shutdown),
     };

@@ -324,6 +324,23 @@ static coll_err rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply
 
 /* ---- connection --------------------------------------------------------------- */
 
+/* Whether an agent running as uid may serve this process: its own uid (real or
+ * effective), root, or one listed in $COLL_AGENT_UIDS (comma-separated). Whoever binds
+ * the socket path first would otherwise be "the agent" and see every buffer. */
+static int agent_uid_allowed(uid_t uid)
+{
+    if (uid == 0 || uid == getuid() || uid == geteuid()) return 1;
+    const char *list = getenv("COLL_AGENT_UIDS");
+    while (list && *list) {
+        char *end;
+        unsigned long v = strtoul(list, &end, 10);
+        if (end != list && (*end == ',' || *end == '\0') && v == (unsigned long)uid) return 1;
+        list = strchr(list, ',');
+        if (list) list++;
+    }
+    return 0;
+}
+
 coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
 {
     if (!out) return fail(COLL_ERR_INVALID, "out is NULL");
@@ -360,6 +377,19 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     }
     if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = fail(COLL_ERR_CONNECT, "connect to %s: %s", socket_path, strerror(errno));
+        goto fail_conn;
+    }
+    struct ucred cred;
+    socklen_t credlen = sizeof(cred);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) < 0) {
+        rc = fail(COLL_ERR_CONNECT, "who serves %s: %s", socket_path, strerror(errno));
+        goto fail_conn;
+    }
+    if (!agent_uid_allowed(cred.uid)) {
+        rc = fail(COLL_ERR_CONNECT,
+                  "%s is served by uid %u (pid %d), which is neither this process's uid %u, "
+                  "root, nor listed in COLL_AGENT_UIDS",
+                  socket_path, (unsigned)cred.uid, (int)cred.pid, (unsigned)geteuid());
         goto fail_conn;
     }
     union wire_msg m, reply;
@@ -597,7 +627,9 @@ static coll_err register_buffer(coll_buffer **out, coll_conn *c, coll_buffer *b,
 static coll_err register_fd(coll_buffer **out, coll_conn *c, int fd, size_t size)
 {
     void *ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (ptr == MAP_FAILED) return fail(COLL_ERR_SYSTEM, "mmap of %zu bytes: %s", size, strerror(errno));
+    if (ptr == MAP_FAILED)
+        return fail(errno == ENOMEM ? COLL_ERR_NOMEM : COLL_ERR_INVALID, "mmap of %zu bytes: %s",
+                    size, strerror(errno));
     coll_buffer *b = calloc(1, sizeof(*b));
     if (!b) {
         munmap(ptr, size);
@@ -667,6 +699,9 @@ coll_err coll_mem_alloc(coll_buffer **out, coll_conn *c, size_t size, int device
     if (!out || !c) return fail(COLL_ERR_INVALID, "NULL argument");
     *out = NULL;
     if (size == 0) return fail(COLL_ERR_INVALID, "size is 0");
+    if ((uint64_t)size > WIRE_MAX_BUFFER)
+        return fail(COLL_ERR_INVALID, "size %zu exceeds the %llu bytes a buffer may hold", size,
+                    (unsigned long long)WIRE_MAX_BUFFER);
     if (device != COLL_DEVICE_HOST) return gpu_alloc(out, c, size, device);
     int fd = memfd_create("coll-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return fail(COLL_ERR_SYSTEM, "memfd_create: %s", strerror(errno));
@@ -833,7 +868,8 @@ static void reap(coll_conn *c)
 }
 
 struct op_args {
-    uint8_t kind, dtype, redop;
+    uint8_t kind;
+    int dtype, redop; /* as the caller passed them: range-checked before they narrow */
     int32_t peer;
     uint64_t count;
     const void *send;
@@ -880,10 +916,10 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
                          .group = g->handle,
                          .epoch = g->info.epoch,
                          .kind = a->kind,
-                         .dtype = a->dtype,
-                         .redop = a->redop,
+                         .dtype = (uint8_t)a->dtype,
+                         .redop = (uint8_t)a->redop,
                          .peer = a->peer};
-    size_t es = coll_dtype_size(a->dtype);
+    size_t es = coll_dtype_size((coll_dtype)a->dtype);
     uint64_t selems, relems;
     if (wire_sqe_extent(&s, 0, (uint32_t)g->info.size, &selems) < 0 ||
         wire_sqe_extent(&s, 1, (uint32_t)g->info.size, &relems) < 0)
@@ -995,7 +1031,7 @@ static int rank_of(const coll_group *g)
 coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                         coll_redop op, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_ALLREDUCE, (uint8_t)dt, (uint8_t)op, 0, count, send, recv, 1, 1};
+    struct op_args a = {WIRE_OP_ALLREDUCE, dt, op, 0, count, send, recv, 1, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1003,7 +1039,7 @@ coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t coun
 coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                         int root, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_BROADCAST, (uint8_t)dt, 0, root, count, send, recv,
+    struct op_args a = {WIRE_OP_BROADCAST, dt, 0, root, count, send, recv,
                         rank_of(g) == root, 1};
     a.stream = stream;
     return submit(g, &a, req);
@@ -1012,7 +1048,7 @@ coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t coun
 coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                      coll_redop op, int root, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_REDUCE, (uint8_t)dt, (uint8_t)op, root, count, send, recv, 1,
+    struct op_args a = {WIRE_OP_REDUCE, dt, op, root, count, send, recv, 1,
                         rank_of(g) == root};
     a.stream = stream;
     return submit(g, &a, req);
@@ -1021,7 +1057,7 @@ coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count, 
 coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t sendcount,
                         coll_dtype dt, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_ALLGATHER, (uint8_t)dt, 0, 0, sendcount, send, recv, 1, 1};
+    struct op_args a = {WIRE_OP_ALLGATHER, dt, 0, 0, sendcount, send, recv, 1, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1029,7 +1065,7 @@ coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t send
 coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t recvcount,
                              coll_dtype dt, coll_redop op, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_REDUCE_SCATTER, (uint8_t)dt, (uint8_t)op, 0, recvcount, send, recv,
+    struct op_args a = {WIRE_OP_REDUCE_SCATTER, dt, op, 0, recvcount, send, recv,
                         1, 1};
     a.stream = stream;
     return submit(g, &a, req);
@@ -1038,7 +1074,7 @@ coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t
 coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                        void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_ALLTOALL, (uint8_t)dt, 0, 0, count, send, recv, 1, 1};
+    struct op_args a = {WIRE_OP_ALLTOALL, dt, 0, 0, count, send, recv, 1, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1046,7 +1082,7 @@ coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count
 coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
                    void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_SEND, (uint8_t)dt, 0, peer, count, send, NULL, 1, 0};
+    struct op_args a = {WIRE_OP_SEND, dt, 0, peer, count, send, NULL, 1, 0};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1054,7 +1090,7 @@ coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt,
 coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer, void *stream,
                    coll_request *req)
 {
-    struct op_args a = {WIRE_OP_RECV, (uint8_t)dt, 0, peer, count, NULL, recv, 0, 1};
+    struct op_args a = {WIRE_OP_RECV, dt, 0, peer, count, NULL, recv, 0, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }

@@ -21,6 +21,7 @@
 #define WIRE_WHY_MAX 160 /* the reason of a failed op, in the shared region */
 #define WIRE_MAX_MSG 512 /* no control message is larger */
 #define WIRE_RING_ENTRIES 256 /* ops in flight per session */
+#define WIRE_MAX_BUFFER ((uint64_t)1 << 46) /* bytes one shared buffer may hold (64 TiB) */
 
 enum wire_type {
     WIRE_HELLO = 1,       /* client -> agent */

@@ -122,8 +122,11 @@ typedef struct coll_request {
 
 /* Connect to the agent listening on socket_path (NULL: $COLL_AGENT_SOCKET, else the
  * agent's default path) and complete the handshake. Blocks for at most timeout_ms
- * (<= 0: 10 s). On success *out is a new connection the caller owns.
- * Errors: CONNECT (no agent), DENIED (uid/gid not allowed), PROTOCOL (version). */
+ * (<= 0: 10 s). On success *out is a new connection the caller owns. The process that
+ * listens on the socket must run as this process's uid, as root, or as a uid listed in
+ * $COLL_AGENT_UIDS (comma-separated), checked with SO_PEERCRED before anything is sent.
+ * Errors: CONNECT (no agent, or one of another uid), DENIED (uid/gid not allowed),
+ * PROTOCOL (version). */
 COLL_API coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms);
 /* Close the connection and release every group, buffer and request opened through
  * it; ops still in flight are abandoned (the agent fails them for the other
@@ -169,8 +172,8 @@ COLL_API void coll_group_close(coll_group **group);
  * agent as a file descriptor (no shared PID namespace needed; the agent finds the GPU
  * by UUID), contents undefined. Blocks for one round trip. The caller owns *out and
  * frees it with coll_mem_release.
- * Errors: INVALID, NOMEM, UNSUPPORTED (GPU buffers need CUDA here and a GPU group in
- * the agent), LIMIT. */
+ * Errors: INVALID (size 0 or over 2^46 bytes), NOMEM, SYSTEM (no memfd), UNSUPPORTED (GPU buffers need CUDA
+ * here and a GPU group in the agent), LIMIT. */
 COLL_API coll_err coll_mem_alloc(coll_buffer **out, coll_conn *conn, size_t size, int device);
 /* Share host memory the caller already holds as a file descriptor (memfd or shm),
  * size bytes from offset 0. libcoll maps it and duplicates fd; the caller keeps fd.
