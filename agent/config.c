@@ -33,6 +33,7 @@ static const char *const backend_names[] = {"host", "nccl", "auto", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"logfmt", "json", NULL};
 static const char *const discovery_names[] = {"static", NULL};
+static const char *const bool_names[] = {"false", "true", NULL};
 
 #define AG(m) offsetof(struct config, agent.m)
 #define GR(m) offsetof(struct group_config, m)
@@ -91,10 +92,19 @@ static const struct field discovery_fields[] = {
     {0},
 };
 
+static const struct field security_fields[] = {
+    {"keys", T_STR, offsetof(struct config, security.keys), CONFIG_PATH_MAX, 0, 0, NULL,
+     "${COLL_KEYS_DIR:-}", NULL, 0, 0, 0},
+    {"require_keys", T_ENUM, offsetof(struct config, security.require_keys), 0, 0, 0, bool_names,
+     "false", NULL, 0, 0, 0},
+    {0},
+};
+
 static const struct field root_fields[] = {
     {"agent", T_MAP, 0, 0, 0, 0, NULL, NULL, agent_fields, 0, 0, 0},
     {"node", T_MAP, 0, 0, 0, 0, NULL, NULL, node_fields, 0, 0, 0},
     {"discovery", T_MAP, 0, 0, 0, 0, NULL, NULL, discovery_fields, 0, 0, 0},
+    {"security", T_MAP, 0, 0, 0, 0, NULL, NULL, security_fields, 0, 0, 0},
     {"groups", T_MAP_LIST, offsetof(struct config, groups), sizeof(struct group_config), 0, 0,
      NULL, NULL, group_fields, offsetof(struct config, ngroups), CONFIG_MAX_GROUPS, 1},
     {0},

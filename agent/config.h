@@ -60,6 +60,10 @@ struct config {
         char peers[CONFIG_MAX_PEERS][CONFIG_ADDR_MAX];
         int npeers;
     } discovery;
+    struct {
+        char keys[CONFIG_PATH_MAX]; /* directory of the CURVE key files; "": none */
+        int require_keys;           /* 1: refuse to start without them */
+    } security;
     struct group_config groups[CONFIG_MAX_GROUPS];
     int ngroups;
 };

@@ -25,6 +25,25 @@ int log_enabled(enum log_level level)
     return level >= min_level;
 }
 
+int log_limit_pass(struct log_limit *l, unsigned long long *dropped)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    long long now = (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+    if (now - l->window_ns >= 1000000000LL) {
+        l->window_ns = now;
+        l->lines = 0;
+    }
+    if (l->lines >= LOG_LIMIT_BURST) {
+        l->dropped++;
+        return 0;
+    }
+    l->lines++;
+    *dropped = l->dropped;
+    l->dropped = 0;
+    return 1;
+}
+
 struct line {
     char buf[2048];
     size_t n;

@@ -18,4 +18,18 @@ void log_msg(enum log_level level, const char *event, const char *kvfmt, ...)
 
 #define LOG_DEBUG_ON() log_enabled(LOG_DEBUG)
 
+/*
+ * Rate limit for lines a hostile peer or client can cause: at most LOG_LIMIT_BURST lines
+ * per second per limiter; the lines dropped are counted and the next line that passes
+ * reports how many (suppressed=N). A limiter belongs to one thread.
+ */
+#define LOG_LIMIT_BURST 10
+struct log_limit {
+    long long window_ns; /* start of the current one-second window */
+    int lines;           /* printed in it */
+    unsigned long long dropped;
+};
+/* 1 when a line may be printed now (*dropped: lines suppressed since the last one). */
+int log_limit_pass(struct log_limit *l, unsigned long long *dropped);
+
 #endif

@@ -13,12 +13,17 @@
 #include "config.h"
 #include "ipc_server.h"
 #include "log.h"
+#include "security.h"
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: coll-agent [--config FILE] [--check-config FILE] [--version] [--help]\n"
+            "       coll-agent keygen DIR\n"
             "\n"
+            "  keygen DIR               make the CURVE key files of a deployment in DIR\n"
+            "                           (server.pub, server.key, client.pub, client.key;\n"
+            "                           security.keys names DIR; never overwrites)\n"
             "  -c, --config FILE        load FILE (YAML); without it the embedded default\n"
             "                           config is used (one pod, group 'demo', 4 slots)\n"
             "  -k, --check-config FILE  validate FILE, print the effective config, exit\n"
@@ -59,6 +64,20 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    if (argc >= 2 && strcmp(argv[1], "keygen") == 0) {
+        if (argc != 3) {
+            usage(stderr);
+            return 2;
+        }
+        char why[600];
+        if (sec_keygen(argv[2], why, sizeof(why)) < 0) {
+            fprintf(stderr, "coll-agent keygen: %s\n", why);
+            return 1;
+        }
+        printf("CURVE keys written to %s (give every pod of the deployment the same four "
+               "files, e.g. as a Kubernetes Secret)\n", argv[2]);
+        return 0;
+    }
     const char *config_path = NULL, *check_path = NULL;
     int o;
     while ((o = getopt_long(argc, argv, "c:k:Vh", opts, NULL)) != -1) {

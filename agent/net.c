@@ -14,6 +14,7 @@
  */
 #include "net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -31,6 +32,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <sodium.h>
 #include <zmq.h>
 
 #include "backends/tcp.h"
@@ -38,11 +40,16 @@
 #include "gpu.h"
 #include "log.h"
 #include "rdv_wire.h"
+#include "security.h"
 #include "wire.h"
 
 #define NS_PER_MS 1000000LL
 #define ZMQ_ID_MAX 256
 #define MAX_PENDING_ACCEPTS 256
+#define PENDING_HELLO_NS (3000 * NS_PER_MS)   /* a connection must say who it is this fast */
+#define PENDING_FUTURE_NS (10000 * NS_PER_MS) /* a proven-looking hello may wait for its epoch */
+#define JOIN_BACKOFF_MIN_NS (50 * NS_PER_MS)
+#define JOIN_BACKOFF_MAX_NS (2000 * NS_PER_MS)
 #define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
 #define INLINE_BUDGET_NS 50000LL /* the engine gives a tiny op this long, then hands it over */
 
@@ -99,6 +106,8 @@ struct ngroup {
     int gpu;             /* the group runs on NCCL: epochs carry a communicator id */
     int has_commid;
     uint8_t commid[RDV_COMMID_BYTES];
+    uint8_t secret[RDV_SECRET_BYTES]; /* the committed epoch's data-plane secret */
+    int64_t join_backoff;             /* members: wait before the next JOIN after an abort */
     struct rdv_member members[RDV_MAX_NODES];
     int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
     int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
@@ -123,6 +132,8 @@ struct pending_conn {
     int fd;
     size_t got;
     struct data_hello hello;
+    uint8_t nonce[SEC_NONCE_BYTES]; /* the challenge we sent */
+    struct in_addr from;
     int64_t deadline;
 };
 
@@ -154,6 +165,9 @@ struct net {
     int64_t inline_ns, inline_n;
     struct pending_conn pend[MAX_PENDING_ACCEPTS];
     int npend;
+    struct sec_keys keys;
+    void *zap; /* coordinator with keys: the ZAP handler */
+    struct log_limit lim_hello, lim_frame, lim_reject;
     int64_t last_service;
 };
 
@@ -612,7 +626,7 @@ static void send_abort(struct net *n, struct ngroup *g, int code, const char *wh
 static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
                      int tell_others)
 {
-    int had = g->committed;
+    int had = g->committed, was_ready = g->ready;
     g->abort_pending = 0;
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->epoch,
@@ -632,8 +646,17 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
         /* every member must join again; we are present at once */
         for (int i = 1; i < g->nodes; i++)
             g->peers[i].present = 0;
-    } else {
+    } else if (had && was_ready) {
+        g->join_backoff = 0; /* a formed epoch ended: join again at once */
         send_join(n, g);
+    } else {
+        /* the epoch never formed (or we were refused): back off with jitter, so that a
+         * group that cannot form does not commit and abort in a tight loop */
+        g->join_backoff = g->join_backoff ? g->join_backoff * 2 : JOIN_BACKOFF_MIN_NS;
+        if (g->join_backoff > JOIN_BACKOFF_MAX_NS) g->join_backoff = JOIN_BACKOFF_MAX_NS;
+        uint32_t r;
+        sec_random(&r, sizeof(r));
+        g->next_join = now_ns() + g->join_backoff / 2 + (int64_t)(r % (uint32_t)(g->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
     }
 }
 
@@ -662,6 +685,48 @@ static void ng_abort_finish(struct net *n, struct ngroup *g)
     if (!g->abort_pending) return;
     g->abort_pending = 0;
     ng_abort(n, g, g->abort_code, g->abort_why, 0, 0);
+}
+
+/* Wait up to ms for a non-blocking connect; 0, or -1 with *err. */
+static int data_connect_wait(int fd, int ms, int *err)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    socklen_t el = sizeof(*err);
+    *err = 0;
+    int r = poll(&p, 1, ms);
+    if (r != 1) {
+        *err = r == 0 ? ETIMEDOUT : errno;
+        return -1;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, err, &el) < 0) *err = errno;
+    return *err ? -1 : 0;
+}
+
+/* Read exactly n bytes from a non-blocking fd within ms; 0, or -1 (errno set). */
+static int read_full(int fd, void *buf, size_t n, int ms)
+{
+    size_t got = 0;
+    int64_t deadline = now_ns() + (int64_t)ms * NS_PER_MS;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r == 0) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if (errno != EAGAIN && errno != EINTR) return -1;
+        int64_t left = deadline - now_ns();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, (int)(left / NS_PER_MS) + 1);
+    }
+    return 0;
 }
 
 /* Members' table of a committed epoch: connect to lower indices, accept higher ones. */
@@ -715,6 +780,7 @@ static void check_ready(struct net *n, struct ngroup *g)
     for (int i = 0; i < g->nodes; i++)
         if (i != g->me && (g->fds[i] < 0 || g->rfds[i] < 0 || g->pfds[i] < 0)) return;
     g->ready = 1;
+    g->join_backoff = 0;
     log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
             g->epoch, g->nodes, g->me);
     post_event(n, g, 0, 0, "formed");
@@ -729,6 +795,7 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
     g->has_commid = c->has_commid != 0;
     memcpy(g->commid, c->commid, sizeof(g->commid));
+    memcpy(g->secret, c->secret, sizeof(g->secret));
     memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
     g->form_deadline = now_ns() + (int64_t)g->cfg->join_timeout_ms * NS_PER_MS;
     g->coord_heard = now_ns();
@@ -747,17 +814,32 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
                                .group_hash = g->name_hash,
                                .epoch = g->epoch,
                                .from_index = (uint32_t)g->me};
-        /* the hello fits any socket buffer: wait for the connect, then write it */
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        /* the peer speaks first (a fresh nonce); the hello proves the epoch's secret over
+         * it. Both fit any socket buffer. */
+        struct data_challenge chal;
+        const char *step = "";
         int err = 0;
-        socklen_t el = sizeof(err);
-        if (poll(&p, 1, g->cfg->join_timeout_ms) != 1 ||
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err ||
-            write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
-            snprintf(why, sizeof(why), "data connection to node %d (%s): %s", j,
-                     g->members[j].data_addr, strerror(err ? err : errno));
+        if (data_connect_wait(fd, g->cfg->join_timeout_ms, &err) < 0) {
+            step = "connect";
+        } else if (read_full(fd, &chal, sizeof(chal), g->cfg->join_timeout_ms) < 0) {
+            step = "waiting for its challenge";
+            err = errno;
+        } else if (data_challenge_check(&chal, why, sizeof(why)) < 0) {
+            step = why;
+            err = EPROTO;
+        } else {
+            sec_mac(h.mac, g->secret, chal.nonce, &h, DATA_HELLO_SIGNED);
+            if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+                step = "hello";
+                err = errno;
+            }
+        }
+        if (step[0]) {
+            char w[300];
+            snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", j,
+                     g->members[j].data_addr, step, strerror(err));
             close(fd);
-            ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            ng_abort(n, g, COLL_ERR_PEER_LOST, w, 0, 1);
             return;
         }
         *conn_slot(g, ch, j, 1) = fd;
@@ -777,6 +859,7 @@ static void coord_commit(struct net *n, struct ngroup *g)
     union rdv_msg m;
     rdv_init(&m, RDV_COMMIT, g->cfg->name, e + 1);
     m.commit.nodes = (uint32_t)g->nodes;
+    sec_random(m.commit.secret, sizeof(m.commit.secret));
     snprintf(m.commit.members[0].pod, RDV_NAME_MAX, "%s", n->cfg->node.name);
     snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "%s", n->data_addr);
     for (int i = 1; i < g->nodes; i++) {
@@ -812,17 +895,20 @@ static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
                  "group '%s': member has world size (members) %u, coordinator has %d",
                  j->h.group, j->nodes, g->nodes);
     } else if (j->config_hash != g->config_hash) {
+        /* no hash in the text: it is all a spoofed JOIN would need */
         snprintf(r.reject.why, sizeof(r.reject.why),
-                 "group '%s': member config hash %016llx differs from coordinator's %016llx",
-                 j->h.group, (unsigned long long)j->config_hash,
-                 (unsigned long long)g->config_hash);
+                 "group '%s': the member's group settings (backend, members, slots, devices, "
+                 "timeouts) differ from the coordinator's",
+                 j->h.group);
     } else if (j->node_index == 0) {
         snprintf(r.reject.why, sizeof(r.reject.why),
                  "group '%s': node index 0 is the coordinator itself", j->h.group);
     }
     if (r.reject.why[0]) {
-        log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\"", j->node_index,
-                j->pod, r.reject.why);
+        unsigned long long dropped;
+        if (log_limit_pass(&n->lim_reject, &dropped))
+            log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\" suppressed=%llu",
+                    j->node_index, j->pod, r.reject.why, dropped);
         send_rdv(n, id, idlen, &r);
         return;
     }
@@ -866,8 +952,10 @@ static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const
     union rdv_msg m;
     char why[160];
     if (rdv_decode(buf, len, &m, why, sizeof(why)) < 0) {
-        log_msg(LOG_WARN, "rendezvous.bad_frame", "from=%s bytes=%zu reason=\"%s\"",
-                id ? "member" : "coordinator", len, why);
+        unsigned long long dropped;
+        if (log_limit_pass(&n->lim_frame, &dropped))
+            log_msg(LOG_WARN, "rendezvous.bad_frame", "from=%s bytes=%zu reason=\"%s\" suppressed=%llu",
+                    id ? "member" : "coordinator", len, why, dropped);
         return;
     }
     if (id && m.h.type == RDV_JOIN) {
@@ -1009,20 +1097,74 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
 
 /* ---- data-plane accepts ---------------------------------------------------------------- */
 
+/* A stranger's connections must not crowd out a member's: when the table is full the
+ * oldest connection that has not even said hello is dropped, then the oldest of all. */
+static void evict_pending(struct net *n)
+{
+    int victim = 0;
+    for (int i = 1; i < n->npend; i++) {
+        int vi = n->pend[victim].got == sizeof(struct data_hello);
+        int ii = n->pend[i].got == sizeof(struct data_hello);
+        if (ii < vi || (ii == vi && n->pend[i].deadline < n->pend[victim].deadline)) victim = i;
+    }
+    close(n->pend[victim].fd);
+    n->pend[victim] = n->pend[--n->npend];
+}
+
 static void accept_conns(struct net *n)
 {
     for (;;) {
-        int fd = accept4(n->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof(sa);
+        int fd = accept4(n->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        if (n->npend == MAX_PENDING_ACCEPTS) {
+        if (n->npend == MAX_PENDING_ACCEPTS) evict_pending(n);
+        tune_socket(fd);
+        struct pending_conn *p = &n->pend[n->npend];
+        *p = (struct pending_conn){.fd = fd, .from = sa.sin_addr,
+                                   .deadline = now_ns() + PENDING_HELLO_NS};
+        struct data_challenge c = {.magic = DATA_MAGIC, .version = RDV_VERSION};
+        sec_random(c.nonce, sizeof(c.nonce));
+        memcpy(p->nonce, c.nonce, sizeof(p->nonce));
+        /* a fresh socket takes 40 bytes without blocking */
+        if (write(fd, &c, sizeof(c)) != (ssize_t)sizeof(c)) {
             close(fd);
             continue;
         }
-        tune_socket(fd);
-        n->pend[n->npend++] = (struct pending_conn){.fd = fd, .deadline = now_ns() + 10000 * NS_PER_MS};
+        n->npend++;
     }
 }
 
+static void bad_hello(struct net *n, const struct pending_conn *p, const char *why)
+{
+    unsigned long long dropped;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &p->from, ip, sizeof(ip));
+    if (log_limit_pass(&n->lim_hello, &dropped))
+        log_msg(LOG_WARN, "data.refused", "from=%s node=%u channel=%u epoch=%u reason=\"%s\" suppressed=%llu",
+                ip, p->hello.from_index, p->hello.channel, p->hello.epoch, why, dropped);
+}
+
+/* Whether the connection came from the address the member table lists for node i
+ * (names that are not numeric addresses are not compared). */
+static int from_member(const struct ngroup *g, int i, struct in_addr from)
+{
+    char host[RDV_ADDR_MAX];
+    snprintf(host, sizeof(host), "%s", g->members[i].data_addr);
+    char *colon = strrchr(host, ':');
+    if (colon) *colon = '\0';
+    struct in_addr want;
+    if (inet_pton(AF_INET, host, &want) != 1) return 1;
+    return want.s_addr == from.s_addr;
+}
+
+/*
+ * Hellos of accepted connections. One proven for the committed epoch (mac over our
+ * nonce with the epoch's secret, a member's index, from that member's address, a free
+ * slot) takes its slot; one for an epoch not committed here yet waits (bounded: the
+ * table, PENDING_FUTURE_NS) and is checked when the commit arrives; anything else is
+ * refused and logged (rate-limited).
+ */
 static void progress_pending(struct net *n)
 {
     int64_t t = now_ns();
@@ -1033,29 +1175,45 @@ static void progress_pending(struct net *n)
             ssize_t r = read(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got);
             if (r > 0) p->got += (size_t)r;
             else if (r == 0 || (errno != EAGAIN && errno != EINTR)) drop = 1;
+            if (p->got == sizeof(p->hello)) p->deadline = t + PENDING_FUTURE_NS;
         }
         if (!drop && p->got == sizeof(p->hello)) {
             char why[128];
             struct ngroup *g = NULL;
             if (data_hello_check(&p->hello, why, sizeof(why)) < 0) {
-                log_msg(LOG_WARN, "data.bad_hello", "reason=\"%s\"", why);
+                bad_hello(n, p, why);
                 drop = 1;
             } else {
                 for (int k = 0; k < n->ngroups; k++)
                     if (n->groups[k] && n->groups[k]->name_hash == p->hello.group_hash)
                         g = n->groups[k];
+                int from = (int)p->hello.from_index;
                 int *slot = NULL;
-                if (g && (int)p->hello.from_index > g->me && (int)p->hello.from_index < g->nodes)
-                    slot = conn_slot(g, p->hello.channel, (int)p->hello.from_index, 0);
-                if (!slot || p->hello.epoch < g->epoch ||
-                    (g->committed && p->hello.epoch == g->epoch && *slot >= 0))
+                if (g && from > g->me && from < g->nodes)
+                    slot = conn_slot(g, p->hello.channel, from, 0);
+                if (!slot) {
+                    bad_hello(n, p, "no such group or node index");
                     drop = 1;
-                else if (g->committed && p->hello.epoch == g->epoch) {
-                    *slot = p->fd;
-                    keep = 0;
-                    check_ready(n, g);
+                } else if (p->hello.epoch < g->epoch || (!g->committed && p->hello.epoch == g->epoch)) {
+                    bad_hello(n, p, "an epoch that is over");
+                    drop = 1;
+                } else if (g->committed && p->hello.epoch == g->epoch) {
+                    if (!sec_mac_ok(p->hello.mac, g->secret, p->nonce, &p->hello, DATA_HELLO_SIGNED)) {
+                        bad_hello(n, p, "the hello does not prove the epoch's secret");
+                        drop = 1;
+                    } else if (!from_member(g, from, p->from)) {
+                        bad_hello(n, p, "not from the address the member table lists");
+                        drop = 1;
+                    } else if (*slot >= 0) {
+                        bad_hello(n, p, "that connection is already up");
+                        drop = 1;
+                    } else {
+                        *slot = p->fd;
+                        keep = 0;
+                        check_ready(n, g);
+                    }
                 }
-                /* else: from an epoch we have not been told of yet: keep it */
+                /* else: for an epoch we have not been told of yet: keep it until then */
             }
         }
         if (!drop && keep && t > p->deadline) drop = 1;
@@ -1079,6 +1237,7 @@ int net_service(struct net *n, struct ngroup *g)
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
     uint32_t epoch = g->epoch;
+    if (n->zap) sec_zap_serve(n->zap, &n->keys);
     if (n->router) drain_zmq(n, n->router, 1);
     if (n->dealer) drain_zmq(n, n->dealer, 0);
     for (int i = 0; i < n->ngroups; i++) {
@@ -1281,7 +1440,7 @@ static void *net_main(void *arg)
                     continue;
             }
         }
-        zmq_pollitem_t items[4 + MAX_PENDING_ACCEPTS + 256];
+        zmq_pollitem_t items[5 + MAX_PENDING_ACCEPTS + 256];
         int ni = 0;
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
@@ -1291,6 +1450,7 @@ static void *net_main(void *arg)
                         .fd = g->pfds[p],
                         .events = (short)(ZMQ_POLLIN | (g->out[p].head ? ZMQ_POLLOUT : 0))};
         }
+        if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
         if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
         if (n->dealer) items[ni++] = (zmq_pollitem_t){.socket = n->dealer, .events = ZMQ_POLLIN};
         items[ni++] = (zmq_pollitem_t){.fd = n->lfd, .events = ZMQ_POLLIN};
@@ -1311,6 +1471,7 @@ static void *net_main(void *arg)
                 if (g->committed) ng_abort(n, g, code, g->inline_why, 0, 1);
             }
         }
+        if (n->zap) sec_zap_serve(n->zap, &n->keys);
         if (n->router) drain_zmq(n, n->router, 1);
         if (n->dealer) drain_zmq(n, n->dealer, 0);
         accept_conns(n);
@@ -1344,6 +1505,15 @@ static void *net_main(void *arg)
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
+static int sodium_ready(char *why, size_t whylen)
+{
+    if (sodium_init() < 0) {
+        snprintf(why, whylen, "libsodium cannot start");
+        return -1;
+    }
+    return 0;
+}
+
 static uint64_t group_config_hash(const struct group_config *gc)
 {
     char buf[512];
@@ -1359,7 +1529,11 @@ static int bind_data(struct net *n, char *why, size_t whylen)
     int one = 1;
     setsockopt(n->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)n->cfg->node.data_port)};
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    /* the node's own address, not every interface: a pod network's address, or loopback */
+    if (inet_pton(AF_INET, n->cfg->node.address, &sa.sin_addr) != 1) {
+        snprintf(why, whylen, "node.address '%s' is not an IPv4 address", n->cfg->node.address);
+        return -1;
+    }
     socklen_t sl = sizeof(sa);
     if (n->lfd < 0 || bind(n->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
         listen(n->lfd, DATA_CH_COUNT * RDV_MAX_NODES + 64) < 0 ||
@@ -1422,14 +1596,31 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
             g->fds[k] = g->rfds[k] = g->pfds[k] = -1;
         n->groups[i] = g;
     }
+    if (sodium_ready(why, whylen) < 0) goto fail;
+    if (cfg->security.keys[0]) {
+        if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto fail;
+    } else if (cfg->security.require_keys) {
+        snprintf(why, whylen, "security.require_keys is true but security.keys names no key "
+                              "directory");
+        goto fail;
+    } else {
+        log_msg(LOG_WARN, "security.unauthenticated",
+                "detail=\"no CURVE keys (security.keys): anyone who reaches the rendezvous port "
+                "can join, and COMMIT with each epoch's data-plane secret travels in clear; "
+                "for development only\"");
+    }
     n->zctx = zmq_ctx_new();
     int linger = 0;
+    int64_t maxmsg = RDV_FRAME_MAX;
     char ep[CONFIG_ADDR_MAX + 16];
     const char *coord = cfg->discovery.peers[0];
     if (cfg->node.index == 0) {
+        if (n->keys.loaded && !(n->zap = sec_zap_open(n->zctx, why, whylen))) goto fail;
         n->router = zmq_socket(n->zctx, ZMQ_ROUTER);
         zmq_setsockopt(n->router, ZMQ_LINGER, &linger, sizeof(linger));
-        snprintf(ep, sizeof(ep), "tcp://*:%s", strrchr(coord, ':') + 1);
+        zmq_setsockopt(n->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        if (n->keys.loaded && sec_curve_server(n->router, &n->keys, why, whylen) < 0) goto fail;
+        snprintf(ep, sizeof(ep), "tcp://%s:%s", cfg->node.address, strrchr(coord, ':') + 1);
         if (zmq_bind(n->router, ep) < 0) {
             snprintf(why, whylen, "rendezvous bind %s: %s", ep, zmq_strerror(zmq_errno()));
             goto fail;
@@ -1437,6 +1628,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
     } else {
         n->dealer = zmq_socket(n->zctx, ZMQ_DEALER);
         zmq_setsockopt(n->dealer, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_setsockopt(n->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        if (n->keys.loaded && sec_curve_client(n->dealer, &n->keys, why, whylen) < 0) goto fail;
         int ivl = 100, max = 1000;
         zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
         zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
@@ -1446,8 +1639,9 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
             goto fail;
         }
     }
-    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s", cfg->node.index, ep,
-            cfg->node.index == 0 ? "coordinator" : "member", n->data_addr);
+    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s curve=%s", cfg->node.index,
+            ep, cfg->node.index == 0 ? "coordinator" : "member", n->data_addr,
+            n->keys.loaded ? "on" : "off");
     if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
         snprintf(why, whylen, "cannot start the net thread");
         goto fail;
@@ -1491,6 +1685,7 @@ void net_free(struct net **np)
                 (double)n->inline_ns / (double)n->inline_n / 1000.0);
     if (n->router) zmq_close(n->router);
     if (n->dealer) zmq_close(n->dealer);
+    if (n->zap) zmq_close(n->zap);
     if (n->zctx) zmq_ctx_term(n->zctx);
     if (n->lfd >= 0) close(n->lfd);
     if (n->in_efd >= 0) close(n->in_efd);

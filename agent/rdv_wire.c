@@ -8,6 +8,7 @@
 #include <string.h>
 
 _Static_assert(sizeof(struct rdv_hdr) == 80, "rendezvous header is frozen");
+_Static_assert(sizeof(union rdv_msg) <= RDV_FRAME_MAX, "every frame fits ZMQ_MAXMSGSIZE");
 
 static size_t fixed_size(unsigned t)
 {
@@ -143,6 +144,16 @@ int data_hello_check(const struct data_hello *h, char *why, size_t whylen)
     }
     if (h->from_index >= RDV_MAX_NODES) {
         snprintf(why, whylen, "hello from node index %u", h->from_index);
+        return -1;
+    }
+    return 0;
+}
+
+int data_challenge_check(const struct data_challenge *c, char *why, size_t whylen)
+{
+    if (c->magic != DATA_MAGIC || c->version != RDV_VERSION || c->pad != 0) {
+        snprintf(why, whylen, "not a data-plane challenge (magic 0x%08x version %u)", c->magic,
+                 c->version);
         return -1;
     }
     return 0;

@@ -12,12 +12,14 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 3
+#define RDV_VERSION 4
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 64
 #define RDV_MSG_MAX 192
 #define RDV_COMMID_BYTES 128 /* an NCCL unique id */
+#define RDV_SECRET_BYTES 32  /* the epoch's data-plane secret */
+#define RDV_FRAME_MAX 16384  /* ZMQ_MAXMSGSIZE: larger frames are refused by ZeroMQ unread */
 
 enum rdv_type {
     RDV_JOIN = 1, /* member -> coordinator */
@@ -58,6 +60,7 @@ struct rdv_commit {
     uint32_t nodes;
     uint32_t has_commid; /* groups on NCCL: commid is the epoch's communicator id */
     uint8_t commid[RDV_COMMID_BYTES]; /* made by the coordinator only */
+    uint8_t secret[RDV_SECRET_BYTES]; /* fresh per epoch: every data connection proves it */
     struct rdv_member members[RDV_MAX_NODES]; /* only nodes entries travel */
 };
 
@@ -99,7 +102,17 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
 
 #define DATA_MAGIC 0x41544443u /* "CDTA" */
 
-/* First bytes on every data connection, from the connecting side. */
+/* First bytes on every data connection, from the accepting side: a fresh nonce. */
+struct data_challenge {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t pad;
+    uint8_t nonce[32];
+};
+
+/* The connecting side's answer: who it is, and mac = HMAC-SHA256(epoch secret, nonce ||
+ * the bytes of this struct before mac). Accepted only with the right mac, for a member's
+ * index, from the address the member table lists. */
 struct data_hello {
     uint32_t magic;
     uint16_t version;
@@ -107,7 +120,9 @@ struct data_hello {
     uint64_t group_hash; /* FNV of the group name */
     uint32_t epoch;
     uint32_t from_index;
+    uint8_t mac[32];
 };
+#define DATA_HELLO_SIGNED offsetof(struct data_hello, mac)
 
 /* Sent ahead of each op's first bytes to a peer, so that peers that disagree on the
  * op fail with MISMATCH instead of misreading each other's bytes. */
@@ -129,6 +144,7 @@ struct data_op_hdr {
 enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1, DATA_CH_COLL_BACK = 2, DATA_CH_COUNT = 3 };
 
 int data_hello_check(const struct data_hello *h, char *why, size_t whylen);
+int data_challenge_check(const struct data_challenge *c, char *why, size_t whylen);
 
 uint64_t rdv_fnv1a(const void *p, size_t n, uint64_t h);
 #define RDV_FNV_INIT 0xcbf29ce484222325ull

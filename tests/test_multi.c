@@ -607,7 +607,7 @@ static void mismatched_configs_are_rejected(void **state)
     int port = free_port();
     assert_int_equal(start_member(&a[0], port, 0, 2, 1, NULL), 0);
     assert_int_equal(start_member(&a[1], port, 1, 2, 2, NULL), 0); /* 2 local slots */
-    assert_true(agent_log_wait(&a[1], "differs from coordinator", 1, 5000));
+    assert_true(agent_log_wait(&a[1], "differ from the coordinator", 1, 5000));
     assert_true(agent_log_wait(&a[0], "rendezvous.reject", 1, 5000));
     assert_int_equal(agent_stop(&a[1]), 0);
     /* world size: three pods against two */
@@ -683,13 +683,150 @@ static void garbage_frames_are_dropped(void **state)
         assert_int_equal(write(fd, msg, sizeof(struct data_hello)), sizeof(struct data_hello));
         close(fd);
     }
-    assert_true(agent_log_wait(&a[0], "data.bad_hello", 3, 5000));
+    assert_true(agent_log_wait(&a[0], "data.refused", 3, 5000));
     assert_int_equal(agent_log_count(&a[0], "hello for channel 3"), 1);
     /* the coordinator still forms the group and runs ops */
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
     struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     stop_all(a, 2);
+}
+
+/* ---- hostile peers ------------------------------------------------------------------- */
+
+/* A deployment's CURVE keys, made by the real `coll-agent keygen`, in a fresh directory. */
+static void make_keys(char *dir, size_t cap)
+{
+    tmp_path(dir, cap, "keys", 0);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && '%s' keygen '%s' >/dev/null", dir, COLL_AGENT_PATH,
+             dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A hostile process on the data port: reads the agent's challenge and answers with a
+ * hello that claims to be node from_index for epoch, without the epoch's secret. */
+static int forge_hello(int dport, uint32_t epoch, uint16_t channel, uint32_t from_index)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)dport),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) return -1;
+    struct data_challenge c;
+    if (read(fd, &c, sizeof(c)) != (ssize_t)sizeof(c) || c.magic != DATA_MAGIC) return -1;
+    struct data_hello h = {.magic = DATA_MAGIC,
+                           .version = RDV_VERSION,
+                           .channel = channel,
+                           .group_hash = rdv_fnv1a("g", 1, RDV_FNV_INIT),
+                           .epoch = epoch,
+                           .from_index = from_index};
+    memcpy(h.mac, c.nonce, sizeof(h.mac)); /* any guess */
+    if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) return -1;
+    return fd; /* kept open: the agent decides */
+}
+
+/* Found on c65a60e: a process that connected to pod 0's data port before pod 1 did and
+ * sent an op's bytes turned 1+1 into 1001, both pods reporting success. Now every data
+ * connection proves the epoch's secret over a fresh nonce: forged hellos for the current
+ * epoch and for epochs to come are refused and logged, and the group's results stay
+ * exact, before and after it re-forms. */
+static void forged_data_hellos_are_refused(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    int dport = data_port_of(&a[0]);
+    assert_true(dport > 0);
+    int fds[24], nf = 0;
+    for (uint32_t e = 1; e <= 8; e++) /* the current epoch and the next ones */
+        for (uint16_t ch = 0; ch < DATA_CH_COUNT; ch++) {
+            fds[nf] = forge_hello(dport, e, ch, 1);
+            assert_true(fds[nf] >= 0);
+            nf++;
+        }
+    assert_true(agent_log_wait(&a[0], "does not prove the epoch's secret", 1, 5000));
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    usleep(1100 * 1000); /* past the log's rate-limit window (10 lines a second) */
+    /* pod 1 restarts: the next epochs commit while forged hellos for them wait */
+    assert_int_equal(agent_stop(&a[1]), 0);
+    assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    assert_true(agent_log_count(&a[0], "does not prove the epoch's secret") >= 2);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    stop_all(a, 2);
+}
+
+/* With CURVE keys the group forms and runs; a stranger that holds the server's public
+ * key but not the deployment's client key is refused by the ZAP handler before any
+ * JOIN is read, and the group never notices. */
+static void curve_keys_admit_members_only(void **state)
+{
+    (void)state;
+    char dir[128], extra[256];
+    make_keys(dir, sizeof(dir));
+    snprintf(extra, sizeof(extra), "security:\n  keys: %s\n  require_keys: true\n", dir);
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_member(&a[i], port, i, 2, 1, extra), 0);
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    assert_int_equal(agent_log_count(&a[0], "curve=on"), 1);
+    /* the stranger: the right server key, its own client key pair */
+    char spub[64] = "", cpub[41], csec[41], path[256];
+    snprintf(path, sizeof(path), "%s/server.pub", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(spub, sizeof(spub), f));
+    fclose(f);
+    spub[40] = '\0';
+    assert_int_equal(zmq_curve_keypair(cpub, csec), 0);
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, spub, 40);
+    zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, cpub, 40);
+    zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, csec, 40);
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    union rdv_msg m;
+    rdv_init(&m, RDV_JOIN, "g", 0);
+    m.join.nodes = 2;
+    m.join.node_index = 1;
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "127.0.0.1:1");
+    zmq_send(d, &m, rdv_size(&m), ZMQ_DONTWAIT);
+    assert_true(agent_log_wait(&a[0], "rendezvous.unauthenticated", 1, 5000));
+    /* and a client without CURVE at all gets nowhere either */
+    void *plain = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(plain, ZMQ_LINGER, &linger, sizeof(linger));
+    assert_int_equal(zmq_connect(plain, ep), 0);
+    zmq_send(plain, &m, rdv_size(&m), ZMQ_DONTWAIT);
+    usleep(500 * 1000);
+    zmq_close(d);
+    zmq_close(plain);
+    zmq_ctx_term(ctx);
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    assert_int_equal(agent_log_count(&a[0], "node=1 pod=\"\""), 0); /* the spoofed JOIN */
+    assert_int_equal(agent_log_count(&a[0], "data=127.0.0.1:1 "), 0);
+    stop_all(a, 2);
+}
+
+/* security.require_keys without keys: the agent refuses to start and says why. */
+static void required_keys_must_be_there(void **state)
+{
+    (void)state;
+    struct agent a;
+    int port = free_port();
+    if (start_member(&a, port, 0, 2, 1, "security:\n  require_keys: true\n") == 0)
+        assert_int_not_equal(agent_stop(&a), 0);
+    assert_true(agent_log_count(&a, "require_keys is true") >= 1);
 }
 
 int main(void)
@@ -711,6 +848,9 @@ int main(void)
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
+        cmocka_unit_test(forged_data_hellos_are_refused),
+        cmocka_unit_test(curve_keys_admit_members_only),
+        cmocka_unit_test(required_keys_must_be_there),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
