@@ -162,6 +162,7 @@ static void drop_session(struct server *srv, struct session *s)
         srv->sessions = s->next;
     if (s->next) s->next->prev = s->prev;
     srv->nsessions--;
+    if (s->state == SESSION_CLOSING) srv->nclosing--;
     srv->stats.sessions_dropped++;
     session_destroy(&s);
 }
@@ -202,10 +203,7 @@ static void add_session(struct server *srv, struct session *s)
  * read the reason. Past a bound on lingering sockets, close at once. */
 static void refuse_client(struct server *srv, int fd, struct ucred *cr, int code, const char *msg)
 {
-    int closing = 0;
-    for (struct session *t = srv->sessions; t; t = t->next)
-        closing += t->state == SESSION_CLOSING;
-    struct session *s = closing < 64 ? session_new(srv, fd, cr->pid, cr->uid, cr->gid) : NULL;
+    struct session *s = srv->nclosing < 64 ? session_new(srv, fd, cr->pid, cr->uid, cr->gid) : NULL;
     if (!s) {
         reject(fd, code, msg);
         return;
@@ -218,6 +216,7 @@ static void refuse_client(struct server *srv, int fd, struct ucred *cr, int code
         return;
     }
     add_session(srv, s);
+    srv->nclosing++; /* outside the session budget: refusals must not lock others out */
 }
 
 static void on_accept(struct server *srv)
@@ -240,14 +239,18 @@ static void on_accept(struct server *srv)
             snprintf(msg, sizeof(msg),
                      "uid %u gid %u is not allowed (agent.allowed_uids / agent.allowed_gids)",
                      (unsigned)cr.uid, (unsigned)cr.gid);
-            log_msg(LOG_WARN, "session.denied", "pid=%d uid=%u gid=%u", (int)cr.pid,
-                    (unsigned)cr.uid, (unsigned)cr.gid);
+            unsigned long long dropped;
+            if (log_limit_pass(&srv->lim_refuse, &dropped))
+                log_msg(LOG_WARN, "session.denied", "pid=%d uid=%u gid=%u suppressed=%llu",
+                        (int)cr.pid, (unsigned)cr.uid, (unsigned)cr.gid, dropped);
             refuse_client(srv, fd, &cr, COLL_ERR_DENIED, msg);
             continue;
         }
-        if (srv->nsessions >= srv->cfg->agent.max_sessions) {
-            log_msg(LOG_WARN, "session.limit", "pid=%d max_sessions=%d", (int)cr.pid,
-                    srv->cfg->agent.max_sessions);
+        if (srv->nsessions - srv->nclosing >= srv->cfg->agent.max_sessions) {
+            unsigned long long dropped;
+            if (log_limit_pass(&srv->lim_refuse, &dropped))
+                log_msg(LOG_WARN, "session.limit", "pid=%d max_sessions=%d suppressed=%llu",
+                        (int)cr.pid, srv->cfg->agent.max_sessions, dropped);
             refuse_client(srv, fd, &cr, COLL_ERR_LIMIT,
                           "the agent serves its maximum number of sessions");
             continue;

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "group.h"
+#include "log.h"
 
 struct session;
 struct net;
@@ -26,7 +27,9 @@ struct server {
     struct config *cfg;
     int lfd, epfd, sigfd;
     struct session *sessions;
-    int nsessions;
+    int nsessions; /* in the list, refused ones included */
+    int nclosing;  /* refused, lingering until the client reads why (SESSION_CLOSING) */
+    struct log_limit lim_refuse, lim_violation;
     struct group *groups;
     int ngroups;
     volatile int stop;

@@ -129,8 +129,10 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    log_msg(LOG_INFO, "session.refuse", "session=%llu pid=%d error=\"%s\" detail=\"%s\"",
-            (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg);
+    unsigned long long dropped;
+    if (log_limit_pass(&s->srv->lim_refuse, &dropped))
+        log_msg(LOG_INFO, "session.refuse", "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
+                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg, dropped);
     session_send_error(s, req_id, code, msg);
     return 0;
 }
@@ -144,8 +146,11 @@ static int violation(struct session *s, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    log_msg(LOG_WARN, "session.protocol_error", "session=%llu pid=%d client=\"%s\" detail=\"%s\"",
-            (unsigned long long)s->id, (int)s->pid, s->client, msg);
+    unsigned long long dropped;
+    if (log_limit_pass(&s->srv->lim_violation, &dropped))
+        log_msg(LOG_WARN, "session.protocol_error",
+                "session=%llu pid=%d client=\"%s\" detail=\"%s\" suppressed=%llu",
+                (unsigned long long)s->id, (int)s->pid, s->client, msg, dropped);
     session_send_error(s, 0, COLL_ERR_PROTOCOL, msg);
     return -1;
 }

@@ -691,6 +691,54 @@ static void denied_uid_is_refused(void **state)
     assert_serving(f);
 }
 
+/* Found on c65a60e: 20 refused connections of another uid held max_sessions (8) slots
+ * while they lingered, and root's own client failed with LIMIT. Refused clients are
+ * outside the budget; 2000 bad requests give at most a few dozen log lines. */
+static void refusals_neither_lock_out_nor_flood_the_log(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("skipped: needs root to connect as another uid\n");
+        skip();
+    }
+    struct agent a;
+    assert_int_equal(agent_start(&a, "  max_sessions: 8\n  handshake_timeout_ms: 20000\n",
+                                 GROUPS), 0);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65534) || setuid(65534)) _exit(1);
+        int fds[20];
+        for (int i = 0; i < 20; i++)
+            fds[i] = raw_connect(a.sock); /* refused (uid), kept open: they linger */
+        if (write(ready[1], "x", 1) != 1) _exit(3);
+        pause();
+        (void)fds;
+        _exit(0);
+    }
+    char x;
+    assert_int_equal(read(ready[0], &x, 1), 1);
+    assert_true(agent_log_wait(&a, "session.denied", 1, 3000));
+    coll_conn *c[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(coll_connect(&c[i], a.sock, 5000), COLL_OK);
+    /* a client that sends 2000 bad requests, each one refused */
+    coll_group *g;
+    for (int i = 0; i < 2000; i++)
+        assert_int_equal(coll_group_open(&g, c[0], "nope", COLL_SLOT_ANY), COLL_ERR_NOT_FOUND);
+    for (int i = 0; i < 4; i++)
+        coll_disconnect(&c[i]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int lines = agent_log_count(&a, "session.refuse");
+    if (lines > 100) fail_msg("2000 refusals wrote %d log lines", lines);
+    assert_true(agent_log_wait(&a, "suppressed=", 1, 100)); /* the count is reported */
+    assert_int_equal(agent_stop(&a), 0);
+    close(ready[0]);
+    close(ready[1]);
+}
+
 static void agent_death_is_noticed(void **state)
 {
     struct fixture *f = *state;
@@ -751,6 +799,7 @@ int main(void)
         T(lookups_fail_cleanly),
         T(denied_uid_is_refused),
         T(agent_of_another_uid_is_refused),
+        T(refusals_neither_lock_out_nor_flood_the_log),
         T(agent_death_is_noticed),
         T(sigterm_fails_ops_with_shutdown),
     };
