@@ -48,6 +48,13 @@
 #define MAX_PENDING_ACCEPTS 256
 #define PENDING_HELLO_NS (3000 * NS_PER_MS)   /* a connection must say who it is this fast */
 #define PENDING_FUTURE_NS (10000 * NS_PER_MS) /* a proven-looking hello may wait for its epoch */
+/* Messages that arrive before their receive is posted are copied into memory of ours only
+ * while small and within these bounds; any other waits in the sender's socket (TCP flow
+ * control holds the sender back) until its receive is posted, and is then read straight
+ * into the receive's buffer. A peer can make the agent hold at most this much. */
+#define UNX_SMALL (64u << 10)
+#define UNX_PEER_MAX (4u << 20)
+#define UNX_GROUP_MAX (16u << 20)
 #define JOIN_BACKOFF_MIN_NS (50 * NS_PER_MS)
 #define JOIN_BACKOFF_MAX_NS (2000 * NS_PER_MS)
 #define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
@@ -73,6 +80,7 @@ struct unexpected {
     struct unexpected *next;
     struct data_op_hdr hdr;
     void *data;
+    int from; /* the pod it came from (for the per-peer bound) */
 };
 
 /* Receiving from one pod: header, then payload into a posted buffer or a copy. */
@@ -82,6 +90,7 @@ struct p2p_in {
     struct net_task *task; /* the matched receive, or NULL */
     struct unexpected *unx; /* or where the payload goes */
     int discard;            /* mismatched: read and drop the payload */
+    int parked;             /* header read, no receive, too large to copy: wait for one */
 };
 
 struct ngroup {
@@ -116,6 +125,7 @@ struct ngroup {
     struct p2p_in in[RDV_MAX_NODES];
     struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
     struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
+    size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they hold, in all and by peer */
     int64_t form_deadline;
     int64_t next_join, next_hb, coord_heard;
     char last_reject[RDV_MSG_MAX];
@@ -292,6 +302,15 @@ static void close_data(struct ngroup *g)
 static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
                      int tell_others);
 
+static void unx_free(struct ngroup *g, struct unexpected *u)
+{
+    size_t bytes = u->hdr.count * coll_dtype_size((coll_dtype)u->hdr.dtype);
+    g->unx_bytes -= bytes;
+    g->unx_from[u->from] -= bytes;
+    free(u->data);
+    free(u);
+}
+
 /* Fail every send and receive in flight and forget half-read messages. */
 static void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
 {
@@ -306,10 +325,7 @@ static void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why
         o->done = 0;
         struct p2p_in *in = &g->in[p];
         if (in->task) return_task_why(n, in->task, code, why);
-        if (in->unx) {
-            free(in->unx->data);
-            free(in->unx);
-        }
+        if (in->unx) unx_free(g, in->unx);
         memset(in, 0, sizeof(*in));
     }
     while (g->posted_head) {
@@ -321,8 +337,7 @@ static void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why
     while (g->unx_head) {
         struct unexpected *u = g->unx_head;
         g->unx_head = u->next;
-        free(u->data);
-        free(u);
+        unx_free(g, u);
     }
     g->unx_tail = NULL;
 }
@@ -356,6 +371,7 @@ static void p2p_finish(struct net *n, struct net_task *t, const struct data_op_h
 }
 
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
+static void p2p_read(struct net *n, struct ngroup *g, int peer);
 static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char *why,
                            int tell_others);
 
@@ -394,9 +410,18 @@ static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
             memcpy(t->recv[t->local_slot], u->data,
                    t->count * coll_dtype_size((coll_dtype)t->dtype));
         struct data_op_hdr h = u->hdr;
-        free(u->data);
-        free(u);
+        unx_free(g, u);
         p2p_finish(n, t, &h);
+        return;
+    }
+    /* or parked in its sender's socket: read it straight into this receive */
+    int from = t->root / g->nlocal;
+    struct p2p_in *in = &g->in[from];
+    if (in->parked && p2p_matches(g, t, &in->hdr)) {
+        in->parked = 0;
+        in->task = t;
+        in->discard = !p2p_agree(t, &in->hdr);
+        p2p_read(n, g, from);
         return;
     }
     if (g->posted_tail)
@@ -449,7 +474,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
     struct p2p_in *in = &g->in[peer];
     char sink[4096];
     for (;;) {
-        if (g->pfds[peer] < 0) return;
+        if (g->pfds[peer] < 0 || in->parked) return;
         void *dst;
         size_t want;
         if (in->hgot < sizeof(in->hdr)) {
@@ -499,13 +524,23 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 break;
             }
             if (!in->task) {
+                if (in->plen > UNX_SMALL || g->unx_from[peer] + in->plen > UNX_PEER_MAX ||
+                    g->unx_bytes + in->plen > UNX_GROUP_MAX) {
+                    in->parked = 1; /* read on when its receive is posted */
+                    return;
+                }
                 in->unx = calloc(1, sizeof(*in->unx));
                 if (in->unx) in->unx->data = malloc(in->plen ? in->plen : 1);
                 if (!in->unx || !in->unx->data) {
+                    if (in->unx) free(in->unx);
+                    in->unx = NULL;
                     ng_abort(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
                     return;
                 }
                 in->unx->hdr = *h;
+                in->unx->from = peer;
+                g->unx_bytes += in->plen;
+                g->unx_from[peer] += in->plen;
             }
         } else {
             in->pgot += (size_t)r;
@@ -529,8 +564,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 if (p2p_agree(match, &u->hdr) && match->count)
                     memcpy(match->recv[match->local_slot], u->data, in->plen);
                 struct data_op_hdr h = u->hdr;
-                free(u->data);
-                free(u);
+                unx_free(g, u);
                 p2p_finish(n, match, &h);
             } else {
                 u->next = NULL;
@@ -1448,7 +1482,8 @@ static void *net_main(void *arg)
                 if (g->pfds[p] >= 0)
                     items[ni++] = (zmq_pollitem_t){
                         .fd = g->pfds[p],
-                        .events = (short)(ZMQ_POLLIN | (g->out[p].head ? ZMQ_POLLOUT : 0))};
+                        .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
+                                          (g->out[p].head ? ZMQ_POLLOUT : 0))};
         }
         if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
         if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};

@@ -692,6 +692,77 @@ static void garbage_frames_are_dropped(void **state)
     stop_all(a, 2);
 }
 
+/* ---- early messages ------------------------------------------------------------------ */
+
+#define EARLY_FLOATS (4u << 20) /* 16 MiB */
+
+struct early {
+    const char *sock;
+    pid_t agent; /* rank 0: its agent, whose memory it watches */
+    int rss_growth_kib;
+};
+
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld", &v) == 1) break;
+    if (f) fclose(f);
+    return v;
+}
+
+static int early_rank_main(void *arg)
+{
+    struct early *e = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(e->sock, (size_t)EARLY_FLOATS * 4, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    coll_request r;
+    if (info.rank == 1) {
+        for (size_t i = 0; i < EARLY_FLOATS; i++)
+            x[i] = (float)(i % 1000);
+        if (coll_send(g, x, EARLY_FLOATS, COLL_FLOAT32, 0, NULL, &r) || coll_wait(c, r, 30000))
+            return 110;
+    } else {
+        long before = rss_kib(e->agent);
+        usleep(1500 * 1000); /* the whole message could have arrived by now */
+        long after = rss_kib(e->agent);
+        if (before < 0 || after < 0) return 111;
+        if (after - before > 8 * 1024) {
+            fprintf(stderr, "agent 0 grew by %ld KiB holding an early message\n", after - before);
+            return 112;
+        }
+        if (coll_recv(g, x, EARLY_FLOATS, COLL_FLOAT32, 1, NULL, &r) || coll_wait(c, r, 30000))
+            return 113;
+        for (size_t i = 0; i < EARLY_FLOATS; i++)
+            if (x[i] != (float)(i % 1000)) return 114;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Found on c65a60e: a message sent before its receive was posted was copied into memory
+ * the net thread allocated, whatever size its header announced (up to 1 TiB). Now only
+ * small ones are, within per-peer and per-group bounds; a large one waits in the
+ * sender's socket and lands straight in the receive's buffer. */
+static void early_large_send_waits_in_the_socket(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct early e[2] = {{.sock = a[0].sock, .agent = a[0].pid}, {.sock = a[1].sock}};
+    run_ranks(early_rank_main, e, sizeof(e[0]), 2, 60000);
+    stop_all(a, 2);
+}
+
 /* ---- hostile peers ------------------------------------------------------------------- */
 
 /* A deployment's CURVE keys, made by the real `coll-agent keygen`, in a fresh directory. */
@@ -848,6 +919,7 @@ int main(void)
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
+        cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
