@@ -11,7 +11,15 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
+
+/* Bounds on what a config file may make the loader do: whatever the file, loading takes
+ * milliseconds and a few MB, and reports a clear file:line:col error. */
+#define CONFIG_MAX_BYTES (1u << 20) /* a config is a few KiB; 1 MiB is generous */
+#define CONFIG_MAX_DEPTH 32         /* nesting of lists and mappings */
+#define CONFIG_MAX_ALIASES 64       /* *alias references */
+#define CONFIG_MAX_ERRORS 50        /* reported; the rest are counted */
 
 enum ftype { T_STR, T_INT, T_ENUM, T_INT_LIST, T_STR_LIST, T_MAP, T_MAP_LIST };
 
@@ -118,6 +126,7 @@ struct loader {
     char *err;
     size_t errlen, errcap;
     int nerr;
+    int more; /* errors past CONFIG_MAX_ERRORS, counted only */
 };
 
 static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path,
@@ -126,6 +135,10 @@ static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *pa
 static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path,
                       const char *fmt, ...)
 {
+    if (ld->nerr >= CONFIG_MAX_ERRORS) {
+        ld->more++;
+        return;
+    }
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -528,6 +541,63 @@ void config_free(struct config **c)
     *c = NULL;
 }
 
+/* Past CONFIG_MAX_ERRORS, one line says how many more there were. */
+static void close_errors(struct loader *ld)
+{
+    if (!ld->more) return;
+    int more = ld->more;
+    ld->more = 0;
+    ld->nerr--; /* room for the summary line */
+    add_error(ld, NULL, NULL, "... and %d more errors", more);
+}
+
+/*
+ * One pass over the parser's events before the document is built: nesting deeper than
+ * CONFIG_MAX_DEPTH and more than CONFIG_MAX_ALIASES aliases are refused (libyaml's loader
+ * has no limits of its own: 200,000 nested '[' ran for minutes, and aliases multiply
+ * what the walker visits and the errors it reports). Returns 0, or -1 with the error.
+ */
+static int check_shape(struct loader *ld, const char *text, size_t len)
+{
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) {
+        add_error(ld, NULL, NULL, "out of memory");
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    int depth = 0, aliases = 0, rc = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            yaml_mark_t m = parser.problem_mark;
+            add_error(ld, &m, NULL, "syntax error: %s%s%s", parser.problem ? parser.problem : "?",
+                      parser.context ? " " : "", parser.context ? parser.context : "");
+            rc = -1;
+            break;
+        }
+        yaml_event_type_t t = ev.type;
+        yaml_mark_t m = ev.start_mark;
+        yaml_event_delete(&ev);
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > CONFIG_MAX_DEPTH) {
+                add_error(ld, &m, NULL, "nested deeper than %d levels", CONFIG_MAX_DEPTH);
+                rc = -1;
+                break;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (t == YAML_ALIAS_EVENT && ++aliases > CONFIG_MAX_ALIASES) {
+            add_error(ld, &m, NULL, "more than %d aliases (*name)", CONFIG_MAX_ALIASES);
+            rc = -1;
+            break;
+        } else if (t == YAML_STREAM_END_EVENT) {
+            break;
+        }
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int config_load_string(struct config *c, const char *text, size_t len, const char *name,
                        char **err)
 {
@@ -536,6 +606,16 @@ int config_load_string(struct config *c, const char *text, size_t len, const cha
     yaml_document_t doc;
     *err = NULL;
     snprintf(c->source, sizeof(c->source), "%s", name);
+    if (len > CONFIG_MAX_BYTES) {
+        add_error(&ld, NULL, NULL, "%zu bytes; a config may hold at most %u", len,
+                  CONFIG_MAX_BYTES);
+        *err = ld.err;
+        return -1;
+    }
+    if (check_shape(&ld, text, len) < 0) {
+        *err = ld.err;
+        return -1;
+    }
     if (!yaml_parser_initialize(&parser)) {
         add_error(&ld, NULL, NULL, "out of memory");
         *err = ld.err;
@@ -570,6 +650,7 @@ int config_load_string(struct config *c, const char *text, size_t len, const cha
     }
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
+    close_errors(&ld);
     *err = ld.err;
     return ld.nerr ? -1 : 0;
 }
@@ -578,32 +659,35 @@ int config_load_file(struct config *c, const char *path, char **err)
 {
     *err = NULL;
     FILE *f = fopen(path, "rb");
+    char buf[600];
+    struct stat st;
     if (!f) {
-        char buf[512];
         snprintf(buf, sizeof(buf), "%s: cannot open: %s\n", path, strerror(errno));
         *err = strdup(buf);
         return -1;
     }
-    size_t cap = 4096, len = 0;
-    char *text = malloc(cap);
-    size_t n;
-    while (text && (n = fread(text + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) {
-            if (cap >= (16u << 20)) break;
-            char *p = realloc(text, cap * 2);
-            if (!p) {
-                free(text);
-                text = NULL;
-                break;
-            }
-            text = p;
-            cap *= 2;
-        }
+    if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(buf, sizeof(buf), "%s: not a regular file\n", path);
+        fclose(f);
+        *err = strdup(buf);
+        return -1;
     }
+    /* read one byte past the limit: a file that grew meanwhile is caught too */
+    char *text = malloc(CONFIG_MAX_BYTES + 1);
+    size_t len = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, f) : 0;
+    int rerr = ferror(f);
     fclose(f);
-    if (!text) {
-        *err = strdup("out of memory reading the config\n");
+    if (!text || rerr) {
+        snprintf(buf, sizeof(buf), "%s: %s\n", path, text ? "read error" : "out of memory");
+        free(text);
+        *err = strdup(buf);
+        return -1;
+    }
+    if (len > CONFIG_MAX_BYTES) {
+        snprintf(buf, sizeof(buf), "%s: %lld bytes; a config may hold at most %u\n", path,
+                 (long long)st.st_size, CONFIG_MAX_BYTES);
+        free(text);
+        *err = strdup(buf);
         return -1;
     }
     int rc = config_load_string(c, text, len, path, err);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "harness.h"
@@ -265,6 +266,88 @@ static void every_example_loads(void **state)
     assert_true(n >= 2);
 }
 
+/* ---- hostile files (found on c65a60e) -------------------------------------------- */
+
+static char *repeat(const char *unit, size_t times, const char *head, const char *tail)
+{
+    size_t ul = strlen(unit), hl = strlen(head), tl = strlen(tail);
+    char *s = malloc(hl + ul * times + tl + 1);
+    memcpy(s, head, hl);
+    for (size_t i = 0; i < times; i++)
+        memcpy(s + hl + i * ul, unit, ul);
+    memcpy(s + hl + ul * times, tail, tl + 1);
+    return s;
+}
+
+/* 200,000 nested '[' ran for over a minute in libyaml's loader. */
+static void deep_nesting_is_refused(void **state)
+{
+    (void)state;
+    char *y = repeat("[", 200000, "groups: ", "");
+    assert_int_equal(load_bad(y, "t.yaml:1:40: nested deeper than 32 levels"), 1);
+    free(y);
+}
+
+/* Aliases multiplied errors: a 209 KB file made 178 MB of them. */
+static void alias_bombs_are_refused(void **state)
+{
+    (void)state;
+    char *y = repeat("  - *a\n", 100, "x: &a {k: 1}\ngroups:\n", "");
+    load_bad(y, "more than 64 aliases");
+    free(y);
+    /* without aliases, errors are bounded too: 50 lines and a count */
+    y = repeat("  - {name: g, bogus: 1}\n", 60, "groups:\n", "");
+    struct config *c = config_new();
+    char *err = NULL;
+    assert_int_equal(config_load_string(c, y, strlen(y), "t.yaml", &err), -1);
+    int lines = 0;
+    for (char *p = err; *p; p++)
+        lines += *p == '\n';
+    assert_int_equal(lines, 51);
+    assert_non_null(strstr(err, "... and "));
+    free(err);
+    free(y);
+    config_free(&c);
+}
+
+static void write_file(const char *path, const char *head, size_t pad, const char *tail)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(head, f);
+    for (size_t i = 0; i < pad; i++)
+        fputc('#', f);
+    fputs(tail, f);
+    fclose(f);
+}
+
+/* A file over 16 MiB was cut silently: a bad key after 17 MiB passed --check-config. */
+static void oversized_and_odd_files_are_refused(void **state)
+{
+    (void)state;
+    char path[128];
+    tmp_path(path, sizeof(path), "big.yaml", 0);
+    write_file(path, "groups: [{name: g}]\n", 17u << 20, "\nbogus: 1\n");
+    struct config *c = config_new();
+    char *err = NULL;
+    assert_int_equal(config_load_file(c, path, &err), -1);
+    if (!strstr(err, "a config may hold at most 1048576")) fail_msg("%s", err);
+    free(err);
+    /* just under the limit loads; one byte over does not */
+    write_file(path, "groups: [{name: g}]\n", (1u << 20) - 21, "\n");
+    assert_int_equal(config_load_file(c, path, &err), 0);
+    free(err);
+    write_file(path, "groups: [{name: g}]\n", (1u << 20) - 20, "\n");
+    assert_int_equal(config_load_file(c, path, &err), -1);
+    free(err);
+    unlink(path);
+    /* a directory used to give "the document is empty", with no position */
+    assert_int_equal(config_load_file(c, "/tmp", &err), -1);
+    assert_string_equal(err, "/tmp: not a regular file\n");
+    free(err);
+    config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +365,9 @@ int main(void)
         cmocka_unit_test(dump_round_trips),
         cmocka_unit_test(every_key_is_documented),
         cmocka_unit_test(every_example_loads),
+        cmocka_unit_test(deep_nesting_is_refused),
+        cmocka_unit_test(alias_bombs_are_refused),
+        cmocka_unit_test(oversized_and_odd_files_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
