@@ -29,7 +29,7 @@ struct server {
     struct session *sessions;
     int nsessions; /* in the list, refused ones included */
     int nclosing;  /* refused, lingering until the client reads why (SESSION_CLOSING) */
-    struct log_limit lim_refuse, lim_violation;
+    struct log_limit lim_refuse, lim_violation, lim_request; /* accept, protocol, requests */
     struct group *groups;
     int ngroups;
     volatile int stop;

@@ -502,17 +502,16 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
             in->hgot += (size_t)r;
             if (in->hgot < sizeof(in->hdr)) continue;
             struct data_op_hdr *h = &in->hdr;
-            size_t es = coll_dtype_size((coll_dtype)h->dtype);
-            if (h->magic != DATA_MAGIC || h->kind != WIRE_OP_SEND || !es ||
-                h->src_rank / (uint32_t)g->nlocal != (uint32_t)peer ||
-                h->dst_rank / (uint32_t)g->nlocal != (uint32_t)g->me ||
-                h->count > (1ull << 40) / es) {
-                char why[128];
-                snprintf(why, sizeof(why), "bad send header from node %d", peer);
+            uint64_t plen;
+            char hw[128];
+            if (data_send_hdr_check(h, (uint32_t)g->nlocal, (uint32_t)peer, (uint32_t)g->me, &plen,
+                                    hw, sizeof(hw)) < 0) {
+                char why[200];
+                snprintf(why, sizeof(why), "bad send header from node %d: %s", peer, hw);
                 ng_abort(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                 return;
             }
-            in->plen = h->count * es;
+            in->plen = (size_t)plen;
             in->pgot = 0;
             struct net_task **pp = &g->posted_head, *prev = NULL;
             for (; *pp; prev = *pp, pp = &(*pp)->next) {

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "coll/coll.h"
+#include "wire.h"
+
 _Static_assert(sizeof(struct rdv_hdr) == 80, "rendezvous header is frozen");
 _Static_assert(sizeof(union rdv_msg) <= RDV_FRAME_MAX, "every frame fits ZMQ_MAXMSGSIZE");
 
@@ -156,6 +159,28 @@ int data_challenge_check(const struct data_challenge *c, char *why, size_t whyle
                  c->version);
         return -1;
     }
+    return 0;
+}
+
+int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t peer, uint32_t me,
+                        uint64_t *bytes, char *why, size_t whylen)
+{
+    size_t es = h->dtype < COLL_DTYPE_COUNT ? coll_dtype_size((coll_dtype)h->dtype) : 0;
+    if (h->magic != DATA_MAGIC || h->kind != WIRE_OP_SEND || !es) {
+        snprintf(why, whylen, "not a send header (magic 0x%08x kind %u dtype %u)", h->magic,
+                 h->kind, h->dtype);
+        return -1;
+    }
+    if (nlocal == 0 || h->src_rank / nlocal != peer || h->dst_rank / nlocal != me) {
+        snprintf(why, whylen, "send from rank %u to rank %u on a connection from node %u to %u",
+                 h->src_rank, h->dst_rank, peer, me);
+        return -1;
+    }
+    if (h->count > (1ull << 40) / es) {
+        snprintf(why, whylen, "send of %llu elements", (unsigned long long)h->count);
+        return -1;
+    }
+    *bytes = h->count * es;
     return 0;
 }
 

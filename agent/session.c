@@ -130,7 +130,7 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     unsigned long long dropped;
-    if (log_limit_pass(&s->srv->lim_refuse, &dropped))
+    if (log_limit_pass(&s->srv->lim_request, &dropped))
         log_msg(LOG_INFO, "session.refuse", "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
                 (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg, dropped);
     session_send_error(s, req_id, code, msg);

@@ -416,6 +416,125 @@ static void stale_epoch_op_is_validated_first(void **state)
     assert_serving(f);
 }
 
+/* ---- a hostile client: random entries and messages against the live agent ----------- */
+
+static uint64_t rnd(uint64_t *st)
+{
+    *st ^= *st << 13;
+    *st ^= *st >> 7;
+    *st ^= *st << 17;
+    return *st;
+}
+
+/* Share a 4 KiB sealed memfd on a raw session; returns its buffer id. */
+static uint32_t raw_share(struct raw *r)
+{
+    int mfd = memfd_create("b", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(mfd, 4096), 0);
+    assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG, 4);
+    m.mem_reg.size = 4096;
+    m.mem_reg.device = -1;
+    raw_send(r->fd, &m, m.h.len, mfd);
+    close(mfd);
+    assert_int_equal(raw_recv(r->fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_MEM_REG_OK);
+    return m.mem_reg_ok.buf_id;
+}
+
+/* Ring entries half random, half plausible (right handle, epoch or buffer, small counts)
+ * so that they reach past the first checks: under ASan every one ends in a completion,
+ * a refusal or a dropped session, never a fault, and the bystander is served after. */
+static void random_ring_entries_never_hurt_the_agent(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    int dropped = 0, completed = 0;
+    for (int i = 0; i < 300; i++) {
+        struct raw r;
+        raw_hello(&r, f->a.sock);
+        uint32_t epoch;
+        uint32_t handle = raw_open_pair(&r, &epoch);
+        uint32_t buf = raw_share(&r);
+        struct wire_sqe q;
+        uint64_t words[8];
+        for (int k = 0; k < 8; k++)
+            words[k] = rnd(&st);
+        memcpy(&q, words, offsetof(struct wire_sqe, seq));
+        if (i % 2 == 0) { /* plausible: each field wrong one time in eight */
+#define BAD (rnd(&st) % 8 == 0)
+            q.kind = (uint8_t)(BAD ? rnd(&st) : rnd(&st) % WIRE_OP_KIND_COUNT);
+            q.dtype = (uint8_t)(BAD ? rnd(&st) : rnd(&st) % COLL_DTYPE_COUNT);
+            q.redop = (uint8_t)(BAD ? rnd(&st) : rnd(&st) % COLL_REDOP_COUNT);
+            q.flags = (uint8_t)(BAD ? rnd(&st) % 4 : 0);
+            q.reserved = BAD ? 1 : 0;
+            q.group = BAD ? (uint32_t)rnd(&st) : handle;
+            q.epoch = BAD ? epoch + (uint32_t)(rnd(&st) % 3) - 1 : epoch;
+            q.send_buf = BAD ? (uint32_t)(rnd(&st) % 3) : buf;
+            q.recv_buf = BAD ? (uint32_t)(rnd(&st) % 3) : buf;
+            q.count = BAD ? rnd(&st) : rnd(&st) % 600;
+            if (q.kind == WIRE_OP_BARRIER && !BAD) q.count = 0;
+            q.send_off = BAD ? rnd(&st) : rnd(&st) % 2048;
+            q.recv_off = BAD ? rnd(&st) : rnd(&st) % 2048;
+            q.peer = BAD ? (int32_t)rnd(&st) : (int32_t)(rnd(&st) % 2);
+            q.tag = BAD ? rnd(&st) : 1 + rnd(&st) % 256;
+#undef BAD
+        }
+        raw_submit(&r, &q, 1);
+        union wire_msg m;
+        for (int t = 0; t < 40; t++) {
+            if (atomic_load(&r.shm->cq[0].seq) == 1) {
+                completed++;
+                break;
+            }
+            struct pollfd p = {.fd = r.fd, .events = POLLIN};
+            if (poll(&p, 1, 5) == 1) {
+                if (raw_recv(r.fd, &m, NULL, NULL, 100) == 0) dropped += m.h.type == WIRE_ERROR;
+                break;
+            }
+        }
+        munmap(r.shm, sizeof(struct wire_shm));
+        close(r.efd);
+        close(r.fd);
+    }
+    int waiting = 300 - dropped - completed; /* taken, waiting for the pair's other slot */
+    print_message("300 entries: %d sessions dropped, %d completed, %d taken and waiting\n",
+                  dropped, completed, waiting);
+    assert_true(dropped > 50);
+    assert_true(completed + waiting > 30); /* some got past every check */
+    assert_int_equal(kill(f->a.pid, 0), 0);
+    assert_serving(f);
+}
+
+/* Control messages: random lengths and bytes, some with a valid header in front. */
+static void random_messages_never_hurt_the_agent(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t st = 0x1234567887654321ull;
+    for (int i = 0; i < 300; i++) {
+        int fd = raw_connect(f->a.sock);
+        char buf[WIRE_MAX_MSG];
+        size_t n = 1 + rnd(&st) % sizeof(buf);
+        for (size_t k = 0; k < n; k++)
+            buf[k] = (char)rnd(&st);
+        if (i % 2 == 0 && n >= sizeof(struct wire_hdr)) {
+            union wire_msg m;
+            unsigned t = 1 + (unsigned)(rnd(&st) % (WIRE_TYPE_END + 1));
+            wire_init(&m, (enum wire_type)(i % 4 ? WIRE_HELLO : t), 1);
+            if (rnd(&st) % 2) m.h.len = (uint32_t)n;
+            memcpy(buf, &m, sizeof(m.h));
+            if (i % 4 == 0 && wire_size(t) && wire_size(t) <= sizeof(buf)) n = wire_size(t);
+        }
+        raw_send(fd, buf, n, -1);
+        union wire_msg m;
+        raw_recv(fd, &m, NULL, NULL, 200); /* a reply, a refusal or nothing */
+        close(fd);
+    }
+    assert_int_equal(kill(f->a.pid, 0), 0);
+    assert_serving(f);
+}
+
 /* ---- participants that fail ------------------------------------------------------------ */
 
 /* A new client holding a slot of "pair" and a 4 KiB buffer. */
@@ -791,6 +910,8 @@ int main(void)
         T(out_of_bounds_op_is_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
         T(stale_epoch_op_is_validated_first),
+        T(random_ring_entries_never_hurt_the_agent),
+        T(random_messages_never_hurt_the_agent),
         T(client_killed_mid_op_fails_partner_promptly),
         T(client_killed_with_op_in_flight),
         T(disagreement_is_an_error_for_everyone),

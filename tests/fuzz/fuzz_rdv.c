@@ -1,0 +1,34 @@
+/*
+ * fuzz_rdv.c: what peers send (agent/rdv_wire.c): rendezvous frames, data-plane
+ * challenges and hellos, and send headers, on arbitrary bytes.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "rdv_wire.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static union rdv_msg m;
+    char why[200];
+    if (rdv_decode(data, size, &m, why, sizeof(why)) == 0 && rdv_size(&m) != size)
+        __builtin_trap(); /* accepted a frame whose size disagrees with its contents */
+    struct data_hello h;
+    struct data_challenge c;
+    struct data_op_hdr o;
+    memset(&h, 0, sizeof(h));
+    memset(&c, 0, sizeof(c));
+    memset(&o, 0, sizeof(o));
+    memcpy(&h, data, size < sizeof(h) ? size : sizeof(h));
+    memcpy(&c, data, size < sizeof(c) ? size : sizeof(c));
+    memcpy(&o, data, size < sizeof(o) ? size : sizeof(o));
+    data_hello_check(&h, why, sizeof(why));
+    data_challenge_check(&c, why, sizeof(why));
+    uint64_t bytes;
+    uint32_t nlocal = size ? data[0] : 1;
+    if (data_send_hdr_check(&o, nlocal, size > 1 ? data[1] : 0, size > 2 ? data[2] : 0, &bytes,
+                            why, sizeof(why)) == 0 &&
+        bytes > (1ull << 40))
+        __builtin_trap();
+    return 0;
+}
