@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: install what is missing, then build and run every test twice,
-# in a release build and under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The whole test suite: install what is missing, then build and run every test three
+# times, in a release build, under AddressSanitizer + UndefinedBehaviorSanitizer and under
+# ThreadSanitizer; then a short run of every fuzzer (tools/fuzz.sh).
 # Tests that need what this machine lacks (a GPU, root) say so and skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/deps.sh
-coll_install_deps
+coll_install_deps clang libclang-rt-14-dev
 
 jobs=$(nproc)
 run() { # NAME CMAKE_ARGS...
@@ -19,4 +20,9 @@ run() { # NAME CMAKE_ARGS...
 run test -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run asan -DCMAKE_BUILD_TYPE=Debug -DCOLL_SANITIZE=address
+# libzmq is not instrumented: tests/tsan.supp hides its internals only
+TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp second_deadlock_stack=1" \
+    run tsan -DCMAKE_BUILD_TYPE=Debug -DCOLL_SANITIZE=thread
+echo "== fuzzers: ${FUZZ_SECONDS:-20} s each"
+tools/fuzz.sh
 echo "all test runs passed"
