@@ -117,6 +117,12 @@ struct ngroup {
     uint8_t commid[RDV_COMMID_BYTES];
     uint8_t secret[RDV_SECRET_BYTES]; /* the committed epoch's data-plane secret */
     int64_t join_backoff;             /* members: wait before the next JOIN after an abort */
+    /* data connections of an epoch that ended in a mismatch, closed at grave_until: a pod
+     * still reading from us then fails through the ABORT (MISMATCH), not on a closed
+     * socket (PEER_LOST) */
+    int grave[DATA_CH_COUNT * RDV_MAX_NODES];
+    int ngrave;
+    int64_t grave_until;
     struct rdv_member members[RDV_MAX_NODES];
     int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
     int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
@@ -286,6 +292,28 @@ static void post_event(struct net *n, struct ngroup *g, int broken, int code, co
 }
 
 /* ---- epochs ------------------------------------------------------------------------ */
+
+static void close_grave(struct ngroup *g)
+{
+    for (int i = 0; i < g->ngrave; i++)
+        close(g->grave[i]);
+    g->ngrave = 0;
+}
+
+/* Like close_data, a heartbeat interval later (see grave). */
+static void bury_data(struct ngroup *g)
+{
+    close_grave(g);
+    for (int i = 0; i < RDV_MAX_NODES; i++) {
+        int *f[3] = {&g->fds[i], &g->rfds[i], &g->pfds[i]};
+        for (int k = 0; k < 3; k++)
+            if (*f[k] >= 0) {
+                g->grave[g->ngrave++] = *f[k];
+                *f[k] = -1;
+            }
+    }
+    g->grave_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+}
 
 static void close_data(struct ngroup *g)
 {
@@ -664,7 +692,10 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->epoch,
             coll_strerror((coll_err)code), why);
-    close_data(g);
+    if (code == COLL_ERR_MISMATCH && had)
+        bury_data(g);
+    else
+        close_data(g);
     g->committed = g->ready = 0;
     char w[160];
     snprintf(w, sizeof(w), "epoch %u ended: %s", g->epoch, why);
@@ -718,6 +749,12 @@ static void ng_abort_finish(struct net *n, struct ngroup *g)
     if (!g->abort_pending) return;
     g->abort_pending = 0;
     ng_abort(n, g, g->abort_code, g->abort_why, 0, 0);
+}
+
+/* An op of g failed here with code: the epoch ends, and the others are told why. */
+static void ng_op_failed(struct net *n, struct ngroup *g, int code, const char *why)
+{
+    if (g->committed) ng_abort(n, g, code, why, 0, 1);
 }
 
 /* Wait up to ms for a non-blocking connect; 0, or -1 with *err. */
@@ -1263,10 +1300,13 @@ static void progress_pending(struct net *n)
 
 /* Called from inside an op's transfer loop: keep the rendezvous alive, and say whether
  * the op must stop (returns its error code, 0 to go on). */
-int net_service(struct net *n, struct ngroup *g)
+int net_service(struct net *n, struct ngroup *g, char *why, size_t whylen)
 {
     int64_t t = now_ns();
-    if (atomic_load(&n->stop)) return COLL_ERR_SHUTDOWN;
+    if (atomic_load(&n->stop)) {
+        snprintf(why, whylen, "the agent is stopping");
+        return COLL_ERR_SHUTDOWN;
+    }
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
     uint32_t epoch = g->epoch;
@@ -1281,7 +1321,15 @@ int net_service(struct net *n, struct ngroup *g)
         else
             heartbeat(n, g, t);
     }
-    if (!g->committed || g->epoch != epoch) return COLL_ERR_PEER_LOST;
+    if (g->abort_pending && g->abort_code == COLL_ERR_MISMATCH) {
+        /* a pod found that the pods disagree on an op: this one cannot complete */
+        snprintf(why, whylen, "%s", g->abort_why);
+        return COLL_ERR_MISMATCH;
+    }
+    if (!g->committed || g->epoch != epoch) {
+        snprintf(why, whylen, "the group's epoch ended during the op");
+        return COLL_ERR_PEER_LOST;
+    }
     return 0;
 }
 
@@ -1424,8 +1472,8 @@ static int run_ready_ops(struct net *n)
             g->ops_done++;
             ran++;
             if (g->abort_pending) ng_abort_finish(n, g);
-            else if (st != COLL_OK && g->committed)
-                ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
+            else if (st != COLL_OK)
+                ng_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
         }
         while (g && g->ready && !g->awaiting_mark && !g->handoff && g->q_head) {
             struct net_task *t = g->q_head;
@@ -1452,8 +1500,8 @@ static int run_ready_ops(struct net *n)
             g->ops_done++;
             if (g->abort_pending && (st != COLL_OK || !g->q_head))
                 ng_abort_finish(n, g);
-            else if (st != COLL_OK && g->committed)
-                ng_abort(n, g, st, why[0] ? why : coll_strerror((coll_err)st), 0, 1);
+            else if (st != COLL_OK)
+                ng_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
         }
     }
     return ran;
@@ -1502,8 +1550,9 @@ static void *net_main(void *arg)
             if (g && g->inline_abort) {
                 int code = g->inline_abort;
                 g->inline_abort = 0;
-                if (g->committed) ng_abort(n, g, code, g->inline_why, 0, 1);
+                ng_op_failed(n, g, code, g->inline_why);
             }
+            if (g && g->ngrave && now_ns() >= g->grave_until) close_grave(g);
         }
         if (n->zap) sec_zap_serve(n->zap, &n->keys);
         if (n->router) drain_zmq(n, n->router, 1);
@@ -1706,6 +1755,7 @@ void net_free(struct net **np)
     for (int i = 0; i < n->ngroups; i++) {
         if (!n->groups || !n->groups[i]) continue;
         close_data(n->groups[i]);
+        close_grave(n->groups[i]);
         free(n->groups[i]->tiny);
         free(n->groups[i]->scratch[0]);
         free(n->groups[i]->scratch[1]);

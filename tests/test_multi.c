@@ -692,6 +692,94 @@ static void garbage_frames_are_dropped(void **state)
     stop_all(a, 2);
 }
 
+/* ---- disagreements between pods --------------------------------------------------------- */
+
+enum { MM_BCAST_ROOTS, MM_REDUCE_ROOTS, MM_ALLREDUCE_VS_BCAST, MM_BIG_BCAST_ROOTS,
+       MM_ALLGATHER_COUNTS, MM_CASES };
+
+struct mm {
+    const char *sock;
+};
+
+/* Rank r's op in case k (two pods, one participant each). */
+static coll_err mm_submit(coll_group *g, int k, int r, float *x, coll_request *req)
+{
+    switch (k) {
+    case MM_BCAST_ROOTS:
+        return coll_broadcast(g, x, x, 16, COLL_FLOAT32, r, NULL, req);
+    case MM_REDUCE_ROOTS:
+        return coll_reduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, r, NULL, req);
+    case MM_ALLREDUCE_VS_BCAST:
+        return r == 0 ? coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, req)
+                      : coll_broadcast(g, x, x, 16, COLL_FLOAT32, 1, NULL, req);
+    case MM_BIG_BCAST_ROOTS:
+        return coll_broadcast(g, x, x, 1 << 20, COLL_FLOAT32, r, NULL, req);
+    default:
+        return coll_allgather(g, x, x + 64, 16 + (size_t)r, COLL_FLOAT32, NULL, req);
+    }
+}
+
+static int mismatch_main(void *arg)
+{
+    const struct mm *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, (size_t)4 << 20, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    for (int k = 0; k < MM_CASES; k++) {
+        coll_request r;
+        double t0 = now_ms();
+        coll_err e = mm_submit(g, k, info.rank, x, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        double ms = now_ms() - t0;
+        if (e != COLL_ERR_MISMATCH || ms > 5000) {
+            fprintf(stderr, "case %d rank %d: %s after %.0f ms (%s), want MISMATCH at once\n", k,
+                    info.rank, coll_strerror(e), ms, coll_last_error());
+            return 110 + k;
+        }
+        if (!strstr(coll_last_error(), "this node")) { /* both sides' ops in the text */
+            fprintf(stderr, "case %d rank %d: '%s' does not name both ops\n", k, info.rank,
+                    coll_last_error());
+            return 120 + k;
+        }
+        /* the group serves the next op: reopen (the epoch moved on) and run one */
+        for (int attempt = 0;; attempt++) {
+            coll_group_close(&g);
+            if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 130;
+            for (int i = 0; i < 16; i++)
+                x[i] = (float)(info.rank + 1);
+            e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+            if (e == COLL_OK) e = coll_wait(c, r, 30000);
+            if (e == COLL_OK || !coll_err_retryable(e) || attempt == 40) break;
+            usleep(50000);
+        }
+        if (e != COLL_OK || x[64] != 3.0f) {
+            fprintf(stderr, "case %d rank %d: next op %s\n", k, info.rank, coll_strerror(e));
+            return 140 + k;
+        }
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Found on c65a60e: across two pods, broadcast with different roots returned OK on both
+ * with nothing exchanged, reduce with different roots waited for its timeout, allreduce
+ * against broadcast gave PEER_LOST to one rank. Now every rank gets MISMATCH at once,
+ * naming both ops, and the group serves the next op. */
+static void disagreements_between_pods_are_mismatches(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct mm jobs[2] = {{a[0].sock}, {a[1].sock}};
+    run_ranks(mismatch_main, jobs, sizeof(jobs[0]), 2, 120000);
+    stop_all(a, 2);
+}
+
 /* ---- early messages ------------------------------------------------------------------ */
 
 #define EARLY_FLOATS (4u << 20) /* 16 MiB */
@@ -919,6 +1007,7 @@ int main(void)
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
+        cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(curve_keys_admit_members_only),

@@ -249,8 +249,9 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
         if (c->budget_until) ms = 0; /* on the engine thread: never sleep, give up instead */
         int r = poll(pf, (nfds_t)np, ms);
         if (r < 0 && errno != EINTR) return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
-        int st = c->budget_until ? 0 : net_service(c->net, c->g);
-        if (st) return failf(o, st, "the group's epoch ended during the op");
+        char ended[160];
+        int st = c->budget_until ? 0 : net_service(c->net, c->g, ended, sizeof(ended));
+        if (st) return failf(o, st, "%s", ended);
         for (int i = 0; i < np; i++)
             if (pf[i].revents & (POLLERR | POLLNVAL))
                 return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d failed",
@@ -504,14 +505,16 @@ static int op_broadcast(struct opctx *o)
     int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
     /* a chain from the root; each pod passes bytes on as they arrive (small ones went
      * the tiny way) */
+    /* the ring closes with a bare header from the last pod to the root, so every pod
+     * hears its left neighbour: pods that disagree on the op fail with MISMATCH */
     struct xfer x[2];
     int nx = 0;
-    if (pos != 0) x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), buf, bytes);
-    if (pos != n - 1) {
-        x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), buf, bytes);
-        if (pos != 0) x[nx].gate = &x[0];
-        nx++;
-    }
+    x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), pos != 0 ? buf : NULL,
+           pos != 0 ? bytes : 0);
+    x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), pos != n - 1 ? buf : NULL,
+           pos != n - 1 ? bytes : 0);
+    if (pos != 0 && pos != n - 1) x[nx].gate = &x[0];
+    nx++;
     int st = exchange(o, x, nx);
     if (st != COLL_OK) return st;
     copy_to_locals(o, buf, bytes);
@@ -737,12 +740,19 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     if (t->kind == WIRE_OP_BROADCAST) {
         int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
         char *buf = t->recv[0];
+        /* every pod hears every pod it deals with: the root takes a bare header back from
+         * each, so pods that disagree on the root (or count) all fail with MISMATCH
+         * instead of sending past each other and reporting success */
         if (c->me == rnode) {
             if (t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
-            for (int p = 0; p < c->nodes; p++)
-                if (p != c->me) x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
+            for (int p = 0; p < c->nodes; p++) {
+                if (p == c->me) continue;
+                x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
+                x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), NULL, 0);
+            }
         } else {
             x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), buf, bytes);
+            x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
         }
         return 0;
     }
@@ -762,14 +772,18 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         if (c->me == rnode) s->tmp = scratch(&s->c, 1, bytes * (size_t)c->nodes);
         if (!s->vec || (c->me == rnode && !s->tmp)) return -2;
         local_reduce(&s->o, s->vec, 0, t->count);
+        /* and a bare header back from the root, as for broadcast */
         if (c->me != rnode) {
             x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), s->vec, bytes);
+            x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), NULL, 0);
             return 0;
         }
         for (int p = 0; p < c->nodes; p++)
-            if (p != c->me)
+            if (p != c->me) {
                 x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                        s->tmp + (size_t)p * bytes, bytes);
+                x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
+            }
         return 0;
     }
     if (t->kind == WIRE_OP_REDUCE_SCATTER) {

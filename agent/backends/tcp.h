@@ -57,8 +57,8 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
 
 /* Provided by net.c: keeps the rendezvous serviced during long transfers; returns
- * nonzero (a coll_err) when the op must stop. */
-int net_service(struct net *n, struct ngroup *g);
+ * nonzero (a coll_err, with why) when the op must stop. */
+int net_service(struct net *n, struct ngroup *g, char *why, size_t whylen);
 
 /* Ops of at most this many bytes per pod use the direct exchange. */
 #define TCP_SMALL_BYTES (64 * 1024)
