@@ -45,6 +45,9 @@ struct gpu_task {
     void *ready_dev, *done_dev; /* the same words as the GPU addresses them */
     uint64_t tag;
     const atomic_int *client_gone; /* set when the session ends: release our stream */
+    void *fence; /* launcher: the event recorded after the op on its stream. The op is
+                    finished when that event is, never because of the done word, which
+                    lives in memory the client can write */
     int64_t deadline_ns;
     int64_t init_ms; /* deadline for creating the communicator */
     /* set by the launcher */

@@ -22,6 +22,7 @@
 #include "cudrv.h"
 #include "harness.h"
 #include "opcheck.h"
+#include "wire.h"
 
 static int ngpu;
 static char uuid0[64];
@@ -313,6 +314,87 @@ static int order_main(void *arg)
     coll_group_close(&g);
     coll_disconnect(&c);
     return 0;
+}
+
+/* The shared region of this process's (only) connection, found by its memfd's name:
+ * what a hostile client can write, whatever libcoll does. */
+static struct wire_shm *own_region(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    void *p = NULL;
+    while (f && fgets(line, sizeof(line), f))
+        if (strstr(line, "memfd:coll-session")) {
+            p = (void *)(uintptr_t)strtoull(line, NULL, 16);
+            break;
+        }
+    if (f) fclose(f);
+    return p;
+}
+
+/* Found on c65a60e: the launcher took done[i], which the client writes, as proof that
+ * the GPU had finished; a client that stored it early made the agent drop the op's
+ * buffer references, the release went through and the import was unmapped while the
+ * kernel could still use it. Now completion is an event only the agent records: the
+ * early word gains nothing, the release is refused, and another group on the GPU runs. */
+static int early_done_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *h;
+    CHECK(coll_connect(&c, j->sock, 2000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(coll_group_open(&h, c, "h", 0) == COLL_OK, 4);
+    int rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc;
+    enum { N = 1 << 20 };
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, N * 4, 0) == COLL_OK, 5);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 6);
+    struct gate gt;
+    CHECK(gate_make(&gt) == 0, 7);
+    CHECK(gate_block(&gt, st) == 0, 8);
+    CHECK(cudaMemsetAsync(coll_mem_ptr(b), 0, N * 4, st) == cudaSuccess, 9);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), N, COLL_FLOAT32, COLL_SUM, st, &r) ==
+              COLL_OK,
+          10);
+    struct wire_shm *w = own_region();
+    CHECK(w != NULL, 11);
+    uint32_t idx = (uint32_t)(r.id & 0xffffffffu) - 1;
+    atomic_store(&w->done[idx], r.id); /* the lie: "the GPU has finished" */
+    usleep(300000);
+    int done = 1;
+    CHECK(coll_test(c, r, &done) == COLL_OK && done == 0, 12); /* the agent did not believe it */
+    CHECK(coll_mem_release(&b) == COLL_ERR_BUSY, 13);         /* nor let the buffer go */
+    /* another group on the same GPU is served meanwhile */
+    rc = small_allreduce(c, h, 0, 1);
+    if (rc) return 30 + rc;
+    *gt.word = 1;
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 14);
+    CHECK(coll_wait(c, r, 10000) == COLL_OK, 15);
+    CHECK(coll_mem_release(&b) == COLL_OK, 16);
+    rc = small_allreduce(c, g, 0, 1);
+    if (rc) return 40 + rc;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void early_done_word_gains_nothing(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL,
+                                 "groups:\n"
+                                 "  - {name: g, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"
+                                 "  - {name: h, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"),
+                     0);
+    struct job j = {.sock = a.sock, .hold_fd = -1};
+    assert_int_equal(child_wait(child_run(early_done_main, &j), 120000), 0);
+    assert_int_equal(agent_log_count(&a, "illegal"), 0);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_abort"), 0);
+    assert_int_equal(agent_stop(&a), 0);
 }
 
 /* Start a one-GPU agent (op timeout op_ms) and run fn as its one client, which must
@@ -738,6 +820,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(auto_backend_and_uuid),
         cmocka_unit_test(stream_order_both_ways),
+        cmocka_unit_test(early_done_word_gains_nothing),
         cmocka_unit_test(stream_waited_ops_free_their_slots),
         cmocka_unit_test(repeated_ops_replay),
         cmocka_unit_test(client_killed_mid_op),

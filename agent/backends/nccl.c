@@ -377,11 +377,16 @@ struct comm {
     int64_t created_ns;
     char why[160];
     struct gpu_task *fly_head, *fly_tail; /* issued, in stream order */
+    cudaEvent_t *evfree; /* fences of finished ops, for the next ones */
+    int nevfree, capevfree;
     /* ops that repeat are replayed as CUDA graphs (graph_launch) */
     struct cgraph graphs[GRAPH_SLOTS];
     uint64_t graph_tick;
     unsigned graph_bufgen;
 };
+
+static void fence_put(struct comm *c, struct gpu_task *t, int finished);
+static void fences_free(struct comm *c);
 
 struct launcher {
     struct gpu *g;
@@ -596,6 +601,7 @@ static void comm_break(struct launcher *l, struct comm *c, int code, const char 
     while (c->fly_head) {
         struct gpu_task *t = c->fly_head;
         c->fly_head = t->next;
+        fence_put(NULL, t, 0);
         fail_task(l->g, t, code, 1, why);
     }
     c->fly_tail = NULL;
@@ -620,6 +626,7 @@ static void comm_destroy(struct launcher *l, struct comm *c)
     /* a blocking child's destroy waits for the other ranks on this host: abort, which
      * is local (nothing is in flight when a communicator is destroyed) */
     comm_abort(l, c); /* takes the stream and buffers too */
+    fences_free(c);
     free(c);
 }
 
@@ -839,6 +846,51 @@ static ncclResult_t graph_launch(struct launcher *l, struct comm *c, const struc
     return r == ncclSuccess ? launch(c, t) : r;
 }
 
+/* An event to record after an op (from c's free list, else new); NULL on failure. */
+static cudaEvent_t fence_get(struct comm *c)
+{
+    if (c->nevfree) return c->evfree[--c->nevfree];
+    cudaEvent_t e = NULL;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return e;
+}
+
+/* t is done with its fence: keep it for the next op (finished), or destroy it (its
+ * stream may never reach it; destroying a pending event is allowed). */
+static void fence_put(struct comm *c, struct gpu_task *t, int finished)
+{
+    cudaEvent_t e = t->fence;
+    t->fence = NULL;
+    if (!e) return;
+    if (finished && c && c->nevfree < c->capevfree) {
+        c->evfree[c->nevfree++] = e;
+        return;
+    }
+    if (finished && c) {
+        int cap = c->capevfree ? 2 * c->capevfree : 16;
+        cudaEvent_t *p = realloc(c->evfree, (size_t)cap * sizeof(*p));
+        if (p) {
+            c->evfree = p;
+            c->capevfree = cap;
+            c->evfree[c->nevfree++] = e;
+            return;
+        }
+    }
+    cudaEventDestroy(e);
+}
+
+static void fences_free(struct comm *c)
+{
+    for (int i = 0; i < c->nevfree; i++)
+        cudaEventDestroy(c->evfree[i]);
+    free(c->evfree);
+    c->evfree = NULL;
+    c->nevfree = c->capevfree = 0;
+}
+
 static int p2p(const struct gpu_task *t)
 {
     return t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV;
@@ -886,6 +938,16 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
                                        CU_STREAM_WRITE_VALUE_DEFAULT);
         if (cr != CUDA_SUCCESS) {
             snprintf(t0->why, sizeof(t0->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
+            return COLL_ERR_INTERNAL;
+        }
+    }
+    /* what says the op is finished, in memory the client cannot touch */
+    for (int i = 0; i < n; i++) {
+        ts[i]->fence = fence_get(c);
+        cudaError_t e = ts[i]->fence ? cudaEventRecord(ts[i]->fence, c->stream) : cudaErrorMemoryAllocation;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(t0->why, sizeof(t0->why), "cudaEventRecord: %s", cudaGetErrorString(e));
             return COLL_ERR_INTERNAL;
         }
     }
@@ -1056,15 +1118,19 @@ static int poll_flying(struct launcher *l, int64_t now)
     for (struct comm *c = l->comms; c; c = c->next) {
         while (c->fly_head) {
             struct gpu_task *t = c->fly_head;
-            uint64_t v = atomic_load_explicit(t->done, memory_order_acquire);
-            if ((int64_t)(v - t->tag) >= 0) {
+            /* the fence, not the done word: a client that writes done early must not
+             * make us drop the op's buffers while its kernel runs */
+            cudaError_t q = t->fence ? cudaEventQuery((cudaEvent_t)t->fence) : cudaErrorNotReady;
+            if (q == cudaSuccess) {
                 c->fly_head = t->next;
                 if (!c->fly_head) c->fly_tail = NULL;
+                fence_put(c, t, 1);
                 t->status = COLL_OK;
                 post(l->g, t);
                 moved = 1;
                 continue;
             }
+            if (q != cudaErrorNotReady) cudaGetLastError();
             break;
         }
         if (!c->fly_head) continue;
