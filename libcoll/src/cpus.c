@@ -34,7 +34,60 @@ static int read_line(const char *path, char *buf, size_t cap)
     return ok ? 0 : -1;
 }
 
-/* Our cgroup's CPU quota as a CPU count, 0 if none is found. */
+int coll_cgroup2_cpus(const char *mnt, const char *root, const char *cg)
+{
+    /* cg is relative to our cgroup namespace's root, and so is the mount's root */
+    const char *rel = cg;
+    size_t rl = strlen(root);
+    if (strcmp(root, "/") != 0) {
+        if (strncmp(cg, root, rl) != 0 || (cg[rl] != '/' && cg[rl] != '\0')) return 0;
+        rel = cg + rl;
+    }
+    if (rel[0] != '/' && rel[0] != '\0') return 0;
+    if (strstr(rel, "/..")) return 0; /* outside the namespace: nothing we can read */
+    char path[4200], line[64];
+    size_t ml = strlen(mnt);
+    snprintf(path, sizeof(path), "%s%s", mnt, strcmp(rel, "/") ? rel : "");
+    int best = 0;
+    for (;;) {
+        size_t pl = strlen(path);
+        snprintf(path + pl, sizeof(path) - pl, "/cpu.max");
+        int n = read_line(path, line, sizeof(line)) == 0 ? coll_cpus_from_cpu_max(line) : 0;
+        path[pl] = '\0';
+        if (n > 0 && (best == 0 || n < best)) best = n;
+        if (pl <= ml) break;
+        char *slash = strrchr(path, '/');
+        if (!slash || (size_t)(slash - path) < ml) break;
+        *slash = '\0';
+    }
+    return best;
+}
+
+/* Where cgroup v2 is mounted and which cgroup is the mount's root (/proc/self/mountinfo:
+ * "id parent major:minor root mountpoint options ... - cgroup2 source ..."). */
+static int cgroup2_mount(char *mnt, size_t mcap, char *root, size_t rcap)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    if (!f) return -1;
+    char line[4096];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof(line), f)) {
+        char *dash = strstr(line, " - cgroup2 ");
+        if (!dash) continue;
+        char r[2048], m[2048];
+        if (sscanf(line, "%*s %*s %*s %2047s %2047s", r, m) != 2) continue;
+        snprintf(root, rcap, "%s", r);
+        snprintf(mnt, mcap, "%s", m);
+        found = 0;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Our cgroup's CPU quota as a CPU count, 0 if none is found. v2: the lowest quota of our
+ * cgroup and its ancestors up to the mount's root (a Kubernetes limit may sit on the
+ * container's cgroup or the pod's; with a cgroup namespace the mount's root is the
+ * container's own cgroup). v1: our cgroup's quota. */
 static int cgroup_cpus(void)
 {
     FILE *f = fopen("/proc/self/cgroup", "r");
@@ -46,11 +99,12 @@ static int cgroup_cpus(void)
         /* "hierarchy-id:controller-list:path" */
         char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
         if (!c2) continue;
-        *c2 = '\0';
+        *c1 = *c2 = '\0';
         const char *ctrls = c1 + 1, *cg = c2 + 1;
         if (!strcmp(line, "0") && !*ctrls) { /* v2 */
-            snprintf(path, sizeof(path), "/sys/fs/cgroup%s/cpu.max", cg);
-            if (read_line(path, a, sizeof(a)) == 0) cpus = coll_cpus_from_cpu_max(a);
+            char mnt[2048] = "/sys/fs/cgroup", root[2048] = "/";
+            cgroup2_mount(mnt, sizeof(mnt), root, sizeof(root));
+            cpus = coll_cgroup2_cpus(mnt, root, cg);
             continue;
         }
         int has_cpu = 0; /* v1: is "cpu" in the controller list? */

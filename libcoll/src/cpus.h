@@ -19,4 +19,9 @@ int coll_cpus_from_quota(long long quota, long long period);
  * 0 for anything else. */
 int coll_cpus_from_cpu_max(const char *line);
 
+/* The cgroup v2 cap of a process in cgroup cg (as /proc/self/cgroup names it), with
+ * cgroup2 mounted at mnt whose root is cgroup root (as /proc/self/mountinfo says): the
+ * lowest cpu.max of cg and its ancestors up to the mount; 0 for none. */
+int coll_cgroup2_cpus(const char *mnt, const char *root, const char *cg);
+
 #endif
