@@ -341,7 +341,7 @@ static void net_results(struct server *srv)
             group_net_broken(&srv->groups[ev->group], ev->code, ev->why);
         else
             group_net_formed(&srv->groups[ev->group], ev);
-        free(ev);
+        net_event_release(srv->net, ev);
         ev = next;
     }
 }

@@ -55,6 +55,7 @@
 #define UNX_SMALL (64u << 10)
 #define UNX_PEER_MAX (4u << 20)
 #define UNX_GROUP_MAX (16u << 20)
+#define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
 #define JOIN_BACKOFF_MIN_NS (50 * NS_PER_MS)
 #define JOIN_BACKOFF_MAX_NS (2000 * NS_PER_MS)
 #define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
@@ -124,6 +125,11 @@ struct ngroup {
     int ngrave;
     int64_t grave_until;
     struct rdv_member members[RDV_MAX_NODES];
+    /* events for the engine, preallocated so that none is ever lost to a failed
+     * allocation (a lost "formed" would hold GPU ops until their deadline); guarded by
+     * the net's out_lock */
+    struct net_event evpool[EV_POOL];
+    struct net_event *evfree;
     int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
     int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
     int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
@@ -268,10 +274,33 @@ static void return_task(struct net *n, struct net_task *t, int status)
     return_task_why(n, t, status, NULL);
 }
 
+void net_event_release(struct net *n, struct net_event *e)
+{
+    if (e->heap) {
+        free(e);
+        return;
+    }
+    struct ngroup *g = n->groups[e->group];
+    pthread_mutex_lock(&n->out_lock);
+    e->next = g->evfree;
+    g->evfree = e;
+    pthread_mutex_unlock(&n->out_lock);
+}
+
 static void post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why)
 {
-    struct net_event *e = calloc(1, sizeof(*e));
-    if (!e) return; /* the engine learns of it through the failed ops */
+    pthread_mutex_lock(&n->out_lock);
+    struct net_event *e = g->evfree;
+    if (e) g->evfree = e->next;
+    pthread_mutex_unlock(&n->out_lock);
+    if (e) {
+        memset(e, 0, sizeof(*e));
+    } else if ((e = calloc(1, sizeof(*e))) != NULL) {
+        e->heap = 1; /* the engine has not collected EV_POOL events: rare */
+    } else {
+        log_msg(LOG_ERROR, "net.event_lost", "group=%s broken=%d", g->cfg->name, broken);
+        return;
+    }
     e->group = g->index;
     e->broken = broken;
     e->code = code;
@@ -1675,6 +1704,10 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
             goto fail;
         }
         g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
+        for (int k = 0; k < EV_POOL; k++) {
+            g->evpool[k].next = g->evfree;
+            g->evfree = &g->evpool[k];
+        }
         for (int k = 0; k < RDV_MAX_NODES; k++)
             g->fds[k] = g->rfds[k] = g->pfds[k] = -1;
         n->groups[i] = g;
@@ -1752,6 +1785,13 @@ void net_free(struct net **np)
     struct net *n = *np;
     *np = NULL;
     net_stop(n);
+    /* events the engine did not collect (pool ones live in their groups) */
+    struct net_event *e = n->ev_head;
+    while (e) {
+        struct net_event *x = e->next;
+        if (e->heap) free(e);
+        e = x;
+    }
     for (int i = 0; i < n->ngroups; i++) {
         if (!n->groups || !n->groups[i]) continue;
         close_data(n->groups[i]);
@@ -1773,13 +1813,7 @@ void net_free(struct net **np)
     if (n->zctx) zmq_ctx_term(n->zctx);
     if (n->lfd >= 0) close(n->lfd);
     if (n->in_efd >= 0) close(n->in_efd);
-    /* tasks the engine did not collect are its own memory; events are ours */
-    struct net_event *e = n->ev_head;
-    while (e) {
-        struct net_event *x = e->next;
-        free(e);
-        e = x;
-    }
+    /* tasks the engine did not collect are its own memory */
     if (n->out_efd >= 0) close(n->out_efd);
     pthread_mutex_destroy(&n->in_lock);
     pthread_mutex_destroy(&n->out_lock);

@@ -57,6 +57,7 @@ struct net_event {
     char why[192];
     int has_commid; /* formed, NCCL group: the epoch's communicator id */
     uint8_t commid[128];
+    int heap; /* net-internal: from malloc (the group's pool was empty) */
 };
 
 /*
@@ -90,6 +91,8 @@ int net_inline(struct net *n, struct net_task *t);
 int net_notify_fd(const struct net *n);
 /* Engine thread: take every returned task and event (lists, oldest first). */
 void net_collect(struct net *n, struct net_task **done, struct net_event **events);
+/* Engine thread: give back an event that net_collect handed over. */
+void net_event_release(struct net *n, struct net_event *e);
 /* Cheap check, without locking, for the engine's spin loop. */
 int net_has_results(struct net *n);
 
