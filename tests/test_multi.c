@@ -609,6 +609,7 @@ static void mismatched_configs_are_rejected(void **state)
     assert_int_equal(start_member(&a[1], port, 1, 2, 2, NULL), 0); /* 2 local slots */
     assert_true(agent_log_wait(&a[1], "differ from the coordinator", 1, 5000));
     assert_true(agent_log_wait(&a[0], "rendezvous.reject", 1, 5000));
+    assert_int_equal(agent_log_count(&a[1], "hash"), 0); /* found on c65a60e: it was told */
     assert_int_equal(agent_stop(&a[1]), 0);
     /* world size: three pods against two */
     char body[512];
@@ -920,6 +921,63 @@ static void forged_data_hellos_are_refused(void **state)
     stop_all(a, 2);
 }
 
+static int connect_idle(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    return fd;
+}
+
+/* Found on c65a60e: 300 idle connections to the data port made the agent close every
+ * new one, and the agents re-formed in a tight loop (4,434 commits in 7 s). Now the idle
+ * ones are evicted first and a member that cannot form backs off: with the flood still
+ * open, a restarted pod re-forms and the group runs; oversized rendezvous frames are
+ * refused by ZeroMQ before they are buffered. */
+static void floods_delay_no_member(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    int dport = data_port_of(&a[0]);
+    int idle[300];
+    for (int i = 0; i < 300; i++)
+        idle[i] = connect_idle(dport);
+    /* frames of 64 MiB at the rendezvous port */
+    long rss0 = rss_kib(a[0].pid);
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    size_t big = (size_t)64 << 20;
+    char *junk = calloc(1, big);
+    for (int i = 0; i < 4; i++)
+        zmq_send(d, junk, big, ZMQ_DONTWAIT);
+    usleep(1000 * 1000);
+    long grown = rss_kib(a[0].pid) - rss0;
+    if (grown > 32 * 1024) fail_msg("the coordinator grew by %ld KiB on oversized frames", grown);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    free(junk);
+    int commits0 = agent_log_count(&a[1], "rendezvous.commit");
+    assert_int_equal(agent_stop(&a[1]), 0);
+    assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    int commits = agent_log_count(&a[1], "rendezvous.commit");
+    if (commits > 10) fail_msg("%d commits to re-form once (was %d before)", commits, commits0);
+    for (int i = 0; i < 300; i++)
+        close(idle[i]);
+    stop_all(a, 2);
+}
+
 /* With CURVE keys the group forms and runs; a stranger that holds the server's public
  * key but not the deployment's client key is refused by the ZAP handler before any
  * JOIN is read, and the group never notices. */
@@ -1010,6 +1068,7 @@ int main(void)
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(forged_data_hellos_are_refused),
+        cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
     };
