@@ -363,6 +363,27 @@ static void four_pods_broadcast_relays(void **state)
 
 /* One pod's count disagrees with its neighbour's: that pod's application gets an error
  * that names both sides' values, nobody hangs, and the group serves the next op. */
+/* An allreduce of n elements (x[0..n) = rank + 1, result at x + 64) after a failure that
+ * may have ended the epoch: a handle of the old epoch is reopened and the op retried
+ * while the errors are retryable (20 tries, 50 ms apart). NOT_FOUND if the reopen fails. */
+static coll_err allreduce_after_reform(coll_conn *c, coll_group **g, float *x, size_t n, int rank)
+{
+    coll_err e;
+    for (int attempt = 0;; attempt++) {
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)(rank + 1);
+        coll_request r;
+        e = coll_allreduce(*g, x, x + 64, n, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        if (e == COLL_OK || !coll_err_retryable(e) || attempt == 20) return e;
+        if (e == COLL_ERR_EPOCH) {
+            coll_group_close(g);
+            if (coll_group_open(g, c, "g", COLL_SLOT_ANY)) return COLL_ERR_NOT_FOUND;
+        }
+        usleep(50000);
+    }
+}
+
 static int bcast_mismatch_main(void *arg)
 {
     const struct bc *o = arg;
@@ -391,18 +412,8 @@ static int bcast_mismatch_main(void *arg)
     }
     /* the others may finish (what they received is right) or fail with the epoch */
     /* the next op: the group re-forms for it if the mismatch ended the epoch */
-    for (int attempt = 0;; attempt++) {
-        for (int i = 0; i < 64; i++)
-            x[i] = (float)(info.rank + 1);
-        e = coll_allreduce(g, x, x + 64, 64, COLL_FLOAT32, COLL_SUM, NULL, &r);
-        if (e == COLL_OK) e = coll_wait(c, r, 30000);
-        if (e == COLL_OK || !coll_err_retryable(e) || attempt == 20) break;
-        if (e == COLL_ERR_EPOCH) {
-            coll_group_close(&g);
-            if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 106;
-        }
-        usleep(50000);
-    }
+    e = allreduce_after_reform(c, &g, x, 64, info.rank);
+    if (e == COLL_ERR_NOT_FOUND) return 106;
     if (e != COLL_OK) {
         fprintf(stderr, "rank %d: op after the mismatch: %s (%s)\n", info.rank, coll_strerror(e),
                 coll_last_error());
@@ -746,17 +757,9 @@ static int mismatch_main(void *arg)
                     coll_last_error());
             return 120 + k;
         }
-        /* the group serves the next op: reopen (the epoch moved on) and run one */
-        for (int attempt = 0;; attempt++) {
-            coll_group_close(&g);
-            if (coll_group_open(&g, c, "g", COLL_SLOT_ANY)) return 130;
-            for (int i = 0; i < 16; i++)
-                x[i] = (float)(info.rank + 1);
-            e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
-            if (e == COLL_OK) e = coll_wait(c, r, 30000);
-            if (e == COLL_OK || !coll_err_retryable(e) || attempt == 40) break;
-            usleep(50000);
-        }
+        /* the group serves the next op once reopened (the epoch moved on) */
+        e = allreduce_after_reform(c, &g, x, 16, info.rank);
+        if (e == COLL_ERR_NOT_FOUND) return 130;
         if (e != COLL_OK || x[64] != 3.0f) {
             fprintf(stderr, "case %d rank %d: next op %s\n", k, info.rank, coll_strerror(e));
             return 140 + k;
