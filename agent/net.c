@@ -74,6 +74,11 @@ struct p2p_out {
     struct net_task *head, *tail;
     size_t done; /* bytes of header + payload of head written */
     struct data_op_hdr hdr;
+    /* the receiver's word on each message: a send completes when its receive has
+     * taken it (as within a pod), with MISMATCH when the receive disagreed */
+    struct net_task *wait_head, *wait_tail; /* sent, waiting for their acks */
+    struct data_op_hdr *acks; /* acks to write, in order; the first acks_done bytes in */
+    size_t nacks, capacks, acks_done;
 };
 
 /* A message that arrived before its receive was posted. */
@@ -380,6 +385,13 @@ static void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why
         }
         o->tail = NULL;
         o->done = 0;
+        while (o->wait_head) {
+            struct net_task *t = o->wait_head;
+            o->wait_head = t->next;
+            return_task_why(n, t, code, why);
+        }
+        o->wait_tail = NULL;
+        o->nacks = o->acks_done = 0;
         struct p2p_in *in = &g->in[p];
         if (in->task) return_task_why(n, in->task, code, why);
         if (in->unx) unx_free(g, in->unx);
@@ -416,7 +428,17 @@ static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 }
 
 /* Complete receive t with the message of header h: matched, or a mismatch named. */
-static void p2p_finish(struct net *n, struct net_task *t, const struct data_op_hdr *h)
+static void p2p_write(struct net *n, struct ngroup *g, int peer);
+static void p2p_read(struct net *n, struct ngroup *g, int peer);
+static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                     int tell_others);
+static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char *why,
+                           int tell_others);
+
+/* Complete receive t with the message of header h: matched, or a mismatch named; the
+ * sender is told either way (an ack: kind RECV, root = status, the receive's count). */
+static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
+                       const struct data_op_hdr *h)
 {
     char w[160] = "";
     int ok = p2p_agree(t, h);
@@ -424,13 +446,53 @@ static void p2p_finish(struct net *n, struct net_task *t, const struct data_op_h
         snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
                  h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype),
                  h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype));
+    struct data_op_hdr ack = {.magic = DATA_MAGIC,
+                              .kind = WIRE_OP_RECV,
+                              .dtype = t->dtype,
+                              .root = ok ? COLL_OK : COLL_ERR_MISMATCH,
+                              .src_rank = h->dst_rank,
+                              .dst_rank = h->src_rank,
+                              .count = t->count};
     return_task_why(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
+    int peer = (int)(h->src_rank / (uint32_t)g->nlocal);
+    struct p2p_out *o = &g->out[peer];
+    if (o->nacks == o->capacks) {
+        size_t cap = o->capacks ? 2 * o->capacks : 16;
+        struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
+        if (!a) {
+            ng_abort(n, g, COLL_ERR_NOMEM, "no memory to acknowledge a message", 0, 1);
+            return;
+        }
+        o->acks = a;
+        o->capacks = cap;
+    }
+    o->acks[o->nacks++] = ack;
+    p2p_write(n, g, peer);
 }
 
-static void p2p_write(struct net *n, struct ngroup *g, int peer);
-static void p2p_read(struct net *n, struct ngroup *g, int peer);
-static void ng_abort_later(struct net *n, struct ngroup *g, int code, const char *why,
-                           int tell_others);
+/* An ack from peer for one of our sends (its header h, checked): the oldest send of
+ * that pair waiting for one completes with the receiver's verdict. */
+static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct data_op_hdr *h)
+{
+    struct p2p_out *o = &g->out[peer];
+    struct net_task **pp = &o->wait_head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct net_task *t = *pp;
+        if ((uint32_t)t->root != h->src_rank || (uint32_t)my_rank(g, t) != h->dst_rank) continue;
+        *pp = t->next;
+        if (o->wait_tail == t) o->wait_tail = prev;
+        char w[160] = "";
+        int st = h->root == COLL_OK ? COLL_OK : COLL_ERR_MISMATCH;
+        if (st != COLL_OK)
+            snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                     h->dst_rank, (unsigned long long)t->count,
+                     coll_dtype_name((coll_dtype)t->dtype), h->src_rank,
+                     (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
+        return_task_why(n, t, st, w);
+        return 0;
+    }
+    return -1;
+}
 
 /* The send/recv connection to peer broke: that pod is leaving. Collectives already
  * queued may still complete, so the epoch ends once they have (ng_abort_later). */
@@ -468,7 +530,7 @@ static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
                    t->count * coll_dtype_size((coll_dtype)t->dtype));
         struct data_op_hdr h = u->hdr;
         unx_free(g, u);
-        p2p_finish(n, t, &h);
+        p2p_finish(n, g, t, &h);
         return;
     }
     /* or parked in its sender's socket: read it straight into this receive */
@@ -491,6 +553,22 @@ static void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
 static void p2p_write(struct net *n, struct ngroup *g, int peer)
 {
     struct p2p_out *o = &g->out[peer];
+    while (o->done == 0 && o->nacks && g->pfds[peer] >= 0) { /* acks go between messages */
+        ssize_t r = write(g->pfds[peer], (char *)&o->acks[0] + o->acks_done,
+                          sizeof(o->acks[0]) - o->acks_done);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (r < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "ack to node %d: %s", peer, strerror(errno));
+            p2p_lost(n, g, peer, why);
+            return;
+        }
+        o->acks_done += (size_t)r;
+        if (o->acks_done < sizeof(o->acks[0])) return;
+        o->acks_done = 0;
+        memmove(o->acks, o->acks + 1, (o->nacks - 1) * sizeof(*o->acks));
+        o->nacks--;
+    }
     while (o->head && g->pfds[peer] >= 0) {
         struct net_task *t = o->head;
         size_t bytes = t->count * coll_dtype_size((coll_dtype)t->dtype);
@@ -521,7 +599,16 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
             o->head = t->next;
             if (!o->head) o->tail = NULL;
             o->done = 0;
-            return_task(n, t, COLL_OK);
+            t->next = NULL; /* now its receive's ack completes it */
+            if (o->wait_tail)
+                o->wait_tail->next = t;
+            else
+                o->wait_head = t;
+            o->wait_tail = t;
+            if (o->nacks) {
+                p2p_write(n, g, peer); /* acks queued meanwhile */
+                return;
+            }
         }
     }
 }
@@ -569,6 +656,17 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 return;
             }
             in->plen = (size_t)plen;
+            if (h->kind == WIRE_OP_RECV) { /* an ack: no payload */
+                struct data_op_hdr ack = *h;
+                memset(in, 0, sizeof(*in));
+                if (p2p_acked(n, g, peer, &ack) < 0) {
+                    char why[160];
+                    snprintf(why, sizeof(why), "node %d acknowledged a send it was never sent", peer);
+                    ng_abort(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    return;
+                }
+                continue;
+            }
             in->pgot = 0;
             struct net_task **pp = &g->posted_head, *prev = NULL;
             for (; *pp; prev = *pp, pp = &(*pp)->next) {
@@ -604,7 +702,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
         if (in->pgot < in->plen) continue;
         /* a whole message */
         if (in->task) {
-            p2p_finish(n, in->task, &in->hdr);
+            p2p_finish(n, g, in->task, &in->hdr);
         } else {
             /* its receive may have been posted while the bytes were arriving */
             struct unexpected *u = in->unx;
@@ -621,7 +719,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                     memcpy(match->recv[match->local_slot], u->data, in->plen);
                 struct data_op_hdr h = u->hdr;
                 unx_free(g, u);
-                p2p_finish(n, match, &h);
+                p2p_finish(n, g, match, &h);
             } else {
                 u->next = NULL;
                 if (g->unx_tail)
@@ -1176,8 +1274,11 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
     /* sends and receives in flight */
     int64_t oldest = INT64_MAX;
     if (g->posted_head) oldest = g->posted_head->deadline_ns;
-    for (int p = 0; p < g->nodes; p++)
+    for (int p = 0; p < g->nodes; p++) {
         if (g->out[p].head && g->out[p].head->deadline_ns < oldest) oldest = g->out[p].head->deadline_ns;
+        if (g->out[p].wait_head && g->out[p].wait_head->deadline_ns < oldest)
+            oldest = g->out[p].wait_head->deadline_ns;
+    }
     if (oldest <= t) {
         char why[160];
         snprintf(why, sizeof(why), "a send or receive found no partner in %d ms",
@@ -1559,7 +1660,7 @@ static void *net_main(void *arg)
                     items[ni++] = (zmq_pollitem_t){
                         .fd = g->pfds[p],
                         .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
-                                          (g->out[p].head ? ZMQ_POLLOUT : 0))};
+                                          (g->out[p].head || g->out[p].nacks ? ZMQ_POLLOUT : 0))};
         }
         if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
         if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
@@ -1796,6 +1897,8 @@ void net_free(struct net **np)
         if (!n->groups || !n->groups[i]) continue;
         close_data(n->groups[i]);
         close_grave(n->groups[i]);
+        for (int p = 0; p < RDV_MAX_NODES; p++)
+            free(n->groups[i]->out[p].acks);
         free(n->groups[i]->tiny);
         free(n->groups[i]->scratch[0]);
         free(n->groups[i]->scratch[1]);

@@ -166,9 +166,9 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
                         uint64_t *bytes, char *why, size_t whylen)
 {
     size_t es = h->dtype < COLL_DTYPE_COUNT ? coll_dtype_size((coll_dtype)h->dtype) : 0;
-    if (h->magic != DATA_MAGIC || h->kind != WIRE_OP_SEND || !es) {
-        snprintf(why, whylen, "not a send header (magic 0x%08x kind %u dtype %u)", h->magic,
-                 h->kind, h->dtype);
+    if (h->magic != DATA_MAGIC || (h->kind != WIRE_OP_SEND && h->kind != WIRE_OP_RECV) || !es) {
+        snprintf(why, whylen, "not a send header or ack (magic 0x%08x kind %u dtype %u)",
+                 h->magic, h->kind, h->dtype);
         return -1;
     }
     if (nlocal == 0 || h->src_rank / nlocal != peer || h->dst_rank / nlocal != me) {
@@ -180,7 +180,7 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
         snprintf(why, whylen, "send of %llu elements", (unsigned long long)h->count);
         return -1;
     }
-    *bytes = h->count * es;
+    *bytes = h->kind == WIRE_OP_SEND ? h->count * es : 0; /* an ack carries no payload */
     return 0;
 }
 

@@ -146,8 +146,9 @@ enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1, DATA_CH_COLL_BACK = 2, DATA_CH_COUNT =
 int data_hello_check(const struct data_hello *h, char *why, size_t whylen);
 int data_challenge_check(const struct data_challenge *c, char *why, size_t whylen);
 /* The header of a send/recv message that node peer sent to node me (nlocal ranks per
- * node): magic, kind, dtype, both ranks on those nodes, a size below 1 TiB. Sets *bytes
- * to the payload's size. 0, or -1 with why. */
+ * node), or of an ack of one of our sends (kind RECV: root = the receive's status, count
+ * its count, no payload): magic, kind, dtype, both ranks on those nodes, a size below
+ * 1 TiB. Sets *bytes to the payload's size. 0, or -1 with why. */
 int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t peer, uint32_t me,
                         uint64_t *bytes, char *why, size_t whylen);
 

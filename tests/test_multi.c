@@ -707,7 +707,7 @@ static void garbage_frames_are_dropped(void **state)
 /* ---- disagreements between pods --------------------------------------------------------- */
 
 enum { MM_BCAST_ROOTS, MM_REDUCE_ROOTS, MM_ALLREDUCE_VS_BCAST, MM_BIG_BCAST_ROOTS,
-       MM_ALLGATHER_COUNTS, MM_CASES };
+       MM_ALLGATHER_COUNTS, MM_SEND_COUNTS, MM_CASES };
 
 struct mm {
     const char *sock;
@@ -726,8 +726,11 @@ static coll_err mm_submit(coll_group *g, int k, int r, float *x, coll_request *r
                       : coll_broadcast(g, x, x, 16, COLL_FLOAT32, 1, NULL, req);
     case MM_BIG_BCAST_ROOTS:
         return coll_broadcast(g, x, x, 1 << 20, COLL_FLOAT32, r, NULL, req);
-    default:
+    case MM_ALLGATHER_COUNTS:
         return coll_allgather(g, x, x + 64, 16 + (size_t)r, COLL_FLOAT32, NULL, req);
+    default: /* a send of 50 against a receive of 100 */
+        return r == 0 ? coll_send(g, x, 50, COLL_FLOAT32, 1, NULL, req)
+                      : coll_recv(g, x, 100, COLL_FLOAT32, 0, NULL, req);
     }
 }
 
@@ -752,7 +755,9 @@ static int mismatch_main(void *arg)
                     info.rank, coll_strerror(e), ms, coll_last_error());
             return 110 + k;
         }
-        if (!strstr(coll_last_error(), "this node")) { /* both sides' ops in the text */
+        const char *both = k == MM_SEND_COUNTS ? "sent 50 of float32; the receive on rank 1 is for 100"
+                                               : "this node";
+        if (!strstr(coll_last_error(), both)) { /* both sides' ops in the text */
             fprintf(stderr, "case %d rank %d: '%s' does not name both ops\n", k, info.rank,
                     coll_last_error());
             return 120 + k;
@@ -771,8 +776,9 @@ static int mismatch_main(void *arg)
 
 /* Found on c65a60e: across two pods, broadcast with different roots returned OK on both
  * with nothing exchanged, reduce with different roots waited for its timeout, allreduce
- * against broadcast gave PEER_LOST to one rank. Now every rank gets MISMATCH at once,
- * naming both ops, and the group serves the next op. */
+ * against broadcast gave PEER_LOST to one rank, a send of 50 against a receive of 100 gave
+ * the sender OK. Now every rank gets MISMATCH at once, naming both ops, and the group
+ * serves the next op. */
 static void disagreements_between_pods_are_mismatches(void **state)
 {
     (void)state;
