@@ -17,6 +17,7 @@
 #include "coll/coll.h"
 #include "log.h"
 #include "net.h"
+#include "util.h"
 
 #define WMASK (WIRE_RING_ENTRIES - 1u)
 
@@ -27,7 +28,6 @@ struct gtask {
     struct gtask *free_next;
     int live;
 };
-#define NS_PER_MS 1000000LL
 
 /* Devices of the slots and the task pool of a group on the NCCL backend. */
 static int gpu_setup(struct group *g)
@@ -496,24 +496,13 @@ static void break_local(struct group *g, int err, const char *why)
             old, g->epoch, coll_strerror(err), failed, why);
 }
 
-static int is_reducing(unsigned kind)
-{
-    return kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE ||
-           kind == WIRE_OP_REDUCE_SCATTER;
-}
-
-static int is_rooted(unsigned kind)
-{
-    return kind == WIRE_OP_BROADCAST || kind == WIRE_OP_REDUCE;
-}
-
 static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
 {
     if (a->kind != b->kind) return 0;
     if (a->kind == WIRE_OP_BARRIER) return 1;
     if (a->dtype != b->dtype || a->count != b->count) return 0;
-    if (is_reducing(a->kind) && a->redop != b->redop) return 0;
-    if (is_rooted(a->kind) && a->peer != b->peer) return 0;
+    if (wire_kind_reduces(a->kind) && a->redop != b->redop) return 0;
+    if (wire_kind_rooted(a->kind) && a->peer != b->peer) return 0;
     return 1;
 }
 

@@ -26,6 +26,7 @@
 #include "net.h"
 #include "ring.h"
 #include "session.h"
+#include "util.h"
 
 #define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
@@ -36,12 +37,6 @@
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 struct group *server_find_group(struct server *srv, const char *name)
 {

@@ -42,8 +42,8 @@
 #include "rdv_wire.h"
 #include "security.h"
 #include "wire.h"
+#include "util.h"
 
-#define NS_PER_MS 1000000LL
 #define ZMQ_ID_MAX 256
 #define MAX_PENDING_ACCEPTS 256
 #define PENDING_HELLO_NS (3000 * NS_PER_MS)   /* a connection must say who it is this fast */
@@ -198,12 +198,6 @@ struct net {
     int64_t last_service;
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 /* ---- queues -------------------------------------------------------------------- */
 

@@ -24,15 +24,9 @@
 #include "ipc_server.h"
 #include "log.h"
 #include "ring.h"
+#include "util.h"
 
-#define NS_PER_MS 1000000LL
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid)
 {

@@ -45,6 +45,7 @@
 
 #include "cudrv.h"
 #include "lcgpu.h"
+#include "util.h"
 #endif
 
 /* ---- backend table (probe only: the data path is the launchers below) ---------- */
@@ -104,12 +105,6 @@ const struct backend_ops backend_nccl = {
     .run = nccl_run,
 };
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 #ifndef COLL_HAVE_NCCL
 

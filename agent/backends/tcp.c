@@ -32,16 +32,11 @@
 #include "../reduce.h"
 #include "coll/coll.h"
 #include "wire.h"
+#include "util.h"
 
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
 #define EXCHANGE_SPINS 50
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 /* ---- transfers ---------------------------------------------------------------------- */
 
@@ -261,18 +256,13 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-static int is_reducing(int kind)
-{
-    return kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE || kind == WIRE_OP_REDUCE_SCATTER;
-}
-
 static int check_hdr(struct opctx *o, int peer)
 {
     const struct data_op_hdr *a = &o->hdr, *b = &o->peer_hdr[peer];
     int ok = b->magic == DATA_MAGIC && b->kind == a->kind && b->dtype == a->dtype &&
              b->count == a->count && b->seq == a->seq;
-    if (ok && is_reducing(a->kind)) ok = b->redop == a->redop;
-    if (ok && (a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE)) ok = b->root == a->root;
+    if (ok && wire_kind_reduces(a->kind)) ok = b->redop == a->redop;
+    if (ok && wire_kind_rooted(a->kind)) ok = b->root == a->root;
     if (ok) return COLL_OK;
     return failf(o, COLL_ERR_MISMATCH,
                  "node %d runs %s dtype %u count %llu op %u root %d (#%llu), this node %s dtype "

@@ -26,6 +26,7 @@
 #include "lcgpu.h"
 #include "ring.h"
 #include "wire.h"
+#include "util.h"
 
 #define DEFAULT_SOCKET "/tmp/coll-agent.sock"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -132,12 +133,6 @@ struct coll_conn {
 static void reap(coll_conn *c);
 static void sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req);
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 static int env_int(const char *name, int def)
 {

@@ -165,6 +165,16 @@ enum wire_kind {
 };
 
 const char *wire_kind_name(unsigned kind);
+/* Whether ops of kind take a reduction (allreduce, reduce, reduce_scatter) / a root
+ * (broadcast, reduce): what participants must agree on beyond kind, dtype and count. */
+static inline int wire_kind_reduces(unsigned kind)
+{
+    return kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE || kind == WIRE_OP_REDUCE_SCATTER;
+}
+static inline int wire_kind_rooted(unsigned kind)
+{
+    return kind == WIRE_OP_BROADCAST || kind == WIRE_OP_REDUCE;
+}
 
 #define WIRE_BUF_NONE 0u
 
