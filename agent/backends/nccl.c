@@ -7,10 +7,11 @@
  * no other thread, which is what makes it safe), a stream per communicator, and the
  * order in which NCCL calls are issued. For every op it enqueues, on the
  * communicator's stream: a wait until the client's stream has written the op's ready
- * word, the NCCL call, and a write of the op's done word, which the client's stream
- * can wait on (coll_wait_stream) and which the launcher polls (host memory) to post
- * the host-side completion. No CUDA event and no host round trip sits between the
- * two streams.
+ * word, the NCCL call, a write of the op's done word, which the client's stream can
+ * wait on (coll_wait_stream), and a CUDA event of the agent's own, which the launcher
+ * polls to post the host-side completion (the done word is in memory the client can
+ * write, so it proves nothing to the agent). No interprocess event and no host round
+ * trip sits between the two streams. Builds without CUDA use nccl_none.c instead.
  *
  * Failures: communicators are created non-blocking and polled against a deadline;
  * one with several ranks is then split (also non-blocking, same deadline) into a
@@ -39,20 +40,17 @@
 #include "ring.h"
 #include "wire.h"
 
-#ifdef COLL_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include "cudrv.h"
 #include "lcgpu.h"
 #include "util.h"
-#endif
 
 /* ---- backend table (probe only: the data path is the launchers below) ---------- */
 
 static int nccl_probe(char *why, size_t whylen)
 {
-#ifdef COLL_HAVE_NCCL
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (ce != cudaSuccess) {
@@ -72,10 +70,6 @@ static int nccl_probe(char *why, size_t whylen)
     ncclGetVersion(&ver);
     snprintf(why, whylen, "NCCL %d, %d GPU(s)", ver, ndev);
     return 0;
-#else
-    snprintf(why, whylen, "built without CUDA and NCCL");
-    return -1;
-#endif
 }
 
 static int dummy_ctx;
@@ -105,89 +99,6 @@ const struct backend_ops backend_nccl = {
     .run = nccl_run,
 };
 
-
-#ifndef COLL_HAVE_NCCL
-
-/* ---- without CUDA: every entry point says so ------------------------------------ */
-
-struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen)
-{
-    (void)devices, (void)ndevices;
-    snprintf(why, whylen, "built without CUDA and NCCL");
-    return NULL;
-}
-void gpu_stop(struct gpu *g)
-{
-    (void)g;
-}
-void gpu_free(struct gpu **g)
-{
-    if (g) *g = NULL;
-}
-void gpu_submit(struct gpu *g, struct gpu_task *t)
-{
-    (void)g;
-    (void)t;
-}
-void gpu_engine_sleeping(struct gpu *g, int v)
-{
-    (void)g, (void)v;
-}
-int gpu_notify_fd(const struct gpu *g)
-{
-    (void)g;
-    return -1;
-}
-struct gpu_task *gpu_collect(struct gpu *g)
-{
-    (void)g;
-    return NULL;
-}
-int gpu_has_results(struct gpu *g)
-{
-    (void)g;
-    return 0;
-}
-int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
-{
-    (void)id;
-    snprintf(why, whylen, "built without NCCL");
-    return -1;
-}
-int gpu_resolve_device(const char *spec, char *why, size_t whylen)
-{
-    (void)spec;
-    snprintf(why, whylen, "built without CUDA");
-    return -1;
-}
-struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
-                                size_t whylen, int *code)
-{
-    (void)fd, (void)size, (void)uuid;
-    snprintf(why, whylen, "this agent was built without CUDA");
-    *code = COLL_ERR_UNSUPPORTED;
-    return NULL;
-}
-struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
-                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
-{
-    (void)handle, (void)offset, (void)size, (void)uuid;
-    snprintf(why, whylen, "this agent was built without CUDA");
-    *code = COLL_ERR_UNSUPPORTED;
-    return NULL;
-}
-int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
-{
-    (void)p, (void)size, (void)dev_delta;
-    snprintf(why, whylen, "built without CUDA");
-    return -1;
-}
-void gpu_unregister_host(void *p)
-{
-    (void)p;
-}
-
-#else
 
 /* ---- devices and imports --------------------------------------------------------- */
 
@@ -1366,5 +1277,3 @@ void gpu_free(struct gpu **gp)
     free(g->l);
     free(g);
 }
-
-#endif

@@ -1,0 +1,125 @@
+/*
+ * nccl_none.c: the agent's GPU side (gpu.h) and the NCCL backend's table in a build
+ * without CUDA and NCCL (CMake picks this file instead of nccl.c): every entry point
+ * says so, and groups that ask for NCCL are refused with that reason.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../backend.h"
+#include "../gpu.h"
+#include "coll/coll.h"
+
+/* ---- backend table: probes "no" ---------------------------------------------- */
+
+static int nccl_probe(char *why, size_t whylen)
+{
+    snprintf(why, whylen, "built without CUDA and NCCL");
+    return -1;
+}
+
+static int dummy_ctx;
+
+static void *nccl_ctx_new(void)
+{
+    return &dummy_ctx;
+}
+
+static void nccl_ctx_free(void *ctx)
+{
+    (void)ctx;
+}
+
+static int nccl_run(void *ctx, const struct backend_task *t)
+{
+    (void)ctx;
+    (void)t;
+    return COLL_ERR_UNSUPPORTED;
+}
+
+const struct backend_ops backend_nccl = {
+    .name = "nccl",
+    .probe = nccl_probe,
+    .ctx_new = nccl_ctx_new,
+    .ctx_free = nccl_ctx_free,
+    .run = nccl_run,
+};
+
+/* ---- without CUDA: every entry point says so ------------------------------------ */
+
+struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen)
+{
+    (void)devices, (void)ndevices;
+    snprintf(why, whylen, "built without CUDA and NCCL");
+    return NULL;
+}
+void gpu_stop(struct gpu *g)
+{
+    (void)g;
+}
+void gpu_free(struct gpu **g)
+{
+    if (g) *g = NULL;
+}
+void gpu_submit(struct gpu *g, struct gpu_task *t)
+{
+    (void)g;
+    (void)t;
+}
+void gpu_engine_sleeping(struct gpu *g, int v)
+{
+    (void)g, (void)v;
+}
+int gpu_notify_fd(const struct gpu *g)
+{
+    (void)g;
+    return -1;
+}
+struct gpu_task *gpu_collect(struct gpu *g)
+{
+    (void)g;
+    return NULL;
+}
+int gpu_has_results(struct gpu *g)
+{
+    (void)g;
+    return 0;
+}
+int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)
+{
+    (void)id;
+    snprintf(why, whylen, "built without NCCL");
+    return -1;
+}
+int gpu_resolve_device(const char *spec, char *why, size_t whylen)
+{
+    (void)spec;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
+                                size_t whylen, int *code)
+{
+    (void)fd, (void)size, (void)uuid;
+    snprintf(why, whylen, "this agent was built without CUDA");
+    *code = COLL_ERR_UNSUPPORTED;
+    return NULL;
+}
+struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
+                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
+{
+    (void)handle, (void)offset, (void)size, (void)uuid;
+    snprintf(why, whylen, "this agent was built without CUDA");
+    *code = COLL_ERR_UNSUPPORTED;
+    return NULL;
+}
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
+{
+    (void)p, (void)size, (void)dev_delta;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+void gpu_unregister_host(void *p)
+{
+    (void)p;
+}
