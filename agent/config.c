@@ -26,14 +26,14 @@ enum ftype { T_STR, T_INT, T_ENUM, T_INT_LIST, T_STR_LIST, T_MAP, T_MAP_LIST };
 struct field {
     const char *key;
     enum ftype type;
-    size_t off;             /* of the value inside the enclosing struct */
-    size_t size;            /* T_STR: capacity; lists: element size */
-    long long min, max;     /* T_INT and list items */
+    size_t off;         /* of the value inside the enclosing struct */
+    size_t size;        /* T_STR: capacity; lists: element size */
+    long long min, max; /* T_INT and list items */
     const char *const *enums;
-    const char *def;        /* default, parsed like a YAML value; NULL: zero */
+    const char *def;         /* default, parsed like a YAML value; NULL: zero */
     const struct field *sub; /* T_MAP, T_MAP_LIST */
-    size_t count_off;       /* lists: int counter */
-    int cap;                /* lists: capacity */
+    size_t count_off;        /* lists: int counter */
+    int cap;                 /* lists: capacity */
     int required;
 };
 
@@ -68,16 +68,16 @@ static const struct field agent_fields[] = {
     {"socket", T_STR, AG(socket), CONFIG_PATH_MAX, 0, 0, NULL,
      "${COLL_AGENT_SOCKET:-" CONFIG_DEFAULT_SOCKET "}", NULL, 0, 0, 0},
     {"socket_mode", T_INT, AG(socket_mode), 0, 0, 0777, NULL, "0660", NULL, 0, 0, 0},
-    {"allowed_uids", T_INT_LIST, AG(allowed_uids), sizeof(long long), 0, 4294967294LL, NULL,
-     NULL, NULL, AG(nallowed_uids), CONFIG_MAX_IDS, 0},
-    {"allowed_gids", T_INT_LIST, AG(allowed_gids), sizeof(long long), 0, 4294967294LL, NULL,
-     NULL, NULL, AG(nallowed_gids), CONFIG_MAX_IDS, 0},
+    {"allowed_uids", T_INT_LIST, AG(allowed_uids), sizeof(long long), 0, 4294967294LL, NULL, NULL,
+     NULL, AG(nallowed_uids), CONFIG_MAX_IDS, 0},
+    {"allowed_gids", T_INT_LIST, AG(allowed_gids), sizeof(long long), 0, 4294967294LL, NULL, NULL,
+     NULL, AG(nallowed_gids), CONFIG_MAX_IDS, 0},
     {"log_level", T_ENUM, AG(log_level), 0, 0, 0, level_names, "info", NULL, 0, 0, 0},
     {"log_format", T_ENUM, AG(log_format), 0, 0, 0, format_names, "logfmt", NULL, 0, 0, 0},
     {"spin_us", T_INT, AG(spin_us), 0, 0, 1000000, NULL, "200", NULL, 0, 0, 0},
     {"max_sessions", T_INT, AG(max_sessions), 0, 1, 4096, NULL, "256", NULL, 0, 0, 0},
-    {"handshake_timeout_ms", T_INT, AG(handshake_timeout_ms), 0, 1, 600000, NULL, "5000", NULL,
-     0, 0, 0},
+    {"handshake_timeout_ms", T_INT, AG(handshake_timeout_ms), 0, 1, 600000, NULL, "5000", NULL, 0,
+     0, 0},
     {0},
 };
 
@@ -113,8 +113,8 @@ static const struct field root_fields[] = {
     {"node", T_MAP, 0, 0, 0, 0, NULL, NULL, node_fields, 0, 0, 0},
     {"discovery", T_MAP, 0, 0, 0, 0, NULL, NULL, discovery_fields, 0, 0, 0},
     {"security", T_MAP, 0, 0, 0, 0, NULL, NULL, security_fields, 0, 0, 0},
-    {"groups", T_MAP_LIST, offsetof(struct config, groups), sizeof(struct group_config), 0, 0,
-     NULL, NULL, group_fields, offsetof(struct config, ngroups), CONFIG_MAX_GROUPS, 1},
+    {"groups", T_MAP_LIST, offsetof(struct config, groups), sizeof(struct group_config), 0, 0, NULL,
+     NULL, group_fields, offsetof(struct config, ngroups), CONFIG_MAX_GROUPS, 1},
     {0},
 };
 
@@ -129,11 +129,11 @@ struct loader {
     int more; /* errors past CONFIG_MAX_ERRORS, counted only */
 };
 
-static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path,
-                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path, const char *fmt,
+                      ...) __attribute__((format(printf, 4, 5)));
 
-static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path,
-                      const char *fmt, ...)
+static void add_error(struct loader *ld, const yaml_mark_t *mark, const char *path, const char *fmt,
+                      ...)
 {
     if (ld->nerr >= CONFIG_MAX_ERRORS) {
         ld->more++;
@@ -276,8 +276,7 @@ static int parse_int(struct loader *ld, yaml_node_t *n, const char *path, long l
         return -1;
     }
     if (v < min || v > max) {
-        add_error(ld, &n->start_mark, path, "value %lld is out of range [%lld, %lld]", v, min,
-                  max);
+        add_error(ld, &n->start_mark, path, "value %lld is out of range [%lld, %lld]", v, min, max);
         return -1;
     }
     *out = v;
@@ -297,8 +296,8 @@ static int parse_str(struct loader *ld, yaml_node_t *n, const char *path, char *
     return 0;
 }
 
-static int parse_enum(struct loader *ld, yaml_node_t *n, const char *path,
-                      const char *const *names, int *out)
+static int parse_enum(struct loader *ld, yaml_node_t *n, const char *path, const char *const *names,
+                      int *out)
 {
     char buf[256];
     const char *s = scalar_text(ld, n, path, "a word", buf, sizeof(buf));
@@ -598,8 +597,7 @@ static int check_shape(struct loader *ld, const char *text, size_t len)
     return rc;
 }
 
-int config_load_string(struct config *c, const char *text, size_t len, const char *name,
-                       char **err)
+int config_load_string(struct config *c, const char *text, size_t len, const char *name, char **err)
 {
     struct loader ld = {.name = name};
     yaml_parser_t parser;
@@ -753,8 +751,8 @@ void config_dump(const struct config *c, FILE *out)
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static void collect_paths(const struct field *fields, const char *prefix, const char **out,
-                          int *n, char (*store)[96])
+static void collect_paths(const struct field *fields, const char *prefix, const char **out, int *n,
+                          char (*store)[96])
 {
     for (const struct field *f = fields; f->key; f++) {
         snprintf(store[*n], 96, "%s%s%s%s", prefix, *prefix ? "." : "", f->key,

@@ -52,8 +52,8 @@ struct gpu_task {
     int64_t init_ms; /* deadline for creating the communicator */
     /* set by the launcher */
     int status;
-    int created_comm;      /* this op waited for the communicator to be created */
-    int comm_failed;       /* the communicator broke: the group needs a new generation */
+    int created_comm; /* this op waited for the communicator to be created */
+    int comm_failed;  /* the communicator broke: the group needs a new generation */
     char why[160];
 };
 

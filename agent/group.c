@@ -43,7 +43,8 @@ static int gpu_setup(struct group *g)
     for (int k = 0; k < g->nslots; k++) {
         char why[160], spec[16];
         if (!cfg->ndevices) snprintf(spec, sizeof(spec), "%d", k);
-        g->gpu_dev[k] = gpu_resolve_device(cfg->ndevices ? cfg->devices[k] : spec, why, sizeof(why));
+        g->gpu_dev[k] =
+            gpu_resolve_device(cfg->ndevices ? cfg->devices[k] : spec, why, sizeof(why));
         if (g->gpu_dev[k] < 0) {
             snprintf(g->backend_why, sizeof(g->backend_why), "slot %d: %s", k, why);
             return -1;
@@ -81,8 +82,7 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
     g->rounds[0].ops = calloc(nops, sizeof(struct op));
     g->rounds[0].present = calloc(nops, 1);
     g->p2p_pool = calloc(nops, sizeof(struct op));
-    if (!g->slots || !g->rounds[0].ops || !g->rounds[0].present || !g->p2p_pool)
-        goto fail_memory;
+    if (!g->slots || !g->rounds[0].ops || !g->rounds[0].present || !g->p2p_pool) goto fail_memory;
     struct op *ops = g->rounds[0].ops;
     uint8_t *present = g->rounds[0].present;
     for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
@@ -135,9 +135,9 @@ void group_fini(struct group *g)
                 (unsigned long long)g->inline_count[0]);
     if (g->be && g->be_ctx) g->be->ctx_free(g->be_ctx);
     if (g->gpu_dev)
-        log_msg(LOG_INFO, "group.stats", "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u",
-                g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
-                g->comm_gen);
+        log_msg(LOG_INFO, "group.stats",
+                "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u", g->cfg->name,
+                (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed, g->comm_gen);
     free(g->gpu_dev);
     free(g->gt_pool);
     free(g->rounds[0].ops);
@@ -309,8 +309,10 @@ void group_net_formed(struct group *g, const struct net_event *ev)
 {
     if (!g->gpu_dev) return;
     if (!ev->has_commid) {
-        log_msg(LOG_ERROR, "group.commid", "group=%s epoch=%u error=\"the coordinator sent no "
-                "NCCL id (its backend for this group is not nccl?)\"", g->cfg->name, ev->epoch);
+        log_msg(LOG_ERROR, "group.commid",
+                "group=%s epoch=%u error=\"the coordinator sent no "
+                "NCCL id (its backend for this group is not nccl?)\"",
+                g->cfg->name, ev->epoch);
         return;
     }
     g->comm_gen = g->commid_gen = ev->epoch;
@@ -492,8 +494,8 @@ static void break_local(struct group *g, int err, const char *why)
     for (int k = 0; k < g->nslots; k++)
         g->slots[k].next_seq = 0;
     log_msg(failed && err != COLL_ERR_SHUTDOWN ? LOG_WARN : LOG_INFO, "group.epoch",
-            "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"", g->cfg->name,
-            old, g->epoch, coll_strerror(err), failed, why);
+            "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"",
+            g->cfg->name, old, g->epoch, coll_strerror(err), failed, why);
 }
 
 static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
@@ -576,8 +578,8 @@ static void submit_collective(struct group *g, int slot, struct op *op)
         r->deadline_ns = op->deadline_ns;
     } else if (r->seq != seq || r->present[slot]) {
         /* cannot happen while sessions respect the in-flight limit the agent enforces */
-        log_msg(LOG_ERROR, "group.window", "group=%s slot=%d seq=%llu busy_with=%llu",
-                g->cfg->name, slot, (unsigned long long)seq, (unsigned long long)r->seq);
+        log_msg(LOG_ERROR, "group.window", "group=%s slot=%d seq=%llu busy_with=%llu", g->cfg->name,
+                slot, (unsigned long long)seq, (unsigned long long)r->seq);
         finish_op(g, op, COLL_ERR_INTERNAL, "the op window of the group is out of step");
         return;
     }
@@ -590,12 +592,11 @@ static void submit_collective(struct group *g, int slot, struct op *op)
             describe(&r->ops[first].sqe, a, sizeof(a));
             describe(&op->sqe, b, sizeof(b));
             log_msg(LOG_WARN, "group.mismatch",
-                    "group=%s epoch=%u seq=%llu rank=%d op=\"%s\" rank=%d op=\"%s\"",
-                    g->cfg->name, g->epoch, (unsigned long long)seq, r->ops[first].rank, a,
-                    op->rank, b);
+                    "group=%s epoch=%u seq=%llu rank=%d op=\"%s\" rank=%d op=\"%s\"", g->cfg->name,
+                    g->epoch, (unsigned long long)seq, r->ops[first].rank, a, op->rank, b);
             r->status = COLL_ERR_MISMATCH;
-            snprintf(r->why, sizeof(r->why), "rank %d: %.60s; rank %d: %.60s",
-                     r->ops[first].rank, a, op->rank, b);
+            snprintf(r->why, sizeof(r->why), "rank %d: %.60s; rank %d: %.60s", r->ops[first].rank,
+                     a, op->rank, b);
         }
     }
     r->ops[slot] = *op;
@@ -629,8 +630,8 @@ static void submit_p2p(struct group *g, struct op *op)
             char a[128], b[128];
             describe(&snd->sqe, a, sizeof(a));
             describe(&rcv->sqe, b, sizeof(b));
-            log_msg(LOG_WARN, "group.mismatch", "group=%s send=\"%s\" recv=\"%s\"", g->cfg->name,
-                    a, b);
+            log_msg(LOG_WARN, "group.mismatch", "group=%s send=\"%s\" recv=\"%s\"", g->cfg->name, a,
+                    b);
             status = COLL_ERR_MISMATCH;
         } else {
             void *s[1] = {snd->send}, *d[1] = {rcv->recv};
@@ -698,7 +699,6 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     r = &g->rounds[g->lo_seq & WMASK];
     if (r->arrived) next = r->deadline_ns;
     if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
-    if (g->gwait_head && g->gwait_head->op.deadline_ns < next)
-        next = g->gwait_head->op.deadline_ns;
+    if (g->gwait_head && g->gwait_head->op.deadline_ns < next) next = g->gwait_head->op.deadline_ns;
     return next;
 }

@@ -24,7 +24,7 @@ struct net_task;
 /* A submitted op, as the agent holds it until completion. */
 struct op {
     struct session *s;
-    struct wire_sqe sqe; /* snapshot taken from the ring */
+    struct wire_sqe sqe;    /* snapshot taken from the ring */
     struct buffer *sb, *rb; /* references held while in flight */
     struct buffer *sync;    /* GPU ops: the session region (stream-order words) */
     void *send, *recv;      /* resolved addresses (NULL if unused) */
@@ -50,8 +50,8 @@ struct round {
     int status;
     char why[WIRE_WHY_MAX]; /* with status: the disagreement */
     int64_t deadline_ns;
-    struct op *ops;      /* [nslots] */
-    uint8_t *present;    /* [nslots] */
+    struct op *ops;   /* [nslots] */
+    uint8_t *present; /* [nslots] */
 };
 
 struct group {
@@ -71,7 +71,7 @@ struct group {
     uint64_t ops_done, ops_failed;
     /* groups that span several pods: matched ops go to the net thread */
     struct net *net;
-    int index; /* in the config, as the net thread knows it */
+    int index;                  /* in the config, as the net thread knows it */
     struct net_task *task_pool; /* WIRE_RING_ENTRIES x nslots tasks, each with nslots ops */
     struct net_task *task_free;
     struct net_task *in_net; /* tasks lent to the net thread (engine_next list) */
@@ -80,14 +80,14 @@ struct group {
     uint64_t inline_count[3]; /* by net_inline's answer: queued, run here, handed over */
     /* groups on the NCCL backend: ops go to the GPU launchers */
     struct gpu *gpu;
-    int *gpu_dev;            /* [nslots] the agent's GPU ordinal of each slot */
+    int *gpu_dev; /* [nslots] the agent's GPU ordinal of each slot */
     struct gtask *gt_pool, *gt_free;
     size_t gt_count;
-    uint32_t comm_gen;       /* one pod: bumped when a communicator breaks; several: the
-                                net epoch whose id commid is */
-    int gpu_formed;          /* several pods: the net epoch is formed, commid is valid */
+    uint32_t comm_gen; /* one pod: bumped when a communicator breaks; several: the
+                          net epoch whose id commid is */
+    int gpu_formed;    /* several pods: the net epoch is formed, commid is valid */
     struct gtask *gwait_head, *gwait_tail; /* matched before the epoch formed */
-    uint32_t commid_gen;     /* generation commid belongs to (0: none yet) */
+    uint32_t commid_gen;                   /* generation commid belongs to (0: none yet) */
     uint8_t commid[GPU_COMMID_BYTES];
     uint64_t gpu_inflight, comms_created;
 };

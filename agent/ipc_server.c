@@ -28,15 +28,14 @@
 #include "session.h"
 #include "util.h"
 
-#define CTL_POLL_NS 50000LL   /* look at sockets this often while spinning */
+#define CTL_POLL_NS 50000LL /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
-#define SPIN_PAUSE_NS 5000LL /* of the spin window, spent in pause before yielding */
-#define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
+#define SPIN_PAUSE_NS 5000LL       /* of the spin window, spent in pause before yielding */
+#define IDLE_RESET_NS 1000000LL    /* a sleep longer than this (+ spin) ends a burst */
 #define NET_LONG_BYTES (64 * 1024) /* a net op this large takes longer than a spin is worth */
 
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
-
 
 struct group *server_find_group(struct server *srv, const char *name)
 {
@@ -95,7 +94,8 @@ static int start_gpu(struct server *srv)
         return -1;
     }
     for (int i = 0; i < srv->ngroups; i++)
-        if (srv->groups[i].gpu_dev && srv->groups[i].be) group_set_gpu(&srv->groups[i], srv->gpu, i);
+        if (srv->groups[i].gpu_dev && srv->groups[i].be)
+            group_set_gpu(&srv->groups[i], srv->gpu, i);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_gpu};
     return epoll_ctl(srv->epfd, EPOLL_CTL_ADD, gpu_notify_fd(srv->gpu), &ev);
 }
@@ -299,8 +299,7 @@ static int64_t check_deadlines(struct server *srv, int64_t now)
             drop_session(srv, s);
         } else if (s->handshake_deadline_ns <= now) {
             log_msg(LOG_WARN, "session.handshake_timeout", "session=%llu pid=%d timeout_ms=%d",
-                    (unsigned long long)s->id, (int)s->pid,
-                    srv->cfg->agent.handshake_timeout_ms);
+                    (unsigned long long)s->id, (int)s->pid, srv->cfg->agent.handshake_timeout_ms);
             session_send_error(s, 0, COLL_ERR_TIMEOUT, "no HELLO in time");
             drop_session(srv, s);
         } else if (s->handshake_deadline_ns < next) {

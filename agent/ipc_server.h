@@ -18,8 +18,8 @@ struct session;
 struct net;
 
 struct server_stats {
-    uint64_t sleeps;       /* times the engine went to sleep in epoll */
-    uint64_t ops;          /* ops taken from rings */
+    uint64_t sleeps; /* times the engine went to sleep in epoll */
+    uint64_t ops;    /* ops taken from rings */
     uint64_t sessions_opened, sessions_dropped;
 };
 

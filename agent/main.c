@@ -17,21 +17,20 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: coll-agent [--config FILE] [--check-config FILE] [--version] [--help]\n"
-            "       coll-agent keygen DIR\n"
-            "\n"
-            "  keygen DIR               make the CURVE key files of a deployment in DIR\n"
-            "                           (server.pub, server.key, client.pub, client.key;\n"
-            "                           security.keys names DIR; never overwrites)\n"
-            "  -c, --config FILE        load FILE (YAML); without it the embedded default\n"
-            "                           config is used (one pod, group 'demo', 4 slots)\n"
-            "  -k, --check-config FILE  validate FILE, print the effective config, exit\n"
-            "  -V, --version            print the version and exit\n"
-            "  -h, --help               this text\n"
-            "\n"
-            "Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad config or usage.\n"
-            "Config keys: config/README.md. Logs: one line per event on stderr.\n");
+    fprintf(out, "usage: coll-agent [--config FILE] [--check-config FILE] [--version] [--help]\n"
+                 "       coll-agent keygen DIR\n"
+                 "\n"
+                 "  keygen DIR               make the CURVE key files of a deployment in DIR\n"
+                 "                           (server.pub, server.key, client.pub, client.key;\n"
+                 "                           security.keys names DIR; never overwrites)\n"
+                 "  -c, --config FILE        load FILE (YAML); without it the embedded default\n"
+                 "                           config is used (one pod, group 'demo', 4 slots)\n"
+                 "  -k, --check-config FILE  validate FILE, print the effective config, exit\n"
+                 "  -V, --version            print the version and exit\n"
+                 "  -h, --help               this text\n"
+                 "\n"
+                 "Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad config or usage.\n"
+                 "Config keys: config/README.md. Logs: one line per event on stderr.\n");
 }
 
 static struct config *load(const char *path)
@@ -75,7 +74,8 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("CURVE keys written to %s (give every pod of the deployment the same four "
-               "files, e.g. as a Kubernetes Secret)\n", argv[2]);
+               "files, e.g. as a Kubernetes Secret)\n",
+               argv[2]);
         return 0;
     }
     const char *config_path = NULL, *check_path = NULL;
@@ -123,8 +123,8 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    log_msg(LOG_INFO, "agent.start", "version=%s config=\"%s\" pid=%d", coll_version(),
-            cfg->source, (int)getpid());
+    log_msg(LOG_INFO, "agent.start", "version=%s config=\"%s\" pid=%d", coll_version(), cfg->source,
+            (int)getpid());
     struct server srv;
     int rc = server_init(&srv, cfg);
     if (rc == 0) rc = server_run(&srv);

@@ -58,7 +58,7 @@
 #define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
 #define JOIN_BACKOFF_MIN_NS (50 * NS_PER_MS)
 #define JOIN_BACKOFF_MAX_NS (2000 * NS_PER_MS)
-#define NET_SPIN_NS 200000LL /* keep looking for ops this long after the last one */
+#define NET_SPIN_NS 200000LL     /* keep looking for ops this long after the last one */
 #define INLINE_BUDGET_NS 50000LL /* the engine gives a tiny op this long, then hands it over */
 
 struct coord_peer {
@@ -93,7 +93,7 @@ struct unexpected {
 struct p2p_in {
     struct data_op_hdr hdr;
     size_t hgot, pgot, plen;
-    struct net_task *task; /* the matched receive, or NULL */
+    struct net_task *task;  /* the matched receive, or NULL */
     struct unexpected *unx; /* or where the payload goes */
     int discard;            /* mismatched: read and drop the payload */
     int parked;             /* header read, no receive, too large to copy: wait for one */
@@ -105,10 +105,10 @@ struct ngroup {
     int nodes, me, nlocal;
     uint64_t config_hash, name_hash;
     /* epoch state */
-    uint32_t epoch;      /* committed epoch, or the last one (0: never) */
+    uint32_t epoch; /* committed epoch, or the last one (0: never) */
     int committed, ready;
-    int awaiting_mark;   /* aborted by the net: hold ops until the engine's mark */
-    int abort_pending;   /* the epoch is ending: finish the ops all pods have, then abort */
+    int awaiting_mark;        /* aborted by the net: hold ops until the engine's mark */
+    int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
     struct net_task *running; /* the op tcp_run is moving, off the queue */
     /* tiny ops the engine runs itself (net_inline) */
     struct tcp_tiny *tiny;
@@ -117,8 +117,8 @@ struct ngroup {
     char inline_why[160];
     int abort_code;
     char abort_why[RDV_MSG_MAX];
-    uint32_t floor;      /* ops of engine epochs below this fail */
-    int gpu;             /* the group runs on NCCL: epochs carry a communicator id */
+    uint32_t floor; /* ops of engine epochs below this fail */
+    int gpu;        /* the group runs on NCCL: epochs carry a communicator id */
     int has_commid;
     uint8_t commid[RDV_COMMID_BYTES];
     uint8_t secret[RDV_SECRET_BYTES]; /* the committed epoch's data-plane secret */
@@ -197,7 +197,6 @@ struct net {
     struct log_limit lim_hello, lim_frame, lim_reject;
     int64_t last_service;
 };
-
 
 /* ---- queues -------------------------------------------------------------------- */
 
@@ -411,7 +410,8 @@ static int my_rank(const struct ngroup *g, const struct net_task *t)
 }
 
 /* Does receive t take the message described by h? 1 yes, 0 not for it. */
-static int p2p_matches(const struct ngroup *g, const struct net_task *t, const struct data_op_hdr *h)
+static int p2p_matches(const struct ngroup *g, const struct net_task *t,
+                       const struct data_op_hdr *h)
 {
     return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t);
 }
@@ -478,10 +478,10 @@ static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct dat
         char w[160] = "";
         int st = h->root == COLL_OK ? COLL_OK : COLL_ERR_MISMATCH;
         if (st != COLL_OK)
-            snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
-                     h->dst_rank, (unsigned long long)t->count,
-                     coll_dtype_name((coll_dtype)t->dtype), h->src_rank,
-                     (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
+            snprintf(
+                w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype),
+                h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
         return_task_why(n, t, st, w);
         return 0;
     }
@@ -655,7 +655,8 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 memset(in, 0, sizeof(*in));
                 if (p2p_acked(n, g, peer, &ack) < 0) {
                     char why[160];
-                    snprintf(why, sizeof(why), "node %d acknowledged a send it was never sent", peer);
+                    snprintf(why, sizeof(why), "node %d acknowledged a send it was never sent",
+                             peer);
                     ng_abort(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                     return;
                 }
@@ -787,17 +788,17 @@ static void coord_commit(struct net *n, struct ngroup *g);
  * a member tells the coordinator (which tells the rest). */
 static void send_abort(struct net *n, struct ngroup *g, int code, const char *why)
 {
-        union rdv_msg m;
-        rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
-        m.abort.code = code;
-        m.abort.node_index = (uint32_t)g->me;
-        snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
-        if (g->me == 0) {
-            for (int i = 1; i < g->nodes; i++)
-                if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
-        } else {
-            send_rdv(n, NULL, 0, &m);
-        }
+    union rdv_msg m;
+    rdv_init(&m, RDV_ABORT, g->cfg->name, g->epoch);
+    m.abort.code = code;
+    m.abort.node_index = (uint32_t)g->me;
+    snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
+    if (g->me == 0) {
+        for (int i = 1; i < g->nodes; i++)
+            if (g->peers[i].present) send_rdv(n, g->peers[i].id, g->peers[i].idlen, &m);
+    } else {
+        send_rdv(n, NULL, 0, &m);
+    }
 }
 
 /*
@@ -841,7 +842,8 @@ static void ng_abort(struct net *n, struct ngroup *g, int code, const char *why,
         if (g->join_backoff > JOIN_BACKOFF_MAX_NS) g->join_backoff = JOIN_BACKOFF_MAX_NS;
         uint32_t r;
         sec_random(&r, sizeof(r));
-        g->next_join = now_ns() + g->join_backoff / 2 + (int64_t)(r % (uint32_t)(g->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
+        g->next_join = now_ns() + g->join_backoff / 2 +
+                       (int64_t)(r % (uint32_t)(g->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
     }
 }
 
@@ -972,8 +974,8 @@ static void check_ready(struct net *n, struct ngroup *g)
         if (i != g->me && (g->fds[i] < 0 || g->rfds[i] < 0 || g->pfds[i] < 0)) return;
     g->ready = 1;
     g->join_backoff = 0;
-    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
-            g->epoch, g->nodes, g->me);
+    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name, g->epoch,
+            g->nodes, g->me);
     post_event(n, g, 0, 0, "formed");
 }
 
@@ -1083,8 +1085,8 @@ static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
                  "no group '%s' spans several pods on the coordinator", j->h.group);
     } else if (j->nodes != (uint32_t)g->nodes) {
         snprintf(r.reject.why, sizeof(r.reject.why),
-                 "group '%s': member has world size (members) %u, coordinator has %d",
-                 j->h.group, j->nodes, g->nodes);
+                 "group '%s': member has world size (members) %u, coordinator has %d", j->h.group,
+                 j->nodes, g->nodes);
     } else if (j->config_hash != g->config_hash) {
         /* no hash in the text: it is all a spoofed JOIN would need */
         snprintf(r.reject.why, sizeof(r.reject.why),
@@ -1098,8 +1100,9 @@ static void coord_on_join(struct net *n, const unsigned char *id, size_t idlen,
     if (r.reject.why[0]) {
         unsigned long long dropped;
         if (log_limit_pass(&n->lim_reject, &dropped))
-            log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\" suppressed=%llu",
-                    j->node_index, j->pod, r.reject.why, dropped);
+            log_msg(LOG_WARN, "rendezvous.reject",
+                    "node=%u pod=\"%s\" reason=\"%s\" suppressed=%llu", j->node_index, j->pod,
+                    r.reject.why, dropped);
         send_rdv(n, id, idlen, &r);
         return;
     }
@@ -1145,7 +1148,8 @@ static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const
     if (rdv_decode(buf, len, &m, why, sizeof(why)) < 0) {
         unsigned long long dropped;
         if (log_limit_pass(&n->lim_frame, &dropped))
-            log_msg(LOG_WARN, "rendezvous.bad_frame", "from=%s bytes=%zu reason=\"%s\" suppressed=%llu",
+            log_msg(LOG_WARN, "rendezvous.bad_frame",
+                    "from=%s bytes=%zu reason=\"%s\" suppressed=%llu",
                     id ? "member" : "coordinator", len, why, dropped);
         return;
     }
@@ -1218,8 +1222,10 @@ static void drain_zmq(struct net *n, void *sock, int is_router)
         zmq_msg_close(&msg);
         while (more) { /* extra frames: drop them */
             zmq_msg_init(&msg);
-            if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) more = 0;
-            else more = zmq_msg_more(&msg);
+            if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0)
+                more = 0;
+            else
+                more = zmq_msg_more(&msg);
             zmq_msg_close(&msg);
         }
     }
@@ -1253,8 +1259,8 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
         for (int i = 1; i < g->nodes; i++) {
             if (!g->peers[i].present || t - g->peers[i].last_heard < 3 * hb) continue;
             char why[160];
-            snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i,
-                     g->peers[i].join.pod, (long long)((t - g->peers[i].last_heard) / NS_PER_MS));
+            snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i, g->peers[i].join.pod,
+                     (long long)((t - g->peers[i].last_heard) / NS_PER_MS));
             g->peers[i].present = 0;
             if (g->committed) ng_abort_later(n, g, COLL_ERR_PEER_LOST, why, 1);
         }
@@ -1269,7 +1275,8 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
     int64_t oldest = INT64_MAX;
     if (g->posted_head) oldest = g->posted_head->deadline_ns;
     for (int p = 0; p < g->nodes; p++) {
-        if (g->out[p].head && g->out[p].head->deadline_ns < oldest) oldest = g->out[p].head->deadline_ns;
+        if (g->out[p].head && g->out[p].head->deadline_ns < oldest)
+            oldest = g->out[p].head->deadline_ns;
         if (g->out[p].wait_head && g->out[p].wait_head->deadline_ns < oldest)
             oldest = g->out[p].wait_head->deadline_ns;
     }
@@ -1315,8 +1322,8 @@ static void accept_conns(struct net *n)
         if (n->npend == MAX_PENDING_ACCEPTS) evict_pending(n);
         tune_socket(fd);
         struct pending_conn *p = &n->pend[n->npend];
-        *p = (struct pending_conn){.fd = fd, .from = sa.sin_addr,
-                                   .deadline = now_ns() + PENDING_HELLO_NS};
+        *p = (struct pending_conn){
+            .fd = fd, .from = sa.sin_addr, .deadline = now_ns() + PENDING_HELLO_NS};
         struct data_challenge c = {.magic = DATA_MAGIC, .version = RDV_VERSION};
         sec_random(c.nonce, sizeof(c.nonce));
         memcpy(p->nonce, c.nonce, sizeof(p->nonce));
@@ -1335,8 +1342,9 @@ static void bad_hello(struct net *n, const struct pending_conn *p, const char *w
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &p->from, ip, sizeof(ip));
     if (log_limit_pass(&n->lim_hello, &dropped))
-        log_msg(LOG_WARN, "data.refused", "from=%s node=%u channel=%u epoch=%u reason=\"%s\" suppressed=%llu",
-                ip, p->hello.from_index, p->hello.channel, p->hello.epoch, why, dropped);
+        log_msg(LOG_WARN, "data.refused",
+                "from=%s node=%u channel=%u epoch=%u reason=\"%s\" suppressed=%llu", ip,
+                p->hello.from_index, p->hello.channel, p->hello.epoch, why, dropped);
 }
 
 /* Whether the connection came from the address the member table lists for node i
@@ -1367,8 +1375,10 @@ static void progress_pending(struct net *n)
         int drop = 0, keep = 1;
         if (p->got < sizeof(p->hello)) {
             ssize_t r = read(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got);
-            if (r > 0) p->got += (size_t)r;
-            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) drop = 1;
+            if (r > 0)
+                p->got += (size_t)r;
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+                drop = 1;
             if (p->got == sizeof(p->hello)) p->deadline = t + PENDING_FUTURE_NS;
         }
         if (!drop && p->got == sizeof(p->hello)) {
@@ -1388,11 +1398,13 @@ static void progress_pending(struct net *n)
                 if (!slot) {
                     bad_hello(n, p, "no such group or node index");
                     drop = 1;
-                } else if (p->hello.epoch < g->epoch || (!g->committed && p->hello.epoch == g->epoch)) {
+                } else if (p->hello.epoch < g->epoch ||
+                           (!g->committed && p->hello.epoch == g->epoch)) {
                     bad_hello(n, p, "an epoch that is over");
                     drop = 1;
                 } else if (g->committed && p->hello.epoch == g->epoch) {
-                    if (!sec_mac_ok(p->hello.mac, g->secret, p->nonce, &p->hello, DATA_HELLO_SIGNED)) {
+                    if (!sec_mac_ok(p->hello.mac, g->secret, p->nonce, &p->hello,
+                                    DATA_HELLO_SIGNED)) {
                         bad_hello(n, p, "the hello does not prove the epoch's secret");
                         drop = 1;
                     } else if (!from_member(g, from, p->from)) {
@@ -1556,8 +1568,10 @@ static void take_engine_tasks(struct net *n)
                     return_task_why(n, q, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
                 else {
                     q->next = NULL;
-                    if (keep_t) keep_t->next = q;
-                    else keep_h = q;
+                    if (keep_t)
+                        keep_t->next = q;
+                    else
+                        keep_h = q;
                     keep_t = q;
                 }
                 q = qn;
@@ -1569,8 +1583,10 @@ static void take_engine_tasks(struct net *n)
             return_task_why(n, t, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
         } else {
             t->next = NULL;
-            if (g->q_tail) g->q_tail->next = t;
-            else g->q_head = t;
+            if (g->q_tail)
+                g->q_tail->next = t;
+            else
+                g->q_head = t;
             g->q_tail = t;
         }
         t = next;
@@ -1595,7 +1611,8 @@ static int run_ready_ops(struct net *n)
             return_task_why(n, t, st, why);
             g->ops_done++;
             ran++;
-            if (g->abort_pending) ng_abort_finish(n, g);
+            if (g->abort_pending)
+                ng_abort_finish(n, g);
             else if (st != COLL_OK)
                 ng_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
         }
@@ -1693,7 +1710,8 @@ static void *net_main(void *arg)
         if (run_ready_ops(n)) last_work = now_ns();
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
-            if (g && g->abort_pending && !g->handoff && (!g->q_head || !g->ready || g->awaiting_mark))
+            if (g && g->abort_pending && !g->handoff &&
+                (!g->q_head || !g->ready || g->awaiting_mark))
                 ng_abort_finish(n, g);
         }
         pthread_mutex_unlock(&n->coll_lock);
@@ -1735,7 +1753,8 @@ static int bind_data(struct net *n, char *why, size_t whylen)
     n->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(n->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)n->cfg->node.data_port)};
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)n->cfg->node.data_port)};
     /* the node's own address, not every interface: a pod network's address, or loopback */
     if (inet_pton(AF_INET, n->cfg->node.address, &sa.sin_addr) != 1) {
         snprintf(why, whylen, "node.address '%s' is not an IPv4 address", n->cfg->node.address);
@@ -1754,8 +1773,7 @@ static int bind_data(struct net *n, char *why, size_t whylen)
     return 0;
 }
 
-struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why,
-                      size_t whylen)
+struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why, size_t whylen)
 {
     why[0] = '\0';
     int any = 0;
@@ -1811,8 +1829,9 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
     if (cfg->security.keys[0]) {
         if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto fail;
     } else if (cfg->security.require_keys) {
-        snprintf(why, whylen, "security.require_keys is true but security.keys names no key "
-                              "directory");
+        snprintf(why, whylen,
+                 "security.require_keys is true but security.keys names no key "
+                 "directory");
         goto fail;
     } else {
         log_msg(LOG_WARN, "security.unauthenticated",
@@ -1850,8 +1869,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *
             goto fail;
         }
     }
-    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s curve=%s", cfg->node.index,
-            ep, cfg->node.index == 0 ? "coordinator" : "member", n->data_addr,
+    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s curve=%s",
+            cfg->node.index, ep, cfg->node.index == 0 ? "coordinator" : "member", n->data_addr,
             n->keys.loaded ? "on" : "off");
     if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
         snprintf(why, whylen, "cannot start the net thread");

@@ -36,10 +36,10 @@ struct net_task {
     uint8_t kind, dtype, redop;
     int root; /* global rank; send/recv: the remote peer's global rank */
     uint64_t count;
-    int local_slot; /* send/recv: the local participant */
+    int local_slot;                                  /* send/recv: the local participant */
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
     int64_t deadline_ns;
-    int status; /* set by the net thread */
+    int status;    /* set by the net thread */
     char why[160]; /* with a failed status: what failed and where, or "" */
     /* engine-owned */
     struct op *ops;
@@ -68,8 +68,7 @@ struct net_event {
  * Returns NULL (why filled) on failure. With no such group, returns NULL and sets why
  * to "".
  */
-struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why,
-                      size_t whylen);
+struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why, size_t whylen);
 /* Stop the thread: what is in flight is abandoned (its transfers see the stop within
  * ~20 ms) and every task comes back with COLL_ERR_SHUTDOWN; collect them with
  * net_collect, then net_free. */

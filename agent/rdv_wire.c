@@ -97,8 +97,8 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         }
     }
     if (h.len != n || n != want) {
-        snprintf(why, whylen, "frame type %u: length field %u, received %zu, expected %zu",
-                 h.type, h.len, n, want);
+        snprintf(why, whylen, "frame type %u: length field %u, received %zu, expected %zu", h.type,
+                 h.len, n, want);
         return -1;
     }
     memset(out, 0, sizeof(*out));
@@ -167,8 +167,8 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
 {
     size_t es = h->dtype < COLL_DTYPE_COUNT ? coll_dtype_size((coll_dtype)h->dtype) : 0;
     if (h->magic != DATA_MAGIC || (h->kind != WIRE_OP_SEND && h->kind != WIRE_OP_RECV) || !es) {
-        snprintf(why, whylen, "not a send header or ack (magic 0x%08x kind %u dtype %u)",
-                 h->magic, h->kind, h->dtype);
+        snprintf(why, whylen, "not a send header or ack (magic 0x%08x kind %u dtype %u)", h->magic,
+                 h->kind, h->dtype);
         return -1;
     }
     if (nlocal == 0 || h->src_rank / nlocal != peer || h->dst_rank / nlocal != me) {

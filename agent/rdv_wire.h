@@ -22,11 +22,11 @@
 #define RDV_FRAME_MAX 16384  /* ZMQ_MAXMSGSIZE: larger frames are refused by ZeroMQ unread */
 
 enum rdv_type {
-    RDV_JOIN = 1, /* member -> coordinator */
-    RDV_COMMIT,   /* coordinator -> member: epoch and member table */
-    RDV_REJECT,   /* coordinator -> member: the JOIN cannot be accepted (why) */
+    RDV_JOIN = 1,  /* member -> coordinator */
+    RDV_COMMIT,    /* coordinator -> member: epoch and member table */
+    RDV_REJECT,    /* coordinator -> member: the JOIN cannot be accepted (why) */
     RDV_HEARTBEAT, /* both ways */
-    RDV_ABORT,    /* both ways: this epoch is over (why) */
+    RDV_ABORT,     /* both ways: this epoch is over (why) */
     RDV_TYPE_END
 };
 
@@ -42,7 +42,7 @@ struct rdv_hdr {
 struct rdv_join {
     struct rdv_hdr h;
     uint64_t config_hash;
-    uint32_t nodes;      /* world size in pods, as this member's config says */
+    uint32_t nodes; /* world size in pods, as this member's config says */
     uint32_t node_index;
     uint32_t local_slots;
     uint32_t last_epoch; /* the last epoch this member committed, 0 if none */
@@ -58,7 +58,7 @@ struct rdv_member {
 struct rdv_commit {
     struct rdv_hdr h;
     uint32_t nodes;
-    uint32_t has_commid; /* groups on NCCL: commid is the epoch's communicator id */
+    uint32_t has_commid;              /* groups on NCCL: commid is the epoch's communicator id */
     uint8_t commid[RDV_COMMID_BYTES]; /* made by the coordinator only */
     uint8_t secret[RDV_SECRET_BYTES]; /* fresh per epoch: every data connection proves it */
     struct rdv_member members[RDV_MAX_NODES]; /* only nodes entries travel */
@@ -77,7 +77,7 @@ struct rdv_heartbeat {
 
 struct rdv_abort {
     struct rdv_hdr h;
-    int32_t code; /* coll_err the epoch's ops fail with */
+    int32_t code;        /* coll_err the epoch's ops fail with */
     uint32_t node_index; /* who reports it */
     char why[RDV_MSG_MAX];
 };

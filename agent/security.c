@@ -75,8 +75,8 @@ static int read_key(const char *dir, const char *file, char out[SEC_KEY_Z85], ch
         buf[--n] = '\0';
     uint8_t raw[32];
     if (n != 40 || !zmq_z85_decode(raw, buf)) {
-        snprintf(why, whylen, "%s: not a Z85 CURVE key (40 characters; coll-agent keygen makes them)",
-                 path);
+        snprintf(why, whylen,
+                 "%s: not a Z85 CURVE key (40 characters; coll-agent keygen makes them)", path);
         return -1;
     }
     memcpy(out, buf, SEC_KEY_Z85);
@@ -161,7 +161,9 @@ int sec_zap_serve(void *zap, const struct sec_keys *k)
                  memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32 &&
                  sodium_memcmp(zmq_msg_data(&f[6]), client_key, 32) == 0;
         char addr[64] = "?";
-        if (nf > 3) snprintf(addr, sizeof(addr), "%.*s", (int)zmq_msg_size(&f[3]), (char *)zmq_msg_data(&f[3]));
+        if (nf > 3)
+            snprintf(addr, sizeof(addr), "%.*s", (int)zmq_msg_size(&f[3]),
+                     (char *)zmq_msg_data(&f[3]));
         if (!ok) {
             refused++;
             log_msg(LOG_WARN, "rendezvous.unauthenticated",

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SEC_KEY_Z85 41    /* 40 Z85 characters and a NUL */
+#define SEC_KEY_Z85 41 /* 40 Z85 characters and a NUL */
 #define SEC_SECRET_BYTES 32
 #define SEC_NONCE_BYTES 32
 #define SEC_MAC_BYTES 32

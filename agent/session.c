@@ -26,8 +26,6 @@
 #include "ring.h"
 #include "util.h"
 
-
-
 struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid)
 {
     struct session *s = calloc(1, sizeof(*s));
@@ -125,8 +123,10 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
     va_end(ap);
     unsigned long long dropped;
     if (log_limit_pass(&s->srv->lim_request, &dropped))
-        log_msg(LOG_INFO, "session.refuse", "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
-                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg, dropped);
+        log_msg(LOG_INFO, "session.refuse",
+                "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
+                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg,
+                dropped);
     session_send_error(s, req_id, code, msg);
     return 0;
 }
@@ -232,8 +232,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
     s->state = SESSION_READY;
     log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\"",
-            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid,
-            s->client);
+            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->client);
     return 0;
 }
 
@@ -277,8 +276,7 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
 static int on_group_close(struct session *s, const struct wire_group_close *c)
 {
     if (c->handle >= SESSION_MAX_HANDLES || !s->handles[c->handle].g)
-        return refuse(s, c->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
-                      c->handle);
+        return refuse(s, c->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", c->handle);
     struct session_handle *h = &s->handles[c->handle];
     group_detach(h->g, h->slot);
     h->g = NULL;
@@ -400,8 +398,8 @@ int session_on_message(struct session *s)
     char err[160];
     unsigned version = 0;
     if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-        rc = violation(s, "message larger than %d bytes or with too many descriptors",
-                       WIRE_MAX_MSG);
+        rc =
+            violation(s, "message larger than %d bytes or with too many descriptors", WIRE_MAX_MSG);
     } else if (wire_decode(buf, (size_t)n, &m, &version, err, sizeof(err)) < 0) {
         rc = violation(s, "%s", err);
     } else if (s->state == SESSION_HANDSHAKE && m.h.type != WIRE_HELLO) {
@@ -517,16 +515,16 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
             return violation(s, "GPU op tag %llx names no request slot",
                              (unsigned long long)q->tag);
     }
-    int needs_peer = k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND ||
-                     k == WIRE_OP_RECV;
+    int needs_peer =
+        k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND || k == WIRE_OP_RECV;
     if (needs_peer && (q->peer < 0 || q->peer >= g->size))
         return violation(s, "%s names rank %d; the group has %d", wire_kind_name(k), q->peer,
                          g->size);
     int rank = g->node_index * g->nslots + h->slot;
-    int send_used = k != WIRE_OP_RECV && k != WIRE_OP_BARRIER &&
-                    !(k == WIRE_OP_BROADCAST && rank != q->peer);
-    int recv_used = k != WIRE_OP_SEND && k != WIRE_OP_BARRIER &&
-                    !(k == WIRE_OP_REDUCE && rank != q->peer);
+    int send_used =
+        k != WIRE_OP_RECV && k != WIRE_OP_BARRIER && !(k == WIRE_OP_BROADCAST && rank != q->peer);
+    int recv_used =
+        k != WIRE_OP_SEND && k != WIRE_OP_BARRIER && !(k == WIRE_OP_REDUCE && rank != q->peer);
     uint64_t se, re;
     if (wire_sqe_extent(q, 0, (uint32_t)g->size, &se) < 0 ||
         wire_sqe_extent(q, 1, (uint32_t)g->size, &re) < 0)
@@ -554,10 +552,11 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
         snprintf(why, sizeof(why), "group '%s' runs on %s: its ops need %s", g->cfg->name,
                  g->be->name, gpu_group ? "GPU buffers and a stream" : "host buffers");
     else if ((op->sb && op->sb->device != want) || (op->rb && op->rb->device != want))
-        snprintf(why, sizeof(why), "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
-                 slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
-                 (op->sb && op->sb->device != want ? op->sb : op->rb)->device < 0 ? "the host" : "GPU",
-                 (op->sb && op->sb->device != want ? op->sb : op->rb)->device);
+        snprintf(
+            why, sizeof(why), "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
+            slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
+            (op->sb && op->sb->device != want ? op->sb : op->rb)->device < 0 ? "the host" : "GPU",
+            (op->sb && op->sb->device != want ? op->sb : op->rb)->device);
     if (gpu_op) {
         char w[160];
         if (!why[0] && shm_for_gpu(s, w, sizeof(w)) < 0) snprintf(why, sizeof(why), "%s", w);

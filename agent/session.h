@@ -45,8 +45,8 @@ struct session {
     int fd, efd_agent, efd_client;
     struct wire_shm *shm;
     size_t shm_size;
-    struct buffer *shm_buf;  /* the region as a buffer: GPU ops in flight hold references */
-    int shm_gpu;             /* 1: registered with CUDA (first GPU buffer), -1: failed */
+    struct buffer *shm_buf;    /* the region as a buffer: GPU ops in flight hold references */
+    int shm_gpu;               /* 1: registered with CUDA (first GPU buffer), -1: failed */
     uint32_t sq_head, cq_tail; /* next sq entry to take, next cq entry to fill */
     uint32_t cq_head_seen;     /* the client's cq consumption count, as last read */
     uint32_t inflight;         /* taken from the sq, completion not yet posted */

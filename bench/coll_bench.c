@@ -32,8 +32,8 @@ static double now_us(void)
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-static const char *const op_names[] = {"allreduce", "broadcast", "reduce", "allgather",
-                                       "reduce_scatter", "alltoall", "barrier", NULL};
+static const char *const op_names[] = {"allreduce",      "broadcast", "reduce",  "allgather",
+                                       "reduce_scatter", "alltoall",  "barrier", NULL};
 
 struct opts {
     size_t minb, maxb;
@@ -74,9 +74,14 @@ static void fill(void *p, size_t count, int dt, int rank)
             ((double *)p)[i] = (double)v;
             break;
         default: /* float16 / bfloat16: 0..3 in half and bfloat bit patterns */
-            ((uint16_t *)p)[i] =
-                dt == COLL_FLOAT16 ? (uint16_t)(v ? 0x3c00 + (v == 2 ? 0x400 : v == 3 ? 0x600 : 0) : 0)
-                                   : (uint16_t)(v ? 0x3f80 + (v == 2 ? 0x80 : v == 3 ? 0xc0 : 0) : 0);
+            ((uint16_t *)p)[i] = dt == COLL_FLOAT16 ? (uint16_t)(v ? 0x3c00 + (v == 2   ? 0x400
+                                                                               : v == 3 ? 0x600
+                                                                                        : 0)
+                                                                   : 0)
+                                                    : (uint16_t)(v ? 0x3f80 + (v == 2   ? 0x80
+                                                                               : v == 3 ? 0xc0
+                                                                                        : 0)
+                                                                   : 0);
             break;
         }
     }
@@ -206,8 +211,8 @@ static int run_rank(const struct opts *o)
         printf("# coll-bench: op %s dtype %s ranks %d backend %s iters %d warmup %d gap_us %ld\n",
                op_names[o->op], coll_dtype_name(o->dtype), n, info.backend, o->iters, o->warmup,
                o->gap_us);
-        printf("%12s %12s %10s %10s %10s %8s %10s %10s\n", "bytes", "count", "time(us)",
-               "algbw", "busbw", "#wrong", "p50(us)", "p90(us)");
+        printf("%12s %12s %10s %10s %10s %8s %10s %10s\n", "bytes", "count", "time(us)", "algbw",
+               "busbw", "#wrong", "p50(us)", "p90(us)");
     }
     double *lat = calloc((size_t)o->iters, sizeof(double));
     int rc = 0;

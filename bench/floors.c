@@ -106,8 +106,8 @@ static int cmp(const void *a, const void *b)
 static void report(const char *name, double *lat, int n, long gap)
 {
     qsort(lat, (size_t)n, sizeof(double), cmp);
-    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f\n", name, gap,
-           lat[n / 2], lat[n / 10], lat[(n * 9) / 10]);
+    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f\n", name, gap, lat[n / 2],
+           lat[n / 10], lat[(n * 9) / 10]);
 }
 
 int main(int argc, char **argv)

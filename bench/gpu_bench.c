@@ -302,9 +302,10 @@ static int run_rank(const struct opts *o, int rank)
     CK(cudaStreamSynchronize(x.st));
     double agent_second = now_us() - t0;
     if (x.rank == 0) {
-        printf("# %s, %d rank(s), one GPU each; direct ncclCommInitRank %.1f ms; through the agent: "
-               "first op %.1f ms (communicator creation), second op %.1f us\n",
-               op_names[o->op], o->procs, direct_init / 1e3, agent_first / 1e3, agent_second);
+        printf(
+            "# %s, %d rank(s), one GPU each; direct ncclCommInitRank %.1f ms; through the agent: "
+            "first op %.1f ms (communicator creation), second op %.1f us\n",
+            op_names[o->op], o->procs, direct_init / 1e3, agent_first / 1e3, agent_second);
         printf("# %12s %10s | %9s %9s %8s | %10s %10s %8s %8s %7s | %10s %7s | %6s\n", "bytes",
                "count", "lat_dir", "lat_agt", "added", "t_dir_us", "t_agt_us", "bw_dir", "bw_agt",
                "ratio", "t_nowait", "ratio", "wrong");
@@ -373,13 +374,24 @@ static size_t parse_size(const char *s)
 
 int main(int argc, char **argv)
 {
-    struct opts o = {.minb = 8, .maxb = 256u << 20, .factor = 4, .op = OP_ALLREDUCE, .iters = 200,
-                     .lat_iters = 200, .procs = 1, .group = "gpu", .socks = NULL};
+    struct opts o = {.minb = 8,
+                     .maxb = 256u << 20,
+                     .factor = 4,
+                     .op = OP_ALLREDUCE,
+                     .iters = 200,
+                     .lat_iters = 200,
+                     .procs = 1,
+                     .group = "gpu",
+                     .socks = NULL};
     int c;
     while ((c = getopt(argc, argv, "s:p:o:b:e:f:n:l:g:V:h")) != -1) {
         switch (c) {
-        case 's': o.socks = optarg; break;
-        case 'p': o.procs = atoi(optarg); break;
+        case 's':
+            o.socks = optarg;
+            break;
+        case 'p':
+            o.procs = atoi(optarg);
+            break;
         case 'o':
             for (o.op = 0; o.op < OP_COUNT && strcmp(op_names[o.op], optarg); o.op++)
                 ;
@@ -388,16 +400,31 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'b': o.minb = parse_size(optarg); break;
-        case 'e': o.maxb = parse_size(optarg); break;
-        case 'f': o.factor = atof(optarg); break;
-        case 'n': o.iters = atoi(optarg); break;
-        case 'l': o.lat_iters = atoi(optarg); break;
-        case 'g': o.group = optarg; break;
-        case 'V': o.verify = atoi(optarg); break;
+        case 'b':
+            o.minb = parse_size(optarg);
+            break;
+        case 'e':
+            o.maxb = parse_size(optarg);
+            break;
+        case 'f':
+            o.factor = atof(optarg);
+            break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'l':
+            o.lat_iters = atoi(optarg);
+            break;
+        case 'g':
+            o.group = optarg;
+            break;
+        case 'V':
+            o.verify = atoi(optarg);
+            break;
         default:
-            fprintf(stderr, "usage: %s -s SOCKET[,SOCKET...] [-p PROCS] [-o OP] [-b MIN] [-e MAX] "
-                            "[-f FACTOR] [-n ITERS] [-l LAT_ITERS] [-g GROUP] [-V VERIFY]\n",
+            fprintf(stderr,
+                    "usage: %s -s SOCKET[,SOCKET...] [-p PROCS] [-o OP] [-b MIN] [-e MAX] "
+                    "[-f FACTOR] [-n ITERS] [-l LAT_ITERS] [-g GROUP] [-V VERIFY]\n",
                     argv[0]);
             return c == 'h' ? 0 : 2;
         }

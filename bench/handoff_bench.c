@@ -35,59 +35,58 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define NK(x)                                                                                \
-    do {                                                                                     \
-        ncclResult_t r_ = (x);                                                               \
-        if (r_ != ncclSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
+#define NK(x)                                                                                      \
+    do {                                                                                           \
+        ncclResult_t r_ = (x);                                                                     \
+        if (r_ != ncclSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define DK(x)                                                                                \
-    do {                                                                                     \
-        CUresult c_ = (x);                                                                   \
-        if (c_ != CUDA_SUCCESS) {                                                            \
-            fprintf(stderr, "%s:%d: %s: driver error %d\n", __FILE__, __LINE__, #x, (int)c_); \
-            exit(1);                                                                         \
-        }                                                                                    \
+#define DK(x)                                                                                      \
+    do {                                                                                           \
+        CUresult c_ = (x);                                                                         \
+        if (c_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: driver error %d\n", __FILE__, __LINE__, #x, (int)c_);      \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 typedef CUresult (*wait_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 typedef CUresult (*write_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 enum mech { M_DIRECT, M_HOST, M_DEVICE, M_EVENT, M_IPCEV, M_SPINH, M_SPIND, M_COUNT };
-static const char *mech_name[M_COUNT] = {"direct", "host",     "device",  "event",
+static const char *mech_name[M_COUNT] = {"direct",   "host",     "device", "event",
                                          "ipcevent", "spinhost", "spindev"};
 
 /* A one-thread kernel that returns once the 64-bit word at addr is >= val (wrap-safe
  * signed difference), then fences: the wait side of a stream-order word done by a
  * polling kernel instead of cuStreamWaitValue64. PTX, JIT-compiled by the driver. */
-static const char spin_ptx[] =
-    ".version 7.0\n"
-    ".target sm_70\n"
-    ".address_size 64\n"
-    ".visible .entry coll_wait_geq(.param .u64 addr, .param .u64 val)\n"
-    "{\n"
-    "  .reg .pred p;\n"
-    "  .reg .b64 a, v, x, d;\n"
-    "  ld.param.u64 a, [addr];\n"
-    "  ld.param.u64 v, [val];\n"
-    "LOOP:\n"
-    "  ld.relaxed.sys.global.u64 x, [a];\n"
-    "  sub.s64 d, x, v;\n"
-    "  setp.lt.s64 p, d, 0;\n"
-    "  @p bra LOOP;\n"
-    "  fence.acq_rel.sys;\n"
-    "  ret;\n"
-    "}\n";
+static const char spin_ptx[] = ".version 7.0\n"
+                               ".target sm_70\n"
+                               ".address_size 64\n"
+                               ".visible .entry coll_wait_geq(.param .u64 addr, .param .u64 val)\n"
+                               "{\n"
+                               "  .reg .pred p;\n"
+                               "  .reg .b64 a, v, x, d;\n"
+                               "  ld.param.u64 a, [addr];\n"
+                               "  ld.param.u64 v, [val];\n"
+                               "LOOP:\n"
+                               "  ld.relaxed.sys.global.u64 x, [a];\n"
+                               "  sub.s64 d, x, v;\n"
+                               "  setp.lt.s64 p, d, 0;\n"
+                               "  @p bra LOOP;\n"
+                               "  fence.acq_rel.sys;\n"
+                               "  ret;\n"
+                               "}\n";
 
 typedef CUresult (*modload_fn)(CUmodule *, const void *);
 typedef CUresult (*getfn_fn)(CUfunction *, CUmodule, const char *);
@@ -258,7 +257,8 @@ static void *lrank_main(void *arg)
         CK(cudaMemGetInfo(&fr0, &tot));
         r = ncclCommSplit(parent, 0, x->rank, &child, &cc);
         if (x->rank == 0)
-            printf("  split(share=%d): %s, child %p\n", share, ncclGetErrorString(r), (void *)child);
+            printf("  split(share=%d): %s, child %p\n", share, ncclGetErrorString(r),
+                   (void *)child);
         /* on a non-blocking parent the split runs on NCCL's thread: the child
          * appears later, and the parent reports progress */
         double end = now_us() + 60e6;
@@ -320,8 +320,8 @@ static void launch_modes(void)
     printf("  non-blocking parent: %.2f (init %.1f ms, %.0f MiB)\n", r[0].lat_nb, r[0].init_ms,
            r[0].mem_parent);
     for (int s = 0; s < 2; s++)
-        printf("  blocking child, splitShare=%d: %.2f (split %.1f ms, %.0f MiB after its ops)\n",
-               s, r[0].lat_child[s], r[0].split_ms[s], r[0].mem_child[s]);
+        printf("  blocking child, splitShare=%d: %.2f (split %.1f ms, %.0f MiB after its ops)\n", s,
+               r[0].lat_child[s], r[0].split_ms[s], r[0].mem_child[s]);
 }
 
 int main(int argc, char **argv)
@@ -373,7 +373,8 @@ int main(int argc, char **argv)
     DK(modload(&mod, spin_ptx));
     DK(getfn(&c.spin, mod, "coll_wait_geq"));
     uint64_t *hw;
-    CK(cudaHostAlloc((void **)&hw, 2 * sizeof(uint64_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    CK(cudaHostAlloc((void **)&hw, 2 * sizeof(uint64_t),
+                     cudaHostAllocMapped | cudaHostAllocPortable));
     memset(hw, 0, 2 * sizeof(uint64_t));
     void *hd;
     CK(cudaHostGetDevicePointer(&hd, hw, 0));

@@ -23,7 +23,6 @@ static const size_t counts[] = {0, 1, 7, 4097, 20011};
 #define MAXC 20011
 #define GUARD 0xEE
 
-
 static double val(int rank, size_t i, int redop)
 {
     if (redop == COLL_PROD) return 1 + (double)((rank + i) % 2);
@@ -41,10 +40,18 @@ static double expect_red(int n, size_t i, int redop, int dt)
     for (int k = 1; k < n; k++) {
         double v = val(k, i, redop);
         switch (redop) {
-        case COLL_PROD: acc *= v; break;
-        case COLL_MIN: acc = v < acc ? v : acc; break;
-        case COLL_MAX: acc = v > acc ? v : acc; break;
-        default: acc += v; break;
+        case COLL_PROD:
+            acc *= v;
+            break;
+        case COLL_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case COLL_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        default:
+            acc += v;
+            break;
         }
     }
     if (redop == COLL_AVG) acc = is_int(dt) ? (double)((long long)acc / n) : acc / n;
@@ -93,12 +100,14 @@ static int copy(struct ctx *x, int to_dev)
     cudaError_t e;
     if (to_dev) {
         e = cudaMemcpyAsync(x->dS, x->S, x->bytes, cudaMemcpyHostToDevice, st);
-        if (e == cudaSuccess) e = cudaMemcpyAsync(x->dR, x->R, x->bytes, cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(x->dR, x->R, x->bytes, cudaMemcpyHostToDevice, st);
     } else {
         e = cudaMemcpyAsync(x->R, x->dR, x->bytes, cudaMemcpyDeviceToHost, st);
         if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     }
-    if (e != cudaSuccess) fprintf(stderr, "rank %d: CUDA copy: %s\n", x->rank, cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        fprintf(stderr, "rank %d: CUDA copy: %s\n", x->rank, cudaGetErrorString(e));
     return e == cudaSuccess ? 0 : -1;
 }
 #else
@@ -156,22 +165,36 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         x->failures++;
         return -1;
     }
-    const char *names[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
-                           "alltoall", "sendrecv", "barrier"};
+    const char *names[] = {"allreduce",      "broadcast", "reduce",   "allgather",
+                           "reduce_scatter", "alltoall",  "sendrecv", "barrier"};
     switch (kind) {
-    case 0: e = coll_allreduce(x->g, sp, rp, count, dt, redop, st, &req); break;
-    case 1: e = coll_broadcast(x->g, sp, rp, count, dt, root, st, &req); break;
-    case 2: e = coll_reduce(x->g, sp, rp, count, dt, redop, root, st, &req); break;
-    case 3: e = coll_allgather(x->g, sp, rp, count, dt, st, &req); break;
-    case 4: e = coll_reduce_scatter(x->g, sp, rp, count, dt, redop, st, &req); break;
-    case 5: e = coll_alltoall(x->g, sp, rp, count, dt, st, &req); break;
+    case 0:
+        e = coll_allreduce(x->g, sp, rp, count, dt, redop, st, &req);
+        break;
+    case 1:
+        e = coll_broadcast(x->g, sp, rp, count, dt, root, st, &req);
+        break;
+    case 2:
+        e = coll_reduce(x->g, sp, rp, count, dt, redop, root, st, &req);
+        break;
+    case 3:
+        e = coll_allgather(x->g, sp, rp, count, dt, st, &req);
+        break;
+    case 4:
+        e = coll_reduce_scatter(x->g, sp, rp, count, dt, redop, st, &req);
+        break;
+    case 5:
+        e = coll_alltoall(x->g, sp, rp, count, dt, st, &req);
+        break;
     case 6:
         e = coll_send(x->g, sp, count, dt, (rank + 1) % n, st, &req);
         if (e == COLL_OK) e = coll_recv(x->g, rp, count, dt, (rank + n - 1) % n, st, &req2);
         if (e == COLL_OK)
             e = by_stream ? coll_wait_stream(x->c, req2, st) : coll_wait(x->c, req2, 60000);
         break;
-    default: e = coll_barrier(x->g, st, &req); break;
+    default:
+        e = coll_barrier(x->g, st, &req);
+        break;
     }
     if (e == COLL_OK) e = by_stream ? coll_wait_stream(x->c, req, st) : coll_wait(x->c, req, 60000);
     if (e == COLL_OK && x->gpu && copy(x, 0) < 0) e = COLL_ERR_INTERNAL;
@@ -188,12 +211,24 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         double want;
         switch (kind) {
         case 0:
-        case 2: want = expect_red(n, i, redop, dt); break;
-        case 1: want = val(root, i, redop); break;
-        case 3: want = val((int)(i / count), i % count, redop); break;
-        case 4: want = expect_red(n, (size_t)rank * count + i, redop, dt); break;
-        case 5: want = val((int)(i / count), (size_t)rank * count + i % count, redop); break;
-        default: want = val((rank + n - 1) % n, i, redop); break;
+        case 2:
+            want = expect_red(n, i, redop, dt);
+            break;
+        case 1:
+            want = val(root, i, redop);
+            break;
+        case 3:
+            want = val((int)(i / count), i % count, redop);
+            break;
+        case 4:
+            want = expect_red(n, (size_t)rank * count + i, redop, dt);
+            break;
+        case 5:
+            want = val((int)(i / count), (size_t)rank * count + i % count, redop);
+            break;
+        default:
+            want = val((rank + n - 1) % n, i, redop);
+            break;
         }
         double got = val_get(recv, i, dt);
         if (!close_enough(got, want, dt)) {
@@ -218,7 +253,8 @@ int opcheck_rank_main(void *arg)
         fprintf(stderr, "connect: %s\n", coll_last_error());
         return 100;
     }
-    if (coll_group_open(&x.g, x.c, j->group ? j->group : "g", j->explicit_slot ? j->slot : COLL_SLOT_ANY) != COLL_OK) {
+    if (coll_group_open(&x.g, x.c, j->group ? j->group : "g",
+                        j->explicit_slot ? j->slot : COLL_SLOT_ANY) != COLL_OK) {
         fprintf(stderr, "open: %s\n", coll_last_error());
         return 101;
     }
@@ -301,4 +337,3 @@ out:
     coll_disconnect(&x.c);
     return x.failures > 99 ? 99 : x.failures;
 }
-

@@ -192,8 +192,8 @@ static long cpu_ticks(pid_t pid)
     char *p = strrchr(buf, ')');
     long utime = 0, stime = 0;
     /* fields after the command: state(3) ... utime(14) stime(15) */
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime,
-                     &stime) != 2)
+    if (!p ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime) != 2)
         return -1;
     return utime + stime;
 }
@@ -226,9 +226,9 @@ static void demo_runs_and_verifies(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(agent_start(&a, NULL,
-                                 "groups:\n  - name: demo\n    backend: auto\n    local_slots: 4\n"),
-                     0);
+    assert_int_equal(
+        agent_start(&a, NULL, "groups:\n  - name: demo\n    backend: auto\n    local_slots: 4\n"),
+        0);
     char demo[512], out[16384];
     snprintf(demo, sizeof(demo), "%s", COLL_AGENT_PATH);
     char *slash = strrchr(demo, '/');

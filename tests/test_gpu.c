@@ -367,7 +367,7 @@ static int early_done_main(void *arg)
     usleep(300000);
     int done = 1;
     CHECK(coll_test(c, r, &done) == COLL_OK && done == 0, 12); /* the agent did not believe it */
-    CHECK(coll_mem_release(&b) == COLL_ERR_BUSY, 13);         /* nor let the buffer go */
+    CHECK(coll_mem_release(&b) == COLL_ERR_BUSY, 13);          /* nor let the buffer go */
     /* another group on the same GPU is served meanwhile */
     rc = small_allreduce(c, h, 0, 1);
     if (rc) return 30 + rc;
@@ -385,11 +385,12 @@ static void early_done_word_gains_nothing(void **state)
 {
     (void)state;
     struct agent a;
-    assert_int_equal(agent_start(&a, NULL,
-                                 "groups:\n"
-                                 "  - {name: g, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"
-                                 "  - {name: h, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"),
-                     0);
+    assert_int_equal(
+        agent_start(&a, NULL,
+                    "groups:\n"
+                    "  - {name: g, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"
+                    "  - {name: h, backend: nccl, devices: [\"0\"], timeouts: {op_ms: 60000}}\n"),
+        0);
     struct job j = {.sock = a.sock, .hold_fd = -1};
     assert_int_equal(child_wait(child_run(early_done_main, &j), 120000), 0);
     assert_int_equal(agent_log_count(&a, "illegal"), 0);
@@ -506,11 +507,21 @@ static int repeat_main(void *arg)
                 coll_request r;
                 coll_err e;
                 switch (kind) {
-                case 0: e = coll_allreduce(g, in, out, N, COLL_FLOAT32, COLL_AVG, st, &r); break;
-                case 1: e = coll_broadcast(g, in, out, N, COLL_FLOAT32, 0, st, &r); break;
-                case 2: e = coll_reduce(g, in, out, N, COLL_FLOAT32, COLL_MAX, 0, st, &r); break;
-                case 3: e = coll_allgather(g, in, out, N, COLL_FLOAT32, st, &r); break;
-                default: e = coll_reduce_scatter(g, in, out, N, COLL_FLOAT32, COLL_SUM, st, &r); break;
+                case 0:
+                    e = coll_allreduce(g, in, out, N, COLL_FLOAT32, COLL_AVG, st, &r);
+                    break;
+                case 1:
+                    e = coll_broadcast(g, in, out, N, COLL_FLOAT32, 0, st, &r);
+                    break;
+                case 2:
+                    e = coll_reduce(g, in, out, N, COLL_FLOAT32, COLL_MAX, 0, st, &r);
+                    break;
+                case 3:
+                    e = coll_allgather(g, in, out, N, COLL_FLOAT32, st, &r);
+                    break;
+                default:
+                    e = coll_reduce_scatter(g, in, out, N, COLL_FLOAT32, COLL_SUM, st, &r);
+                    break;
                 }
                 CHECK(e == COLL_OK, 7);
                 CHECK(coll_wait_stream(c, r, st) == COLL_OK, 8);
@@ -577,8 +588,8 @@ static int held_main(void *arg)
      * streams are released */
     double t0 = now_ms();
     coll_request r2;
-    coll_err e = coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 16, COLL_FLOAT32, COLL_SUM,
-                                st, &r2);
+    coll_err e =
+        coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 16, COLL_FLOAT32, COLL_SUM, st, &r2);
     if (e == COLL_OK) e = coll_wait(c, r2, 20000);
     double waited = now_ms() - t0;
     fprintf(stderr, "held op ended with %s after %.0f ms: %s\n", coll_strerror(e), waited,
@@ -689,8 +700,7 @@ static void two_pods_one_gpu_each(void **state)
 /* times in-place allreduces of 1024 floats on b (rank r starts at r + 1; two ranks), each
  * waited for on the host: the same op every time, so after the second it is replayed
  * from a captured graph. Checks the doubling sums. */
-static int repeated_pair_allreduce(coll_conn *c, coll_group *g, coll_buffer *b, int rank,
-                                   int times)
+static int repeated_pair_allreduce(coll_conn *c, coll_group *g, coll_buffer *b, int rank, int times)
 {
     float h[1024];
     for (int i = 0; i < 1024; i++)

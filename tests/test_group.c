@@ -48,8 +48,11 @@ static void complete_nothing(struct op *op, int status, const char *why)
 static void group_sets_up_and_tears_down(void **state)
 {
     (void)state;
-    struct group_config gc = {.name = "g", .backend = CONFIG_BACKEND_HOST, .members = 2,
-                              .local_slots = 2, .op_timeout_ms = 1000};
+    struct group_config gc = {.name = "g",
+                              .backend = CONFIG_BACKEND_HOST,
+                              .members = 2,
+                              .local_slots = 2,
+                              .op_timeout_ms = 1000};
     struct group g;
     nlive = 0;
     calls = 0;
@@ -68,8 +71,11 @@ static void every_allocation_failure_is_clean(void **state)
 {
     (void)state;
     for (int members = 1; members <= 2; members++) {
-        struct group_config gc = {.name = "g", .backend = CONFIG_BACKEND_HOST,
-                                  .members = members, .local_slots = 3, .op_timeout_ms = 1000};
+        struct group_config gc = {.name = "g",
+                                  .backend = CONFIG_BACKEND_HOST,
+                                  .members = members,
+                                  .local_slots = 3,
+                                  .op_timeout_ms = 1000};
         /* how many callocs a full set-up makes */
         struct group g;
         calls = 0;
@@ -87,7 +93,8 @@ static void every_allocation_failure_is_clean(void **state)
             assert_string_equal(g.backend_why, "out of memory");
             assert_int_equal(group_attach(&g, NULL, 0), -COLL_ERR_UNSUPPORTED);
             group_fini(&g);
-            if (nlive != 0) fail_msg("members=%d, calloc %d failing: %d blocks leaked", members, k, nlive);
+            if (nlive != 0)
+                fail_msg("members=%d, calloc %d failing: %d blocks leaked", members, k, nlive);
         }
     }
     fail_at = -1;

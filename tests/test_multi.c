@@ -331,8 +331,9 @@ static int bcast_rank_main(void *arg)
                 for (size_t i = 0; i < n; i++) {
                     float want = tree_input(root, i);
                     if (memcmp(&dst[i], &want, 4) != 0) {
-                        fprintf(stderr, "rank %d: broadcast root %d count %zu inplace %d: "
-                                        "element %zu is %a, want %a\n",
+                        fprintf(stderr,
+                                "rank %d: broadcast root %d count %zu inplace %d: "
+                                "element %zu is %a, want %a\n",
                                 info.rank, root, n, inplace, i, (double)dst[i], (double)want);
                         return 104;
                     }
@@ -668,8 +669,8 @@ static void garbage_frames_are_dropped(void **state)
     char junk[300];
     for (int i = 0; i < 300; i++)
         junk[i] = (char)(i * 7);
-    zmq_send(d, junk, 3, 0);          /* short */
-    zmq_send(d, junk, sizeof(junk), 0); /* bad magic */
+    zmq_send(d, junk, 3, 0);                          /* short */
+    zmq_send(d, junk, sizeof(junk), 0);               /* bad magic */
     uint32_t hdr[20] = {0x56445243u, 9 | (1u << 16)}; /* version 9, JOIN */
     zmq_send(d, hdr, sizeof(hdr), 0);
     zmq_send(d, junk, 10, ZMQ_SNDMORE); /* two frames */
@@ -706,8 +707,15 @@ static void garbage_frames_are_dropped(void **state)
 
 /* ---- disagreements between pods --------------------------------------------------------- */
 
-enum { MM_BCAST_ROOTS, MM_REDUCE_ROOTS, MM_ALLREDUCE_VS_BCAST, MM_BIG_BCAST_ROOTS,
-       MM_ALLGATHER_COUNTS, MM_SEND_COUNTS, MM_CASES };
+enum {
+    MM_BCAST_ROOTS,
+    MM_REDUCE_ROOTS,
+    MM_ALLREDUCE_VS_BCAST,
+    MM_BIG_BCAST_ROOTS,
+    MM_ALLGATHER_COUNTS,
+    MM_SEND_COUNTS,
+    MM_CASES
+};
 
 struct mm {
     const char *sock;
@@ -755,8 +763,9 @@ static int mismatch_main(void *arg)
                     info.rank, coll_strerror(e), ms, coll_last_error());
             return 110 + k;
         }
-        const char *both = k == MM_SEND_COUNTS ? "sent 50 of float32; the receive on rank 1 is for 100"
-                                               : "this node";
+        const char *both = k == MM_SEND_COUNTS
+                               ? "sent 50 of float32; the receive on rank 1 is for 100"
+                               : "this node";
         if (!strstr(coll_last_error(), both)) { /* both sides' ops in the text */
             fprintf(stderr, "case %d rank %d: '%s' does not name both ops\n", k, info.rank,
                     coll_last_error());

@@ -25,8 +25,8 @@ static void run_procs(int n, int explicit_slot)
     pid_t pids[8];
     struct opcheck_job jobs[8];
     for (int i = 0; i < n; i++) {
-        jobs[i] = (struct opcheck_job){
-            .sock = a.sock, .explicit_slot = explicit_slot, .slot = n - 1 - i};
+        jobs[i] =
+            (struct opcheck_job){.sock = a.sock, .explicit_slot = explicit_slot, .slot = n - 1 - i};
         pids[i] = child_run(opcheck_rank_main, &jobs[i]);
     }
     for (int i = 0; i < n; i++)

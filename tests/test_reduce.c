@@ -39,11 +39,11 @@ static void half_conversions_match_the_definition(void **state)
         assert_int_equal(reduce_float_to_half(got), h);
     }
     /* rounding: halfway cases go to even, overflow goes to infinity */
-    assert_int_equal(reduce_float_to_half(1.0f + 1.0f / 2048), 0x3c00);     /* tie, even */
-    assert_int_equal(reduce_float_to_half(1.0f + 3.0f / 2048), 0x3c02);     /* tie, up */
+    assert_int_equal(reduce_float_to_half(1.0f + 1.0f / 2048), 0x3c00); /* tie, even */
+    assert_int_equal(reduce_float_to_half(1.0f + 3.0f / 2048), 0x3c02); /* tie, up */
     assert_int_equal(reduce_float_to_half(65520.0f), 0x7c00);
     assert_int_equal(reduce_float_to_half(65519.0f), 0x7bff);
-    assert_int_equal(reduce_float_to_half(ldexpf(1, -25)), 0x0000);         /* tie to zero */
+    assert_int_equal(reduce_float_to_half(ldexpf(1, -25)), 0x0000); /* tie to zero */
     assert_int_equal(reduce_float_to_half(ldexpf(3, -26)), 0x0001);
 }
 
@@ -55,8 +55,8 @@ static void bf16_conversions_round_to_nearest_even(void **state)
         if (isnan(f)) continue;
         assert_int_equal(reduce_float_to_bf16(f), b);
     }
-    assert_int_equal(reduce_float_to_bf16(1.0f + 1.0f / 256), 0x3f80);     /* tie, even */
-    assert_int_equal(reduce_float_to_bf16(1.0f + 3.0f / 256), 0x3f82);     /* tie, up */
+    assert_int_equal(reduce_float_to_bf16(1.0f + 1.0f / 256), 0x3f80); /* tie, even */
+    assert_int_equal(reduce_float_to_bf16(1.0f + 3.0f / 256), 0x3f82); /* tie, up */
     assert_true(isnan(reduce_bf16_to_float(reduce_float_to_bf16(NAN))));
 }
 
@@ -71,8 +71,9 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                 const void *srcs[SRC];
                 for (int k = 0; k < nsrc; k++) {
                     for (size_t i = 0; i < N; i++)
-                        val_put(bufs[k], i, dt, op == COLL_PROD ? 1 + (double)((i + (size_t)k) % 2)
-                                                           : (double)((i * 7 + (size_t)k * 3) % 9));
+                        val_put(bufs[k], i, dt,
+                                op == COLL_PROD ? 1 + (double)((i + (size_t)k) % 2)
+                                                : (double)((i * 7 + (size_t)k * 3) % 9));
                     srcs[k] = bufs[k];
                 }
                 reduce_n(dt, op, dst, srcs, nsrc, N, (uint32_t)nsrc);
@@ -87,9 +88,9 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                     }
                     if (op == COLL_AVG)
                         acc = dt <= COLL_UINT64 ? (double)((long long)acc / nsrc) : acc / nsrc;
-                    double got = val_get(dst, i, dt), tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16
-                                                           ? 8e-3 * fabs(acc)
-                                                           : 1e-6 * fabs(acc);
+                    double got = val_get(dst, i, dt),
+                           tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16 ? 8e-3 * fabs(acc)
+                                                                           : 1e-6 * fabs(acc);
                     if (fabs(got - acc) > tol)
                         fail_msg("dtype %s op %s nsrc %d i %zu: got %g want %g",
                                  coll_dtype_name(dt), coll_redop_name(op), nsrc, i, got, acc);

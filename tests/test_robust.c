@@ -499,8 +499,8 @@ static void random_ring_entries_never_hurt_the_agent(void **state)
         close(r.fd);
     }
     int waiting = 300 - dropped - completed; /* taken, waiting for the pair's other slot */
-    print_message("300 entries: %d sessions dropped, %d completed, %d taken and waiting\n",
-                  dropped, completed, waiting);
+    print_message("300 entries: %d sessions dropped, %d completed, %d taken and waiting\n", dropped,
+                  completed, waiting);
     assert_true(dropped > 50);
     assert_true(completed + waiting > 30); /* some got past every check */
     assert_int_equal(kill(f->a.pid, 0), 0);
@@ -567,7 +567,8 @@ static int partner_main(void *arg)
         x[i] = 1.0f;
     coll_request r;
     int rc = 0;
-    if (p->submit && coll_allreduce(g, x, x + 64, (size_t)p->count, COLL_FLOAT32, COLL_SUM, NULL, &r))
+    if (p->submit &&
+        coll_allreduce(g, x, x + 64, (size_t)p->count, COLL_FLOAT32, COLL_SUM, NULL, &r))
         return 11;
     char one = 1;
     if (write(p->ready_fd, &one, 1) != 1) return 12;
@@ -821,8 +822,8 @@ static void refusals_neither_lock_out_nor_flood_the_log(void **state)
         skip();
     }
     struct agent a;
-    assert_int_equal(agent_start(&a, "  max_sessions: 8\n  handshake_timeout_ms: 20000\n",
-                                 GROUPS), 0);
+    assert_int_equal(agent_start(&a, "  max_sessions: 8\n  handshake_timeout_ms: 20000\n", GROUPS),
+                     0);
     int ready[2];
     assert_int_equal(pipe(ready), 0);
     pid_t pid = fork();

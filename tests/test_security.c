@@ -55,8 +55,12 @@ static void hello_proofs_do_not_replay(void **state)
     sec_random(n1, sizeof(n1));
     sec_random(n2, sizeof(n2));
     assert_memory_not_equal(n1, n2, sizeof(n1));
-    struct data_hello h = {.magic = DATA_MAGIC, .version = RDV_VERSION, .channel = 1,
-                           .group_hash = 42, .epoch = 7, .from_index = 3};
+    struct data_hello h = {.magic = DATA_MAGIC,
+                           .version = RDV_VERSION,
+                           .channel = 1,
+                           .group_hash = 42,
+                           .epoch = 7,
+                           .from_index = 3};
     sec_mac(h.mac, secret, n1, &h, DATA_HELLO_SIGNED);
     assert_true(sec_mac_ok(h.mac, secret, n1, &h, DATA_HELLO_SIGNED));
     assert_false(sec_mac_ok(h.mac, secret, n2, &h, DATA_HELLO_SIGNED)); /* replayed */

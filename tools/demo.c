@@ -51,8 +51,7 @@ static int run_rank(const char *sock, const char *group, size_t max_bytes, int i
         printf("group '%s': %d ranks on %d pod(s), backend %s, epoch %u\n\n"
                "%-15s %12s %12s %12s %10s %8s\n",
                info.name, n, info.nodes, info.backend, info.epoch, "op", "bytes", "time(us)",
-               "algbw(GB/s)",
-               "busbw", "check");
+               "algbw(GB/s)", "busbw", "check");
     size_t maxc = max_bytes / sizeof(float);
     coll_buffer *sb, *rb;
     CHECK(coll_mem_alloc(&sb, c, maxc * sizeof(float) * (size_t)n, COLL_DEVICE_HOST));
@@ -182,7 +181,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     for (int i = 0; i < procs; i++) {
         pids[i] = fork();
-        if (pids[i] == 0) _exit(run_rank(nsocks ? socks[i % nsocks] : NULL, group, max_bytes, iters));
+        if (pids[i] == 0)
+            _exit(run_rank(nsocks ? socks[i % nsocks] : NULL, group, max_bytes, iters));
     }
     int bad = 0;
     for (int i = 0; i < procs; i++) {
@@ -190,8 +190,8 @@ int main(int argc, char **argv)
         waitpid(pids[i], &st, 0);
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
     }
-    printf("\n%d application processes on %d agent(s), %d failed: %s\n", procs,
-           nsocks ? nsocks : 1, bad, bad ? "FAILED" : "all results verified");
+    printf("\n%d application processes on %d agent(s), %d failed: %s\n", procs, nsocks ? nsocks : 1,
+           bad, bad ? "FAILED" : "all results verified");
     free(list);
     return bad ? 1 : 0;
 }

@@ -99,7 +99,6 @@ const struct backend_ops backend_nccl = {
     .run = nccl_run,
 };
 
-
 /* ---- devices and imports --------------------------------------------------------- */
 
 int gpu_resolve_device(const char *spec, char *why, size_t whylen)
@@ -200,8 +199,8 @@ struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t 
     }
     CUdeviceptr base = 0;
     size_t asize = 0;
-    if (d->addr_range(&base, &asize, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS ||
-        offset > asize || size > asize - offset) {
+    if (d->addr_range(&base, &asize, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS || offset > asize ||
+        size > asize - offset) {
         cudaIpcCloseMemHandle(p);
         snprintf(why, whylen, "buffer of %zu bytes at offset %llu exceeds its %zu-byte allocation",
                  size, (unsigned long long)offset, asize);
@@ -271,10 +270,10 @@ struct comm {
     uint32_t gen;
     int nranks, rank;
     enum comm_state state;
-    ncclComm_t root;  /* non-blocking, made from the coordinator's id */
+    ncclComm_t root;   /* non-blocking, made from the coordinator's id */
     ncclComm_t *child; /* blocking, split from root; NCCL's thread writes it, so the
                           slot outlives an abort that interrupts the split */
-    ncclComm_t c;     /* what ops are launched on: root (one rank) or child */
+    ncclComm_t c;      /* what ops are launched on: root (one rank) or child */
     cudaStream_t stream;
     void *scratch; /* barrier's element */
     void *tmp;     /* in-place all-to-all's copy of the input */
@@ -283,7 +282,7 @@ struct comm {
     int64_t created_ns;
     char why[160];
     struct gpu_task *fly_head, *fly_tail; /* issued, in stream order */
-    cudaEvent_t *evfree; /* fences of finished ops, for the next ones */
+    cudaEvent_t *evfree;                  /* fences of finished ops, for the next ones */
     int nevfree, capevfree;
     /* ops that repeat are replayed as CUDA graphs (graph_launch) */
     struct cgraph graphs[GRAPH_SLOTS];
@@ -301,8 +300,8 @@ struct launcher {
     int started;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    struct gpu_task *in_head, *in_tail; /* from the engine */
-    int sleeping;                       /* guarded by lock */
+    struct gpu_task *in_head, *in_tail;     /* from the engine */
+    int sleeping;                           /* guarded by lock */
     struct gpu_task *pend_head, *pend_tail; /* taken, not yet issued */
     struct comm *comms;
     uint64_t created, issued, graphs_made, replayed;
@@ -321,14 +320,17 @@ struct gpu {
     int out_efd;
 };
 
-#define SPIN_NS 200000LL      /* keep polling this long after the last progress */
-#define CHECK_NS 1000000LL    /* async-error poll interval per communicator */
+#define SPIN_NS 200000LL   /* keep polling this long after the last progress */
+#define CHECK_NS 1000000LL /* async-error poll interval per communicator */
 #define ISSUE_WAIT_NS 5000000000LL
-#define P2P_GATHER_NS 20000LL      /* a lone send or receive waits this long for partners */ /* an enqueue NCCL leaves in progress gets this long */
+#define P2P_GATHER_NS                                                                              \
+    20000LL /* a lone send or receive waits this long for partners */ /* an enqueue NCCL leaves in \
+                                                                         progress gets this long   \
+                                                                       */
 
 static const ncclDataType_t nccl_dtype[COLL_DTYPE_COUNT] = {
-    [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,     [COLL_INT32] = ncclInt32,
-    [COLL_UINT32] = ncclUint32,   [COLL_INT64] = ncclInt64,     [COLL_UINT64] = ncclUint64,
+    [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,       [COLL_INT32] = ncclInt32,
+    [COLL_UINT32] = ncclUint32,   [COLL_INT64] = ncclInt64,       [COLL_UINT64] = ncclUint64,
     [COLL_FLOAT16] = ncclFloat16, [COLL_BFLOAT16] = ncclBfloat16, [COLL_FLOAT32] = ncclFloat32,
     [COLL_FLOAT64] = ncclFloat64,
 };
@@ -367,8 +369,7 @@ void gpu_engine_sleeping(struct gpu *g, int v)
 
 /* Fail t without the GPU: release both streams (ours may wait for ready, the client's
  * for done) and hand it back. */
-static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed,
-                      const char *why)
+static void fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed, const char *why)
 {
     if (t->type == GPU_TASK_OP) {
         ring_store_max64(t->ready, t->tag);
@@ -411,7 +412,7 @@ struct reap {
     ncclComm_t root, child;
     cudaStream_t stream; /* freed after the aborts: cudaFree and cudaStreamDestroy */
     void *scratch, *tmp; /* may wait for the kernels the aborts end */
-    ncclComm_t *slot; /* the split's result slot, read after the root's abort */
+    ncclComm_t *slot;    /* the split's result slot, read after the root's abort */
     int split_pending;
     int device, group;
     uint32_t gen;
@@ -440,8 +441,8 @@ static void reap_run(struct reap *r)
     if (r->stream) cudaStreamDestroy(r->stream);
     if (r->root || r->child || r->slot)
         log_msg(LOG_INFO, "gpu.comm_aborted",
-                "device=%d group=%d gen=%u child_ms=%.1f root_ms=%.1f", r->device, r->group,
-                r->gen, (t1 - t0) / 1e6, (now_ns() - t1) / 1e6);
+                "device=%d group=%d gen=%u child_ms=%.1f root_ms=%.1f", r->device, r->group, r->gen,
+                (t1 - t0) / 1e6, (now_ns() - t1) / 1e6);
 }
 
 static void *reaper_main(void *arg)
@@ -589,8 +590,8 @@ static struct comm *comm_get(struct launcher *l, struct gpu_task *t)
     }
     l->created++;
     t->created_comm = 1;
-    log_msg(LOG_INFO, "gpu.comm_init", "device=%d group=%d gen=%u rank=%d/%d", l->device,
-            t->group, t->gen, t->rank, t->nranks);
+    log_msg(LOG_INFO, "gpu.comm_init", "device=%d group=%d gen=%u rank=%d/%d", l->device, t->group,
+            t->gen, t->rank, t->nranks);
     return c;
 }
 
@@ -812,8 +813,7 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     for (int i = 0; i < n; i++) {
         struct gpu_task *t = ts[i];
         /* skipped when the client said its stream had nothing pending */
-        if ((int64_t)(atomic_load_explicit(t->ready, memory_order_acquire) - t->tag) >= 0)
-            continue;
+        if ((int64_t)(atomic_load_explicit(t->ready, memory_order_acquire) - t->tag) >= 0) continue;
         CUresult cr = d->wait_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->ready_dev,
                                       t->tag, CU_STREAM_WAIT_VALUE_GEQ);
         if (cr != CUDA_SUCCESS) {
@@ -839,9 +839,8 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
                                                                  : COLL_ERR_INTERNAL;
     }
     for (int i = 0; i < n; i++) {
-        CUresult cr = d->write_value64((CUstream)c->stream,
-                                       (CUdeviceptr)(uintptr_t)ts[i]->done_dev, ts[i]->tag,
-                                       CU_STREAM_WRITE_VALUE_DEFAULT);
+        CUresult cr = d->write_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)ts[i]->done_dev,
+                                       ts[i]->tag, CU_STREAM_WRITE_VALUE_DEFAULT);
         if (cr != CUDA_SUCCESS) {
             snprintf(t0->why, sizeof(t0->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
             return COLL_ERR_INTERNAL;
@@ -850,7 +849,8 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     /* what says the op is finished, in memory the client cannot touch */
     for (int i = 0; i < n; i++) {
         ts[i]->fence = fence_get(c);
-        cudaError_t e = ts[i]->fence ? cudaEventRecord(ts[i]->fence, c->stream) : cudaErrorMemoryAllocation;
+        cudaError_t e =
+            ts[i]->fence ? cudaEventRecord(ts[i]->fence, c->stream) : cudaErrorMemoryAllocation;
         if (e != cudaSuccess) {
             cudaGetLastError();
             snprintf(t0->why, sizeof(t0->why), "cudaEventRecord: %s", cudaGetErrorString(e));
@@ -1236,7 +1236,9 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         }
         g->l[i].started = 1;
         log_msg(LOG_INFO, "gpu.launcher", "device=%d graphs=%s", g->l[i].device,
-                graphs_on == 2 ? "on" : graphs_on ? "one-rank" : "off");
+                graphs_on == 2 ? "on"
+                : graphs_on    ? "one-rank"
+                               : "off");
     }
     return g;
 }

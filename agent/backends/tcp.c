@@ -37,7 +37,6 @@
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
 #define EXCHANGE_SPINS 50
 
-
 /* ---- transfers ---------------------------------------------------------------------- */
 
 struct xfer {
@@ -153,7 +152,8 @@ static void fold(struct opctx *o, struct xfer *x, int final)
     }
 }
 
-static int failf(struct opctx *o, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(struct opctx *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int failf(struct opctx *o, int code, const char *fmt, ...)
 {
     va_list ap;
@@ -199,8 +199,8 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                         continue;
                     }
                     if (r == 0 && !t->is_send)
-                        return failf(o, COLL_ERR_PEER_LOST,
-                                     "node %d closed the data connection", t->peer);
+                        return failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection",
+                                     t->peer);
                     if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
                     if (r < 0 && t->is_send && (errno == EPIPE || errno == ECONNRESET)) {
                         /* the peer closed: it either finished this op and left (and needs
@@ -209,8 +209,8 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
                         t->done = t->total;
                         break;
                     }
-                    return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s",
-                                 t->peer, r < 0 ? strerror(errno) : "closed");
+                    return failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", t->peer,
+                                 r < 0 ? strerror(errno) : "closed");
                 }
                 if (t->done < t->total) {
                     left++;
@@ -243,7 +243,8 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
         int ms = rem > 20000000 ? 20 : (int)(rem / 1000000) + 1;
         if (c->budget_until) ms = 0; /* on the engine thread: never sleep, give up instead */
         int r = poll(pf, (nfds_t)np, ms);
-        if (r < 0 && errno != EINTR) return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
+        if (r < 0 && errno != EINTR)
+            return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
         char ended[160];
         int st = c->budget_until ? 0 : net_service(c->net, c->g, ended, sizeof(ended));
         if (st) return failf(o, st, "%s", ended);

@@ -30,8 +30,8 @@ int coll_err_retryable(coll_err err)
 
 static const unsigned char dtype_size[COLL_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 static const char *const dtype_names[COLL_DTYPE_COUNT] = {
-    "int8",    "uint8",    "int32",   "uint32",  "int64",
-    "uint64",  "float16",  "bfloat16", "float32", "float64",
+    "int8",   "uint8",   "int32",    "uint32",  "int64",
+    "uint64", "float16", "bfloat16", "float32", "float64",
 };
 static const char *const redop_names[COLL_REDOP_COUNT] = {"sum", "prod", "min", "max", "avg"};
 

@@ -193,9 +193,9 @@ int cudrv_device_by_uuid(const uint8_t uuid[16])
 void cudrv_uuid_str(const uint8_t u[16], char *out, size_t outlen)
 {
     snprintf(out, outlen,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+             u[15]);
 }
 
 int cudrv_uuid_parse(const char *s, uint8_t u[16])

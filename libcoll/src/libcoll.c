@@ -66,11 +66,11 @@ enum req_state { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
 struct req {
     uint32_t gen;
     uint8_t state;
-    uint8_t rang; /* submission woke a sleeping agent: sleep at once, don't spin */
-    uint8_t gpu;  /* a GPU op: its done word can be waited on by a stream */
-    uint8_t detached; /* handed to a stream (coll_wait_stream): freed when it completes */
+    uint8_t rang;         /* submission woke a sleeping agent: sleep at once, don't spin */
+    uint8_t gpu;          /* a GPU op: its done word can be waited on by a stream */
+    uint8_t detached;     /* handed to a stream (coll_wait_stream): freed when it completes */
     uint8_t agent_failed; /* the agent failed it: its reason is in the shared region */
-    uint32_t group;   /* handle of the group it was submitted to */
+    uint32_t group;       /* handle of the group it was submitted to */
     int32_t status;
     coll_buffer *sb, *rb;
 };
@@ -79,8 +79,8 @@ struct coll_buffer {
     coll_conn *conn;
     uint32_t id;
     int device;
-    int kind;                /* enum wire_mem_kind */
-    struct lcgpu_mem *gmem;  /* CUMEM_FD buffers libcoll allocated */
+    int kind;               /* enum wire_mem_kind */
+    struct lcgpu_mem *gmem; /* CUMEM_FD buffers libcoll allocated */
     void *ptr;
     size_t size;
     uint32_t inflight; /* ops in flight that use it; guarded by conn->lock */
@@ -100,9 +100,9 @@ struct coll_conn {
      * the others sleep on cv, which is broadcast whenever completions are reaped or the
      * poller leaves. With several threads in epoll on one edge-triggered doorbell, the
      * edge woke one of them and a completion reaped for another thread was never seen. */
-    pthread_cond_t cv;  /* CLOCK_MONOTONIC; guarded by lock */
-    int poller;         /* a thread sleeps in epoll; guarded by lock */
-    int cv_waiters;     /* threads sleeping on cv; guarded by lock */
+    pthread_cond_t cv; /* CLOCK_MONOTONIC; guarded by lock */
+    int poller;        /* a thread sleeps in epoll; guarded by lock */
+    int cv_waiters;    /* threads sleeping on cv; guarded by lock */
     int fd, efd_agent, efd_client;
     int epfd; /* efd_client (edge-triggered: never drained) and the socket */
     struct wire_shm *shm;
@@ -111,18 +111,18 @@ struct coll_conn {
     uint32_t rpc_id;
     int timeout_ms;
     int spin_us;
-    int spin_set; /* COLL_SPIN_US was given: spin that long for every op */
-    int few_cpus; /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
-    coll_err lost;      /* COLL_OK while the agent is there */
+    int spin_set;  /* COLL_SPIN_US was given: spin that long for every op */
+    int few_cpus;  /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
+    coll_err lost; /* COLL_OK while the agent is there */
     char lost_msg[WIRE_ERRMSG_MAX];
     struct req reqs[WIRE_RING_ENTRIES];
     uint32_t free_idx[WIRE_RING_ENTRIES];
     uint32_t nfree;
-    uint32_t ndetached; /* requests only a stream waits for (coll_wait_stream) */
-    int agent_gpu;      /* the agent imports GPU buffers */
-    int shm_gpu;        /* the region is registered with CUDA */
-    intptr_t shm_delta; /* host -> GPU address of the region */
-    coll_err stream_err; /* a failed op that was handed to a stream, not yet reported */
+    uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
+    int agent_gpu;             /* the agent imports GPU buffers */
+    int shm_gpu;               /* the region is registered with CUDA */
+    intptr_t shm_delta;        /* host -> GPU address of the region */
+    coll_err stream_err;       /* a failed op that was handed to a stream, not yet reported */
     uint32_t stream_err_group; /* its group: closing that group forgets the error */
     char stream_err_msg[256];
     coll_buffer **bufs; /* sorted by ptr */
@@ -132,7 +132,6 @@ struct coll_conn {
 
 static void reap(coll_conn *c);
 static void sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req);
-
 
 static int env_int(const char *name, int def)
 {
@@ -191,10 +190,8 @@ static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int *nfds, int6
             struct cmsghdr align;
         } u;
         struct iovec iov = {.iov_base = buf, .iov_len = cap};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = u.b,
-                            .msg_controllen = sizeof(u.b)};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)};
         ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (n < 0) return -1;
@@ -873,8 +870,8 @@ struct op_args {
     void *stream;
 };
 
-static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems,
-                        size_t esize, int used, coll_buffer **b, uint64_t *off, uint32_t *id)
+static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems, size_t esize,
+                        int used, coll_buffer **b, uint64_t *off, uint32_t *id)
 {
     *b = NULL;
     *off = 0;
@@ -962,8 +959,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         goto out;
     }
     if (c->nfree == 0) {
-        rc = fail(COLL_ERR_LIMIT, "%d requests are pending: wait for some first",
-                  WIRE_RING_ENTRIES);
+        rc =
+            fail(COLL_ERR_LIMIT, "%d requests are pending: wait for some first", WIRE_RING_ENTRIES);
         goto out;
     }
     uint32_t idx = c->free_idx[c->nfree - 1];
@@ -1034,8 +1031,7 @@ coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t coun
 coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                         int root, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_BROADCAST, dt, 0, root, count, send, recv,
-                        rank_of(g) == root, 1};
+    struct op_args a = {WIRE_OP_BROADCAST, dt, 0, root, count, send, recv, rank_of(g) == root, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1043,8 +1039,7 @@ coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t coun
 coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                      coll_redop op, int root, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_REDUCE, dt, op, root, count, send, recv, 1,
-                        rank_of(g) == root};
+    struct op_args a = {WIRE_OP_REDUCE, dt, op, root, count, send, recv, 1, rank_of(g) == root};
     a.stream = stream;
     return submit(g, &a, req);
 }
@@ -1060,8 +1055,7 @@ coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t send
 coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t recvcount,
                              coll_dtype dt, coll_redop op, void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_REDUCE_SCATTER, dt, op, 0, recvcount, send, recv,
-                        1, 1};
+    struct op_args a = {WIRE_OP_REDUCE_SCATTER, dt, op, 0, recvcount, send, recv, 1, 1};
     a.stream = stream;
     return submit(g, &a, req);
 }

@@ -55,9 +55,8 @@ static inline void ring_store_release(struct wire_ring_idx *i, uint32_t v)
 static inline void ring_store_max64(_Atomic uint64_t *w, uint64_t v)
 {
     uint64_t cur = atomic_load_explicit(w, memory_order_acquire);
-    while ((int64_t)(cur - v) < 0 &&
-           !atomic_compare_exchange_weak_explicit(w, &cur, v, memory_order_release,
-                                                  memory_order_acquire))
+    while ((int64_t)(cur - v) < 0 && !atomic_compare_exchange_weak_explicit(
+                                         w, &cur, v, memory_order_release, memory_order_acquire))
         ;
 }
 

@@ -18,23 +18,23 @@
 #define WIRE_VERSION 3
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
-#define WIRE_WHY_MAX 160 /* the reason of a failed op, in the shared region */
-#define WIRE_MAX_MSG 512 /* no control message is larger */
-#define WIRE_RING_ENTRIES 256 /* ops in flight per session */
+#define WIRE_WHY_MAX 160                    /* the reason of a failed op, in the shared region */
+#define WIRE_MAX_MSG 512                    /* no control message is larger */
+#define WIRE_RING_ENTRIES 256               /* ops in flight per session */
 #define WIRE_MAX_BUFFER ((uint64_t)1 << 46) /* bytes one shared buffer may hold (64 TiB) */
 
 enum wire_type {
-    WIRE_HELLO = 1,       /* client -> agent */
-    WIRE_HELLO_OK,        /* agent -> client, with fds: shm, agent doorbell, client doorbell */
-    WIRE_ERROR,           /* agent -> client: the request failed */
-    WIRE_GROUP_OPEN,      /* client -> agent */
-    WIRE_GROUP_OPEN_OK,   /* agent -> client */
-    WIRE_GROUP_CLOSE,     /* client -> agent */
-    WIRE_GROUP_CLOSE_OK,  /* agent -> client */
-    WIRE_MEM_REG,         /* client -> agent, with fd */
-    WIRE_MEM_REG_OK,      /* agent -> client */
-    WIRE_MEM_RELEASE,     /* client -> agent */
-    WIRE_MEM_RELEASE_OK,  /* agent -> client */
+    WIRE_HELLO = 1,      /* client -> agent */
+    WIRE_HELLO_OK,       /* agent -> client, with fds: shm, agent doorbell, client doorbell */
+    WIRE_ERROR,          /* agent -> client: the request failed */
+    WIRE_GROUP_OPEN,     /* client -> agent */
+    WIRE_GROUP_OPEN_OK,  /* agent -> client */
+    WIRE_GROUP_CLOSE,    /* client -> agent */
+    WIRE_GROUP_CLOSE_OK, /* agent -> client */
+    WIRE_MEM_REG,        /* client -> agent, with fd */
+    WIRE_MEM_REG_OK,     /* agent -> client */
+    WIRE_MEM_RELEASE,    /* client -> agent */
+    WIRE_MEM_RELEASE_OK, /* agent -> client */
     WIRE_TYPE_END
 };
 
@@ -42,7 +42,7 @@ struct wire_hdr {
     uint32_t magic;
     uint16_t version;
     uint16_t type;
-    uint32_t len; /* whole message, header included */
+    uint32_t len;    /* whole message, header included */
     uint32_t req_id; /* echoed by the reply */
 };
 
@@ -94,20 +94,20 @@ struct wire_group_close {
 
 /* How a shared buffer travels. */
 enum wire_mem_kind {
-    WIRE_MEM_MEMFD = 0,   /* host memory: a sealed memfd (the fd) */
-    WIRE_MEM_CUMEM_FD,    /* GPU memory: a cuMem allocation exported as a POSIX fd */
-    WIRE_MEM_CUDA_IPC,    /* GPU memory: a legacy cudaIpcMemHandle_t (no fd) */
+    WIRE_MEM_MEMFD = 0, /* host memory: a sealed memfd (the fd) */
+    WIRE_MEM_CUMEM_FD,  /* GPU memory: a cuMem allocation exported as a POSIX fd */
+    WIRE_MEM_CUDA_IPC,  /* GPU memory: a legacy cudaIpcMemHandle_t (no fd) */
     WIRE_MEM_KIND_COUNT
 };
 
 struct wire_mem_reg {
     struct wire_hdr h;
-    uint64_t size;   /* bytes the client uses, from the start of the buffer */
-    uint64_t offset; /* CUDA_IPC: where the buffer starts in the allocation the handle names */
-    int32_t device;  /* -1: host; else the client's ordinal (for logs: the uuid names the GPU) */
-    uint32_t kind;   /* enum wire_mem_kind */
-    uint8_t uuid[16];  /* GPU kinds: the device's UUID */
-    uint8_t ipc[64];   /* CUDA_IPC: the handle */
+    uint64_t size;    /* bytes the client uses, from the start of the buffer */
+    uint64_t offset;  /* CUDA_IPC: where the buffer starts in the allocation the handle names */
+    int32_t device;   /* -1: host; else the client's ordinal (for logs: the uuid names the GPU) */
+    uint32_t kind;    /* enum wire_mem_kind */
+    uint8_t uuid[16]; /* GPU kinds: the device's UUID */
+    uint8_t ipc[64];  /* CUDA_IPC: the handle */
 };
 
 struct wire_mem_reg_ok {
@@ -179,9 +179,10 @@ static inline int wire_kind_rooted(unsigned kind)
 #define WIRE_BUF_NONE 0u
 
 /* sqe flags */
-#define WIRE_SQE_F_GPU 1u /* GPU op: the client's stream writes ready[i] = tag before the op may
-                             start, and the agent writes done[i] = tag after it, where
-                             i = (tag & 0xffffffff) - 1 (see struct wire_shm) */
+#define WIRE_SQE_F_GPU                                                                             \
+    1u /* GPU op: the client's stream writes ready[i] = tag before the op may                      \
+          start, and the agent writes done[i] = tag after it, where                                \
+          i = (tag & 0xffffffff) - 1 (see struct wire_shm) */
 #define WIRE_SQE_F_ALL WIRE_SQE_F_GPU
 
 /* One submitted op; 64 bytes, one cache line. seq is written last (release) and says

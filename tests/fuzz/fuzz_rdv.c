@@ -26,8 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data_challenge_check(&c, why, sizeof(why));
     uint64_t bytes;
     uint32_t nlocal = size ? data[0] : 1;
-    if (data_send_hdr_check(&o, nlocal, size > 1 ? data[1] : 0, size > 2 ? data[2] : 0, &bytes,
-                            why, sizeof(why)) == 0 &&
+    if (data_send_hdr_check(&o, nlocal, size > 1 ? data[1] : 0, size > 2 ? data[2] : 0, &bytes, why,
+                            sizeof(why)) == 0 &&
         bytes > (1ull << 40))
         __builtin_trap();
     return 0;

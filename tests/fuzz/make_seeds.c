@@ -38,8 +38,12 @@ int main(int argc, char **argv)
         snprintf(name, sizeof(name), "msg-%u", t);
         put("wire", name, &m, m.h.len);
     }
-    struct wire_sqe q = {.tag = 1, .count = 16, .kind = WIRE_OP_ALLREDUCE, .dtype = COLL_FLOAT32,
-                         .send_buf = 1, .recv_buf = 1};
+    struct wire_sqe q = {.tag = 1,
+                         .count = 16,
+                         .kind = WIRE_OP_ALLREDUCE,
+                         .dtype = COLL_FLOAT32,
+                         .send_buf = 1,
+                         .recv_buf = 1};
     put("wire", "sqe-allreduce", &q, sizeof(q));
     q.kind = WIRE_OP_BROADCAST;
     q.flags = WIRE_SQE_F_GPU;
@@ -60,14 +64,18 @@ int main(int argc, char **argv)
     put("rdv", "abort", &r, rdv_size(&r));
     rdv_init(&r, RDV_HEARTBEAT, "g", 3);
     put("rdv", "heartbeat", &r, rdv_size(&r));
-    struct data_hello h = {.magic = DATA_MAGIC, .version = RDV_VERSION, .channel = 1, .epoch = 3,
-                           .from_index = 1};
+    struct data_hello h = {
+        .magic = DATA_MAGIC, .version = RDV_VERSION, .channel = 1, .epoch = 3, .from_index = 1};
     put("rdv", "hello", &h, sizeof(h));
     struct data_challenge c = {.magic = DATA_MAGIC, .version = RDV_VERSION};
     put("rdv", "challenge", &c, sizeof(c));
     uint8_t sh[1 + 2 + sizeof(struct data_op_hdr)];
-    struct data_op_hdr o = {.magic = DATA_MAGIC, .kind = WIRE_OP_SEND, .dtype = COLL_INT32,
-                            .src_rank = 2, .dst_rank = 0, .count = 100};
+    struct data_op_hdr o = {.magic = DATA_MAGIC,
+                            .kind = WIRE_OP_SEND,
+                            .dtype = COLL_INT32,
+                            .src_rank = 2,
+                            .dst_rank = 0,
+                            .count = 100};
     memcpy(sh, &o, sizeof(o));
     put("rdv", "send-hdr", sh, sizeof(o));
     return 0;

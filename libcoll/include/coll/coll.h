@@ -41,24 +41,24 @@ extern "C" {
  * changed under the caller (a member left, the agent restarted): close the group
  * (or connection), open it again and resubmit.
  */
-#define COLL_ERRORS(X)                                                                         \
-    X(COLL_OK, 0, 0, "success")                                                                \
-    X(COLL_ERR_INVALID, 1, 0, "invalid argument")                                              \
-    X(COLL_ERR_NOMEM, 2, 0, "out of memory")                                                   \
-    X(COLL_ERR_SYSTEM, 3, 0, "system call failed")                                             \
-    X(COLL_ERR_CONNECT, 4, 1, "cannot connect to the agent")                                   \
-    X(COLL_ERR_PROTOCOL, 5, 0, "protocol error between libcoll and the agent")                 \
-    X(COLL_ERR_DENIED, 6, 0, "permission denied by the agent")                                 \
-    X(COLL_ERR_NOT_FOUND, 7, 0, "no such group")                                               \
-    X(COLL_ERR_BUSY, 8, 0, "resource busy")                                                    \
-    X(COLL_ERR_TIMEOUT, 9, 1, "timed out")                                                     \
-    X(COLL_ERR_MISMATCH, 10, 1, "participants disagree on the operation")                      \
-    X(COLL_ERR_PEER_LOST, 11, 1, "a participant of the group left")                            \
-    X(COLL_ERR_EPOCH, 12, 1, "the group was re-formed; reopen it")                             \
-    X(COLL_ERR_AGENT_LOST, 13, 1, "the connection to the agent was lost")                      \
-    X(COLL_ERR_SHUTDOWN, 14, 1, "the agent is shutting down")                                  \
-    X(COLL_ERR_UNSUPPORTED, 15, 0, "not supported by this group's backend")                    \
-    X(COLL_ERR_LIMIT, 16, 0, "a limit was reached")                                            \
+#define COLL_ERRORS(X)                                                                             \
+    X(COLL_OK, 0, 0, "success")                                                                    \
+    X(COLL_ERR_INVALID, 1, 0, "invalid argument")                                                  \
+    X(COLL_ERR_NOMEM, 2, 0, "out of memory")                                                       \
+    X(COLL_ERR_SYSTEM, 3, 0, "system call failed")                                                 \
+    X(COLL_ERR_CONNECT, 4, 1, "cannot connect to the agent")                                       \
+    X(COLL_ERR_PROTOCOL, 5, 0, "protocol error between libcoll and the agent")                     \
+    X(COLL_ERR_DENIED, 6, 0, "permission denied by the agent")                                     \
+    X(COLL_ERR_NOT_FOUND, 7, 0, "no such group")                                                   \
+    X(COLL_ERR_BUSY, 8, 0, "resource busy")                                                        \
+    X(COLL_ERR_TIMEOUT, 9, 1, "timed out")                                                         \
+    X(COLL_ERR_MISMATCH, 10, 1, "participants disagree on the operation")                          \
+    X(COLL_ERR_PEER_LOST, 11, 1, "a participant of the group left")                                \
+    X(COLL_ERR_EPOCH, 12, 1, "the group was re-formed; reopen it")                                 \
+    X(COLL_ERR_AGENT_LOST, 13, 1, "the connection to the agent was lost")                          \
+    X(COLL_ERR_SHUTDOWN, 14, 1, "the agent is shutting down")                                      \
+    X(COLL_ERR_UNSUPPORTED, 15, 0, "not supported by this group's backend")                        \
+    X(COLL_ERR_LIMIT, 16, 0, "a limit was reached")                                                \
     X(COLL_ERR_INTERNAL, 17, 0, "internal error")
 
 typedef enum coll_err {
@@ -139,15 +139,15 @@ COLL_API void coll_disconnect(coll_conn **conn);
 #define COLL_SLOT_ANY (-1)
 
 typedef struct coll_group_info {
-    int rank;            /* this participant's rank in the group */
-    int size;            /* number of ranks: nodes x local slots */
-    int local_slot;      /* this participant's slot on its node */
-    int local_slots;     /* slots per node */
-    int node_index;      /* index of this pod in the group */
-    int nodes;           /* pods in the group */
-    uint32_t epoch;      /* bumped every time the group re-forms */
-    char backend[16];    /* "host" or "nccl": what the agent chose */
-    char name[64];       /* the group's name */
+    int rank;         /* this participant's rank in the group */
+    int size;         /* number of ranks: nodes x local slots */
+    int local_slot;   /* this participant's slot on its node */
+    int local_slots;  /* slots per node */
+    int node_index;   /* index of this pod in the group */
+    int nodes;        /* pods in the group */
+    uint32_t epoch;   /* bumped every time the group re-forms */
+    char backend[16]; /* "host" or "nccl": what the agent chose */
+    char name[64];    /* the group's name */
 } coll_group_info;
 
 /* Take a local slot of the group called name (slot COLL_SLOT_ANY: the lowest free
@@ -172,8 +172,8 @@ COLL_API void coll_group_close(coll_group **group);
  * agent as a file descriptor (no shared PID namespace needed; the agent finds the GPU
  * by UUID), contents undefined. Blocks for one round trip. The caller owns *out and
  * frees it with coll_mem_release.
- * Errors: INVALID (size 0 or over 2^46 bytes), NOMEM, SYSTEM (no memfd), UNSUPPORTED (GPU buffers need CUDA
- * here and a GPU group in the agent), LIMIT. */
+ * Errors: INVALID (size 0 or over 2^46 bytes), NOMEM, SYSTEM (no memfd), UNSUPPORTED (GPU buffers
+ * need CUDA here and a GPU group in the agent), LIMIT. */
 COLL_API coll_err coll_mem_alloc(coll_buffer **out, coll_conn *conn, size_t size, int device);
 /* Share host memory the caller already holds as a file descriptor (memfd or shm),
  * size bytes from offset 0. libcoll maps it and duplicates fd; the caller keeps fd.
@@ -227,8 +227,8 @@ COLL_API coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_
 COLL_API coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t sendcount,
                                  coll_dtype dt, void *stream, coll_request *req);
 /* send holds size * recvcount elements; rank r receives the reduction of block r. */
-COLL_API coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv,
-                                      size_t recvcount, coll_dtype dt, coll_redop op, void *stream,
+COLL_API coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t recvcount,
+                                      coll_dtype dt, coll_redop op, void *stream,
                                       coll_request *req);
 /* Block j of rank i's send (count elements each) lands in block i of rank j's recv. */
 COLL_API coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count,
