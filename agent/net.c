@@ -194,7 +194,7 @@ struct net {
     int npend;
     struct sec_keys keys;
     void *zap; /* coordinator with keys: the ZAP handler */
-    struct log_limit lim_hello, lim_frame, lim_reject;
+    struct log_limit lim_hello, lim_claim, lim_frame, lim_reject;
     int64_t last_service;
 };
 
@@ -1336,15 +1336,20 @@ static void accept_conns(struct net *n)
     }
 }
 
-static void bad_hello(struct net *n, const struct pending_conn *p, const char *why)
+static void refuse_hello(struct log_limit *lim, const struct pending_conn *p, const char *why)
 {
     unsigned long long dropped;
     char ip[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &p->from, ip, sizeof(ip));
-    if (log_limit_pass(&n->lim_hello, &dropped))
+    if (log_limit_pass(lim, &dropped))
         log_msg(LOG_WARN, "data.refused",
                 "from=%s node=%u channel=%u epoch=%u reason=\"%s\" suppressed=%llu", ip,
                 p->hello.from_index, p->hello.channel, p->hello.epoch, why, dropped);
+}
+
+static void bad_hello(struct net *n, const struct pending_conn *p, const char *why)
+{
+    refuse_hello(&n->lim_hello, p, why);
 }
 
 /* Whether the connection came from the address the member table lists for node i
@@ -1360,6 +1365,29 @@ static int from_member(const struct ngroup *g, int i, struct in_addr from)
     return want.s_addr == from.s_addr;
 }
 
+/* Pending connection i says it is a connection of an epoch not committed here yet. At
+ * most one such claim is kept per source address and claimed connection (group, node,
+ * channel): an older one from the same address is closed, so a source cannot hold more
+ * than that many pre-connections, whatever it sends. */
+static void forget_older_claims(struct net *n, int i)
+{
+    const struct pending_conn *p = &n->pend[i];
+    for (int j = 0; j < n->npend; j++) {
+        struct pending_conn *q = &n->pend[j];
+        if (j == i || q->got != sizeof(q->hello) || q->from.s_addr != p->from.s_addr ||
+            q->hello.group_hash != p->hello.group_hash ||
+            q->hello.from_index != p->hello.from_index || q->hello.channel != p->hello.channel ||
+            q->deadline > p->deadline)
+            continue;
+        /* q is older: the newer claim wins */
+        /* its own rate limit: a claim flood must not hide the refusals of forgeries */
+        refuse_hello(&n->lim_claim, q,
+                     "a newer hello for the same connection came from the same address");
+        close(q->fd);
+        q->fd = -1; /* removed by progress_pending's next look at it */
+    }
+}
+
 /*
  * Hellos of accepted connections. One proven for the committed epoch (mac over our
  * nonce with the epoch's secret, a member's index, from that member's address, a free
@@ -1372,14 +1400,21 @@ static void progress_pending(struct net *n)
     int64_t t = now_ns();
     for (int i = 0; i < n->npend;) {
         struct pending_conn *p = &n->pend[i];
-        int drop = 0, keep = 1;
+        if (p->fd < 0) { /* closed by forget_older_claims */
+            n->pend[i] = n->pend[--n->npend];
+            continue;
+        }
+        int drop = 0, keep = 1, fresh = 0;
         if (p->got < sizeof(p->hello)) {
             ssize_t r = read(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got);
             if (r > 0)
                 p->got += (size_t)r;
             else if (r == 0 || (errno != EAGAIN && errno != EINTR))
                 drop = 1;
-            if (p->got == sizeof(p->hello)) p->deadline = t + PENDING_FUTURE_NS;
+            if (p->got == sizeof(p->hello)) {
+                p->deadline = t + PENDING_FUTURE_NS;
+                fresh = 1;
+            }
         }
         if (!drop && p->got == sizeof(p->hello)) {
             char why[128];
@@ -1418,8 +1453,10 @@ static void progress_pending(struct net *n)
                         keep = 0;
                         check_ready(n, g);
                     }
-                }
-                /* else: for an epoch we have not been told of yet: keep it until then */
+                } else if (fresh)
+                    forget_older_claims(n, i);
+                /* else: for an epoch we have not been told of yet: keep it until then,
+                 * one per source address and claimed connection */
             }
         }
         if (!drop && keep && t > p->deadline) drop = 1;
@@ -1679,7 +1716,8 @@ static void *net_main(void *arg)
         items[ni++] = (zmq_pollitem_t){.fd = n->lfd, .events = ZMQ_POLLIN};
         items[ni++] = (zmq_pollitem_t){.fd = n->in_efd, .events = ZMQ_POLLIN};
         for (int i = 0; i < n->npend; i++)
-            items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
+            if (n->pend[i].fd >= 0)
+                items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
         atomic_store_explicit(&n->sleeping, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
         int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);

@@ -920,13 +920,16 @@ static void forged_data_hellos_are_refused(void **state)
     int dport = data_port_of(&a[0]);
     assert_true(dport > 0);
     int fds[24], nf = 0;
-    for (uint32_t e = 1; e <= 8; e++) /* the current epoch and the next ones */
+    /* the current epoch and the next ones, latest first: one pre-connection per source
+     * and claimed connection is kept (the newest), so the next epoch's stays */
+    for (uint32_t e = 8; e >= 1; e--)
         for (uint16_t ch = 0; ch < DATA_CH_COUNT; ch++) {
             fds[nf] = forge_hello(dport, e, ch, 1);
             assert_true(fds[nf] >= 0);
             nf++;
         }
     assert_true(agent_log_wait(&a[0], "does not prove the epoch's secret", 1, 5000));
+    assert_true(agent_log_count(&a[0], "a newer hello for the same connection") >= 3);
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     usleep(1100 * 1000); /* past the log's rate-limit window (10 lines a second) */
     /* pod 1 restarts: the next epochs commit while forged hellos for them wait */
