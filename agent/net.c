@@ -923,7 +923,9 @@ static int read_full(int fd, void *buf, size_t n, int ms)
 }
 
 /* Members' table of a committed epoch: connect to lower indices, accept higher ones. */
-static int connect_to(const char *addr, char *why, size_t whylen)
+/* A non-blocking connect to addr ("ip:port") from our node.address, the address the
+ * member table lists for us and which the peer checks. */
+static int connect_to(const char *self, const char *addr, char *why, size_t whylen)
 {
     char host[RDV_ADDR_MAX];
     snprintf(host, sizeof(host), "%s", addr);
@@ -940,6 +942,14 @@ static int connect_to(const char *addr, char *why, size_t whylen)
         return -1;
     }
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET};
+    if (fd >= 0 && inet_pton(AF_INET, self, &src.sin_addr) == 1 &&
+        bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0) {
+        snprintf(why, whylen, "binding to node.address %s: %s", self, strerror(errno));
+        freeaddrinfo(res);
+        close(fd);
+        return -1;
+    }
     if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) < 0 && errno != EINPROGRESS)) {
         snprintf(why, whylen, "connecting to %s: %s", addr, strerror(errno));
         freeaddrinfo(res);
@@ -995,7 +1005,7 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
     for (int jc = 0; jc < DATA_CH_COUNT * g->me; jc++) {
         int j = jc / DATA_CH_COUNT, ch = jc % DATA_CH_COUNT;
         char why[160];
-        int fd = connect_to(g->members[j].data_addr, why, sizeof(why));
+        int fd = connect_to(n->cfg->node.address, g->members[j].data_addr, why, sizeof(why));
         if (fd < 0) {
             ng_abort(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
             return;

@@ -999,6 +999,30 @@ static void floods_delay_no_member(void **state)
     stop_all(a, 2);
 }
 
+/* Data connections are taken only from the address the member table lists: a pod whose
+ * node.address is 127.0.0.2 connects from it (it binds it), so pod 0 takes its
+ * connections; from any other source they would be refused. */
+static void data_connections_come_from_the_listed_address(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    assert_int_equal(start_member(&a[0], port, 0, 2, 1, NULL), 0);
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "node:\n  index: 1\n  name: pod-1\n  address: 127.0.0.2\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: host\n    members: 2\n    local_slots: 1\n"
+             "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
+             port);
+    assert_int_equal(agent_start(&a[1], NULL, body), 0);
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    assert_true(agent_log_count(&a[0], "data=127.0.0.2:") >= 1);
+    assert_int_equal(agent_log_count(&a[0], "not from the address the member table lists"), 0);
+    stop_all(a, 2);
+}
+
 /* With CURVE keys the group forms and runs; a stranger that holds the server's public
  * key but not the deployment's client key is refused by the ZAP handler before any
  * JOIN is read, and the group never notices. */
@@ -1090,6 +1114,7 @@ int main(void)
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(floods_delay_no_member),
+        cmocka_unit_test(data_connections_come_from_the_listed_address),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
     };
