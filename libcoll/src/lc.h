@@ -1,0 +1,131 @@
+/*
+ * lc.h: libcoll's private header: the objects behind the public handles and the few
+ * functions its files share (prefix lc_, never exported: the library is built with
+ * hidden visibility). conn.c owns the connection, its socket and the errors; buffers.c
+ * the shared buffers; submit.c turning calls into ring entries; wait.c completions and
+ * the waiting policy.
+ */
+#ifndef LIBCOLL_LC_H
+#define LIBCOLL_LC_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "coll/coll.h"
+#include "cpus.h"
+#include "lcgpu.h"
+#include "ring.h"
+#include "util.h"
+#include "wire.h"
+
+#define DEFAULT_SOCKET "/tmp/coll-agent.sock"
+#define DEFAULT_TIMEOUT_MS 10000
+#define DEFAULT_SPIN_US 50
+#define SPIN_PAUSE_NS 3000
+/* With fewer CPUs than this to keep busy (cpus.h), an op between pods sleeps at once:
+ * its spinning would take the CPU from the agent threads that produce its result. With
+ * more, it spins first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25%
+ * slower on 2). */
+#define SPIN_MIN_CPUS 4
+/* submission with every request slot taken, some by ops only streams wait for */
+#define SLOT_WAIT_NS (30LL * 1000000000)
+
+enum req_state { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
+
+struct req {
+    uint32_t gen;
+    uint8_t state;
+    uint8_t rang;         /* submission woke a sleeping agent: sleep at once, don't spin */
+    uint8_t gpu;          /* a GPU op: its done word can be waited on by a stream */
+    uint8_t detached;     /* handed to a stream (coll_wait_stream): freed when it completes */
+    uint8_t agent_failed; /* the agent failed it: its reason is in the shared region */
+    uint32_t group;       /* handle of the group it was submitted to */
+    int32_t status;
+    coll_buffer *sb, *rb;
+};
+
+struct coll_buffer {
+    coll_conn *conn;
+    uint32_t id;
+    int device;
+    int kind;               /* enum wire_mem_kind */
+    struct lcgpu_mem *gmem; /* CUMEM_FD buffers libcoll allocated */
+    void *ptr;
+    size_t size;
+    uint32_t inflight; /* ops in flight that use it; guarded by conn->lock */
+};
+
+struct coll_group {
+    coll_conn *conn;
+    uint32_t handle;
+    int gpu; /* the group runs on NCCL: its ops take GPU buffers and a stream */
+    coll_group_info info;
+    coll_group *next;
+};
+
+struct coll_conn {
+    pthread_mutex_t lock;
+    /* Waiting threads: at most one (the poller) sleeps on the doorbell and the socket;
+     * the others sleep on cv, which is broadcast whenever completions are reaped or the
+     * poller leaves. With several threads in epoll on one edge-triggered doorbell, the
+     * edge woke one of them and a completion reaped for another thread was never seen. */
+    pthread_cond_t cv; /* CLOCK_MONOTONIC; guarded by lock */
+    int poller;        /* a thread sleeps in epoll; guarded by lock */
+    int cv_waiters;    /* threads sleeping on cv; guarded by lock */
+    int fd, efd_agent, efd_client;
+    int epfd; /* efd_client (edge-triggered: never drained) and the socket */
+    struct wire_shm *shm;
+    size_t shm_size;
+    uint32_t sq_next, cq_head; /* next sq entry to fill, next cq entry to read */
+    uint32_t rpc_id;
+    int timeout_ms;
+    int spin_us;
+    int spin_set;  /* COLL_SPIN_US was given: spin that long for every op */
+    int few_cpus;  /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
+    coll_err lost; /* COLL_OK while the agent is there */
+    char lost_msg[WIRE_ERRMSG_MAX];
+    struct req reqs[WIRE_RING_ENTRIES];
+    uint32_t free_idx[WIRE_RING_ENTRIES];
+    uint32_t nfree;
+    uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
+    int agent_gpu;             /* the agent imports GPU buffers */
+    int shm_gpu;               /* the region is registered with CUDA */
+    intptr_t shm_delta;        /* host -> GPU address of the region */
+    coll_err stream_err;       /* a failed op that was handed to a stream, not yet reported */
+    uint32_t stream_err_group; /* its group: closing that group forgets the error */
+    char stream_err_msg[256];
+    coll_buffer **bufs; /* sorted by ptr */
+    size_t nbufs, capbufs;
+    coll_group *groups;
+};
+
+/* conn.c */
+/* Set this thread's coll_last_error() text and return e. */
+coll_err lc_fail(coll_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One request/reply exchange with the agent; caller holds c->lock. */
+coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_type,
+                union wire_msg *reply, int *fds, int *nfds);
+/* The agent is gone (why): every pending request completes with why; caller holds the
+ * lock. */
+void lc_mark_lost(coll_conn *c, coll_err why, const char *msg);
+int lc_env_int(const char *name, int def);
+
+/* buffers.c */
+void lc_buffer_free(coll_buffer *b);
+/* Register the session region with CUDA once (caller holds the lock). */
+coll_err lc_shm_for_gpu(coll_conn *c);
+/* The registered buffer that holds [p, p + bytes), or NULL; caller holds the lock. */
+coll_buffer *lc_find_buffer(coll_conn *c, const void *p, uint64_t bytes);
+
+/* wait.c */
+/* Reap every completion the agent has posted; caller holds the lock. */
+void lc_reap(coll_conn *c);
+/* Sleep until a completion, a word from the agent or the deadline (0: none), unless the
+ * wait for req (id 0: a free request slot) is over; caller does not hold the lock. */
+void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req);
+/* The agent's reason for failing request slot idx. */
+void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX]);
+
+#endif

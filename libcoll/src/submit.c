@@ -1,0 +1,241 @@
+/*
+ * submit.c: turning a collective call into a ring entry: range checks, buffer
+ * lookups, request slots, the doorbell.
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "lc.h"
+
+struct op_args {
+    uint8_t kind;
+    int dtype, redop; /* as the caller passed them: range-checked before they narrow */
+    int32_t peer;
+    uint64_t count;
+    const void *send;
+    void *recv;
+    int send_used, recv_used; /* whether this rank reads send / writes recv */
+    void *stream;
+};
+
+static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems, size_t esize,
+                        int used, coll_buffer **b, uint64_t *off, uint32_t *id)
+{
+    *b = NULL;
+    *off = 0;
+    *id = WIRE_BUF_NONE;
+    if (!used || elems == 0) return COLL_OK;
+    if (!p) return lc_fail(COLL_ERR_INVALID, "%s buffer is NULL", what);
+    if (elems > UINT64_MAX / esize) return lc_fail(COLL_ERR_INVALID, "%s size overflows", what);
+    coll_buffer *buf = lc_find_buffer(c, p, elems * esize);
+    if (!buf)
+        return lc_fail(COLL_ERR_INVALID,
+                       "%s range %p + %llu bytes is not inside a buffer shared with the agent",
+                       what, p, (unsigned long long)(elems * esize));
+    *b = buf;
+    *off = (uint64_t)((uintptr_t)p - (uintptr_t)buf->ptr);
+    *id = buf->id;
+    return COLL_OK;
+}
+
+static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req)
+{
+    if (!g || !req) return lc_fail(COLL_ERR_INVALID, "NULL group or request");
+    req->id = 0;
+    if ((unsigned)a->dtype >= COLL_DTYPE_COUNT)
+        return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", a->dtype);
+    if ((unsigned)a->redop >= COLL_REDOP_COUNT)
+        return lc_fail(COLL_ERR_INVALID, "reduction %d out of range", a->redop);
+    if ((a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE || a->kind == WIRE_OP_SEND ||
+         a->kind == WIRE_OP_RECV) &&
+        (a->peer < 0 || a->peer >= g->info.size))
+        return lc_fail(COLL_ERR_INVALID, "%s: rank %d is outside the group (size %d)",
+                       wire_kind_name(a->kind), a->peer, g->info.size);
+    coll_conn *c = g->conn;
+    struct wire_sqe s = {.count = a->count,
+                         .group = g->handle,
+                         .epoch = g->info.epoch,
+                         .kind = a->kind,
+                         .dtype = (uint8_t)a->dtype,
+                         .redop = (uint8_t)a->redop,
+                         .peer = a->peer};
+    size_t es = coll_dtype_size((coll_dtype)a->dtype);
+    uint64_t selems, relems;
+    if (wire_sqe_extent(&s, 0, (uint32_t)g->info.size, &selems) < 0 ||
+        wire_sqe_extent(&s, 1, (uint32_t)g->info.size, &relems) < 0)
+        return lc_fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)a->count);
+    coll_buffer *sb, *rb;
+    int gpu = g->gpu;
+    pthread_mutex_lock(&c->lock);
+    coll_err rc;
+    if (c->lost) {
+        rc = lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+        goto out;
+    }
+    if (c->stream_err) {
+        rc = lc_fail(c->stream_err, "%s", c->stream_err_msg);
+        c->stream_err = COLL_OK;
+        goto out;
+    }
+    if (c->nfree == 0) lc_reap(c);
+    if (c->nfree == 0 && c->ndetached > 0) {
+        /* streams wait for some of the slots' ops and nobody else will: they free
+         * themselves as they complete, so wait for one (bounded; before any buffer is
+         * looked up, as the lock is let go meanwhile) */
+        int64_t deadline = now_ns() + SLOT_WAIT_NS;
+        while (c->nfree == 0 && !c->lost && now_ns() < deadline) {
+            pthread_mutex_unlock(&c->lock);
+            lc_sleep_for_completion(c, deadline, (coll_request){0});
+            pthread_mutex_lock(&c->lock);
+            lc_reap(c);
+        }
+        if (c->lost) {
+            rc = lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+            goto out;
+        }
+    }
+    rc = resolve(c, "send", a->send, selems, es, a->send_used, &sb, &s.send_off, &s.send_buf);
+    if (rc) goto out;
+    rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, &rb, &s.recv_off, &s.recv_buf);
+    if (rc) goto out;
+    if ((sb && (sb->device >= 0) != gpu) || (rb && (rb->device >= 0) != gpu)) {
+        rc = lc_fail(
+            COLL_ERR_INVALID,
+            gpu ? "group '%s' runs on NCCL: its ops take GPU buffers (coll_mem_alloc with a "
+                  "device, or coll_mem_register_cuda)"
+                : "group '%s' runs on the host backend: its ops take host buffers",
+            g->info.name);
+        goto out;
+    }
+    if (c->nfree == 0) {
+        rc = lc_fail(COLL_ERR_LIMIT, "%d requests are pending: wait for some first",
+                     WIRE_RING_ENTRIES);
+        goto out;
+    }
+    uint32_t idx = c->free_idx[c->nfree - 1];
+    struct req *r = &c->reqs[idx];
+    s.tag = ((uint64_t)(r->gen + 1) << 32) | (idx + 1);
+    if (gpu) {
+        /* the agent's stream starts the op once this stream has written ready */
+        char why[160];
+        rc = lc_shm_for_gpu(c);
+        if (rc) goto out;
+        if (lcgpu_stream_idle(a->stream)) {
+            /* nothing is pending on the stream: the op may start at once; saying so
+             * from the CPU spares both streams a memory operation */
+            atomic_store_explicit(&c->shm->ready[idx], s.tag, memory_order_release);
+        } else {
+            void *word = (char *)&c->shm->ready[idx] + c->shm_delta;
+            if (lcgpu_write(a->stream, word, s.tag, why, sizeof(why)) < 0) {
+                rc = lc_fail(COLL_ERR_INVALID, "%s", why);
+                goto out;
+            }
+        }
+        s.flags |= WIRE_SQE_F_GPU;
+    }
+    c->nfree--;
+    r->gen++;
+    r->gpu = (uint8_t)gpu;
+    r->detached = 0;
+    r->group = g->handle;
+    r->state = REQ_PENDING;
+    r->status = COLL_OK;
+    r->sb = sb;
+    r->rb = rb;
+    if (sb) sb->inflight++;
+    if (rb) rb->inflight++;
+    struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
+    memcpy(slot, &s, offsetof(struct wire_sqe, seq));
+    ring_publish(&slot->seq, c->sq_next);
+    c->sq_next++;
+    /* on a small machine an op that crosses pods takes longer than a spin is worth:
+     * sleep at once and leave the CPU to the agent's threads (measured: bench/RESULTS.md,
+     * issue 3) */
+    r->rang = g->info.nodes > 1 && !c->spin_set && c->few_cpus;
+    if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
+        uint64_t one = 1;
+        ssize_t w = write(c->efd_agent, &one, sizeof(one));
+        (void)w;
+        r->rang = 1;
+    }
+    req->id = s.tag;
+out:
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int rank_of(const coll_group *g)
+{
+    return g ? g->info.rank : -1;
+}
+
+coll_err coll_allreduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
+                        coll_redop op, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_ALLREDUCE, dt, op, 0, count, send, recv, 1, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_broadcast(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
+                        int root, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_BROADCAST, dt, 0, root, count, send, recv, rank_of(g) == root, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_reduce(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
+                     coll_redop op, int root, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_REDUCE, dt, op, root, count, send, recv, 1, rank_of(g) == root};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_allgather(coll_group *g, const void *send, void *recv, size_t sendcount,
+                        coll_dtype dt, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_ALLGATHER, dt, 0, 0, sendcount, send, recv, 1, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_reduce_scatter(coll_group *g, const void *send, void *recv, size_t recvcount,
+                             coll_dtype dt, coll_redop op, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_REDUCE_SCATTER, dt, op, 0, recvcount, send, recv, 1, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
+                       void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_ALLTOALL, dt, 0, 0, count, send, recv, 1, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
+                   void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_SEND, dt, 0, peer, count, send, NULL, 1, 0};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer, void *stream,
+                   coll_request *req)
+{
+    struct op_args a = {WIRE_OP_RECV, dt, 0, peer, count, NULL, recv, 0, 1};
+    a.stream = stream;
+    return submit(g, &a, req);
+}
+
+coll_err coll_barrier(coll_group *g, void *stream, coll_request *req)
+{
+    struct op_args a = {WIRE_OP_BARRIER, 0, 0, 0, 0, NULL, NULL, 0, 0};
+    a.stream = stream;
+    return submit(g, &a, req);
+}

@@ -1,0 +1,293 @@
+/*
+ * wait.c: completions and the waiting policy: reaping the completion ring, spinning
+ * then sleeping (one poller per connection, the others on its condition variable),
+ * coll_wait / coll_test / coll_wait_stream.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <string.h>
+
+#include "lc.h"
+
+/* The agent's reason for failing request slot idx (written before its cqe). */
+void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
+{
+    memcpy(out, c->shm->why[idx], WIRE_WHY_MAX);
+    out[WIRE_WHY_MAX - 1] = '\0'; /* whatever the agent left there */
+}
+
+/* Reap every completion the agent has posted; caller holds the lock. */
+void lc_reap(coll_conn *c)
+{
+    uint32_t start = c->cq_head;
+    for (;;) {
+        struct wire_cqe *slot = &c->shm->cq[c->cq_head & RING_MASK];
+        if (!ring_ready(&slot->seq, c->cq_head)) break;
+        struct wire_cqe e;
+        e.tag = slot->tag;
+        e.status = slot->status;
+        c->cq_head++;
+        uint32_t idx = (uint32_t)(e.tag & 0xffffffffu) - 1;
+        uint32_t gen = (uint32_t)(e.tag >> 32);
+        if (idx < WIRE_RING_ENTRIES && c->reqs[idx].gen == gen &&
+            c->reqs[idx].state == REQ_PENDING) {
+            struct req *r = &c->reqs[idx];
+            r->state = REQ_DONE;
+            r->status = e.status;
+            r->agent_failed = e.status != COLL_OK;
+            if (r->sb) r->sb->inflight--;
+            if (r->rb) r->rb->inflight--;
+            r->sb = r->rb = NULL;
+            if (r->detached) { /* its stream waits for it; nobody else will ask */
+                if (e.status != COLL_OK && !c->stream_err) {
+                    c->stream_err = (coll_err)e.status;
+                    c->stream_err_group = r->group;
+                    char why[WIRE_WHY_MAX];
+                    lc_agent_why(c, idx, why);
+                    snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
+                             "an op handed to a stream earlier failed (%s)%s%s",
+                             coll_strerror((coll_err)e.status), why[0] ? ": " : "", why);
+                }
+                r->state = REQ_FREE;
+                r->detached = 0;
+                c->ndetached--;
+                c->free_idx[c->nfree++] = idx;
+            }
+        }
+    }
+    if (c->cq_head != start) {
+        ring_store_release(&c->shm->cq_head, c->cq_head);
+        if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* some may be theirs */
+    }
+}
+
+/* ---- completion ------------------------------------------------------------------ */
+
+/* The request's slot if req is live; caller holds the lock. */
+static struct req *lookup(coll_conn *c, coll_request req)
+{
+    uint32_t idx = (uint32_t)(req.id & 0xffffffffu) - 1;
+    uint32_t gen = (uint32_t)(req.id >> 32);
+    if (idx >= WIRE_RING_ENTRIES) return NULL;
+    struct req *r = &c->reqs[idx];
+    if (r->gen != gen || r->state == REQ_FREE) return NULL;
+    return r;
+}
+
+static coll_err consume(coll_conn *c, struct req *r)
+{
+    coll_err st = (coll_err)r->status;
+    r->state = REQ_FREE;
+    c->free_idx[c->nfree++] = (uint32_t)(r - c->reqs);
+    if (st != COLL_OK) {
+        char why[WIRE_WHY_MAX] = "";
+        if (r->agent_failed) lc_agent_why(c, (uint32_t)(r - c->reqs), why);
+        if (st == COLL_ERR_AGENT_LOST || st == COLL_ERR_PROTOCOL)
+            lc_fail(st, "agent connection lost: %s", c->lost_msg);
+        else if (why[0])
+            lc_fail(st, "the agent failed the op (%s): %s", coll_strerror(st), why);
+        else
+            lc_fail(st, "the agent failed the op: %s", coll_strerror(st));
+    }
+    return st;
+}
+
+/* Non-blocking look: 1 and *st if done (consumed), 0 if pending, -1 if unknown. */
+static int try_complete(coll_conn *c, coll_request req, coll_err *st)
+{
+    pthread_mutex_lock(&c->lock);
+    struct req *r = lookup(c, req);
+    if (!r) {
+        pthread_mutex_unlock(&c->lock);
+        return -1;
+    }
+    if (r->state == REQ_PENDING && !c->lost) lc_reap(c);
+    int done = r->state == REQ_DONE;
+    if (done) *st = consume(c, r);
+    pthread_mutex_unlock(&c->lock);
+    return done;
+}
+
+/* Another thread is the poller: sleep until it reaps something, leaves, or the
+ * deadline (0: none) passes. Caller holds the lock; returns with it held. */
+static void follow(coll_conn *c, int64_t deadline)
+{
+    c->cv_waiters++;
+    if (deadline > 0) {
+        struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
+        pthread_cond_timedwait(&c->cv, &c->lock, &ts);
+    } else {
+        pthread_cond_wait(&c->cv, &c->lock);
+    }
+    c->cv_waiters--;
+}
+
+/* Whether a wait for req (id 0: for a free request slot) is over; caller holds the lock. */
+static int wait_over(coll_conn *c, coll_request req)
+{
+    if (c->lost) return 1;
+    if (req.id == 0) return c->nfree > 0;
+    struct req *r = lookup(c, req);
+    return !r || r->state != REQ_PENDING;
+}
+
+/* Sleep until the agent posts a completion, the socket says something, or the
+ * deadline passes, unless the wait for req (id 0: a free request slot) is over already.
+ * Detects a lost agent. One thread at a time sleeps on the doorbell and reaps for all;
+ * the others follow it (see struct coll_conn). Every check of req is made under the
+ * lock that reaping holds, after this thread is counted as sleeping: a completion
+ * reaped by another thread is seen, and one not yet posted rings the doorbell. */
+void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
+{
+    pthread_mutex_lock(&c->lock);
+    if (wait_over(c, req)) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    if (c->poller) {
+        follow(c, deadline);
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    c->poller = 1;
+    pthread_mutex_unlock(&c->lock);
+    atomic_fetch_add(&c->shm->client_sleeping.v, 1);
+    ring_full_fence();
+    pthread_mutex_lock(&c->lock);
+    int skip = wait_over(c, req) || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
+    pthread_mutex_unlock(&c->lock);
+    if (!skip) {
+        int ms = -1;
+        if (deadline > 0) {
+            int64_t left = deadline - now_ns();
+            ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+        }
+        struct epoll_event evs[2];
+        int r = epoll_wait(c->epfd, evs, 2, ms);
+        int sock = 0;
+        for (int i = 0; i < r; i++)
+            sock |= evs[i].data.fd == c->fd;
+        if (sock) {
+            /* the agent only speaks unprompted when it drops us */
+            char buf[WIRE_MAX_MSG];
+            union wire_msg m;
+            pthread_mutex_lock(&c->lock);
+            ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                lc_reap(c);
+                lc_mark_lost(c, COLL_ERR_AGENT_LOST, "agent closed the connection");
+            } else if (n > 0) {
+                char err[128];
+                lc_reap(c);
+                if (wire_decode(buf, (size_t)n, &m, NULL, err, sizeof(err)) == 0 &&
+                    m.h.type == WIRE_ERROR)
+                    lc_mark_lost(c,
+                                 m.error.code == COLL_ERR_SHUTDOWN ? COLL_ERR_SHUTDOWN
+                                                                   : COLL_ERR_AGENT_LOST,
+                                 m.error.msg);
+                else
+                    lc_mark_lost(c, COLL_ERR_PROTOCOL, "unexpected message from the agent");
+            }
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    atomic_fetch_sub(&c->shm->client_sleeping.v, 1);
+    pthread_mutex_lock(&c->lock);
+    if (!c->lost) lc_reap(c); /* what woke us may be another thread's */
+    c->poller = 0;
+    if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* one of them takes over */
+    pthread_mutex_unlock(&c->lock);
+}
+
+coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
+{
+    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    coll_err st;
+    int r = try_complete(c, req, &st);
+    if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    if (r > 0) return st;
+    int64_t start = now_ns();
+    int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
+    /* An agent that had to be woken for this op needs tens of microseconds; giving it
+     * this CPU (sleeping at once) beats spinning against it on a small machine. */
+    pthread_mutex_lock(&c->lock);
+    struct req *rq = lookup(c, req);
+    int rang = rq && rq->rang;
+    pthread_mutex_unlock(&c->lock);
+    int64_t spin_until = start + (rang ? 0 : (int64_t)c->spin_us * 1000);
+    for (;;) {
+        int64_t t = now_ns();
+        if (t < spin_until) {
+            /* pause briefly; past that, yield, so that on a machine with fewer CPUs than
+             * busy processes the partners (and the agent) get to run */
+            if (t - start < SPIN_PAUSE_NS)
+                ring_cpu_relax();
+            else
+                sched_yield();
+        } else {
+            lc_sleep_for_completion(c, deadline, req);
+        }
+        r = try_complete(c, req, &st);
+        if (r != 0) return r > 0 ? st : lc_fail(COLL_ERR_INVALID, "request vanished");
+        if (deadline && now_ns() >= deadline)
+            return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
+    }
+}
+
+coll_err coll_test(coll_conn *c, coll_request req, int *done)
+{
+    if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    coll_err st = COLL_OK;
+    int r = try_complete(c, req, &st);
+    if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    *done = r;
+    return r ? st : COLL_OK;
+}
+
+coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
+{
+    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    pthread_mutex_lock(&c->lock);
+    struct req *r = lookup(c, req);
+    coll_err rc = COLL_OK;
+    if (!r || r->detached) {
+        rc = lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    } else if (!r->gpu) {
+        rc = lc_fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
+    } else {
+        uint32_t idx = (uint32_t)(r - c->reqs);
+        char why[160];
+        void *word = (char *)&c->shm->done[idx] + c->shm_delta;
+        if (lcgpu_wait(stream, word, req.id, why, sizeof(why)) < 0) {
+            rc = lc_fail(COLL_ERR_INVALID, "%s", why);
+        } else if (r->state == REQ_DONE) {
+            rc = consume(c, r); /* the stream passes at once */
+        } else {
+            r->detached = 1;
+            c->ndetached++;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+coll_err coll_wait_all(coll_conn *c, coll_request *reqs, size_t n, int timeout_ms)
+{
+    if (!c || (n && !reqs)) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    coll_err first = COLL_OK;
+    int64_t deadline = timeout_ms >= 0 ? now_ns() + (int64_t)timeout_ms * 1000000 : 0;
+    for (size_t i = 0; i < n; i++) {
+        int left = -1;
+        if (deadline) {
+            int64_t l = deadline - now_ns();
+            left = l <= 0 ? 0 : (int)(l / 1000000);
+        }
+        coll_err st = coll_wait(c, reqs[i], left);
+        if (st == COLL_ERR_TIMEOUT && deadline && now_ns() >= deadline) return st;
+        if (st != COLL_OK && first == COLL_OK) first = st;
+    }
+    if (first != COLL_OK) lc_fail(first, "at least one op failed: %s", coll_strerror(first));
+    return first;
+}
