@@ -1,0 +1,512 @@
+/*
+ * nccl_launch.c: the launcher thread of each GPU (issue ops in one order, complete them
+ * by an event of the agent's own, deadlines and async errors) and the engine-facing
+ * side of gpu.h: submit, collect, start, stop.
+ */
+#include "nccl_priv.h"
+
+void nccl_post(struct gpu *g, struct gpu_task *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&g->out_lock);
+    if (g->out_tail)
+        g->out_tail->next = t;
+    else
+        g->out_head = t;
+    g->out_tail = t;
+    atomic_store_explicit(&g->has_out, 1, memory_order_release);
+    pthread_mutex_unlock(&g->out_lock);
+    /* a spinning engine sees has_out; ring only one that may sleep (ring.h's order:
+     * publish, full fence, then look at the sleeping word) */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&g->engine_sleeping, memory_order_relaxed)) {
+        uint64_t one = 1;
+        ssize_t w = write(g->out_efd, &one, sizeof(one));
+        (void)w;
+    }
+}
+
+void gpu_engine_sleeping(struct gpu *g, int v)
+{
+    atomic_store_explicit(&g->engine_sleeping, v, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Fail t without the GPU: release both streams (ours may wait for ready, the client's
+ * for done) and hand it back. */
+void nccl_fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed, const char *why)
+{
+    if (t->type == GPU_TASK_OP) {
+        ring_store_max64(t->ready, t->tag);
+        ring_store_max64(t->done, t->tag);
+    }
+    t->status = code;
+    t->comm_failed = comm_failed;
+    snprintf(t->why, sizeof(t->why), "%s", why);
+    nccl_post(g, t);
+}
+
+/* An event to record after an op (from c's free list, else new); NULL on failure. */
+static cudaEvent_t fence_get(struct comm *c)
+{
+    if (c->nevfree) return c->evfree[--c->nevfree];
+    cudaEvent_t e = NULL;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return e;
+}
+
+/* t is done with its fence: keep it for the next op (finished), or destroy it (its
+ * stream may never reach it; destroying a pending event is allowed). */
+void nccl_fence_put(struct comm *c, struct gpu_task *t, int finished)
+{
+    cudaEvent_t e = t->fence;
+    t->fence = NULL;
+    if (!e) return;
+    if (finished && c && c->nevfree < c->capevfree) {
+        c->evfree[c->nevfree++] = e;
+        return;
+    }
+    if (finished && c) {
+        int cap = c->capevfree ? 2 * c->capevfree : 16;
+        cudaEvent_t *p = realloc(c->evfree, (size_t)cap * sizeof(*p));
+        if (p) {
+            c->evfree = p;
+            c->capevfree = cap;
+            c->evfree[c->nevfree++] = e;
+            return;
+        }
+    }
+    cudaEventDestroy(e);
+}
+
+void nccl_fences_free(struct comm *c)
+{
+    for (int i = 0; i < c->nevfree; i++)
+        cudaEventDestroy(c->evfree[i]);
+    free(c->evfree);
+    c->evfree = NULL;
+    c->nevfree = c->capevfree = 0;
+}
+
+static int p2p(const struct gpu_task *t)
+{
+    return t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV;
+}
+
+/* Enqueue ts[0..n) on c's stream: wait for each op's ready word, the NCCL calls (in one
+ * group when n > 1: sends and receives that wait for each other must be issued
+ * together), then each op's done word. */
+static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n)
+{
+    const struct cudrv *d = l->g->drv;
+    struct gpu_task *t0 = ts[0];
+    for (int i = 0; i < n; i++) {
+        struct gpu_task *t = ts[i];
+        /* skipped when the client said its stream had nothing pending */
+        if ((int64_t)(atomic_load_explicit(t->ready, memory_order_acquire) - t->tag) >= 0) continue;
+        CUresult cr = d->wait_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)t->ready_dev,
+                                      t->tag, CU_STREAM_WAIT_VALUE_GEQ);
+        if (cr != CUDA_SUCCESS) {
+            snprintf(t0->why, sizeof(t0->why), "cuStreamWaitValue64: %s", cudrv_str(cr));
+            return COLL_ERR_INTERNAL;
+        }
+    }
+    ncclResult_t r = ncclSuccess;
+    if (n > 1) r = ncclGroupStart();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        if (ts[i]->count == 0 && ts[i]->kind != WIRE_OP_BARRIER) continue;
+        r = n == 1 ? nccl_graph_launch(l, c, ts[i]) : nccl_launch(c, ts[i]);
+    }
+    if (n > 1) {
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess || r == ncclInProgress) r = e;
+    }
+    r = nccl_settle(c->c, r);
+    if (r != ncclSuccess) {
+        snprintf(t0->why, sizeof(t0->why), "NCCL %s%s: %s", wire_kind_name(t0->kind),
+                 n > 1 ? " (grouped)" : "", ncclGetErrorString(r));
+        return r == ncclInvalidArgument || r == ncclInvalidUsage ? COLL_ERR_INVALID
+                                                                 : COLL_ERR_INTERNAL;
+    }
+    for (int i = 0; i < n; i++) {
+        CUresult cr = d->write_value64((CUstream)c->stream, (CUdeviceptr)(uintptr_t)ts[i]->done_dev,
+                                       ts[i]->tag, CU_STREAM_WRITE_VALUE_DEFAULT);
+        if (cr != CUDA_SUCCESS) {
+            snprintf(t0->why, sizeof(t0->why), "cuStreamWriteValue64: %s", cudrv_str(cr));
+            return COLL_ERR_INTERNAL;
+        }
+    }
+    /* what says the op is finished, in memory the client cannot touch */
+    for (int i = 0; i < n; i++) {
+        ts[i]->fence = fence_get(c);
+        cudaError_t e =
+            ts[i]->fence ? cudaEventRecord(ts[i]->fence, c->stream) : cudaErrorMemoryAllocation;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(t0->why, sizeof(t0->why), "cudaEventRecord: %s", cudaGetErrorString(e));
+            return COLL_ERR_INTERNAL;
+        }
+    }
+    l->issued += (uint64_t)n;
+    return COLL_OK;
+}
+
+/* Move what the engine queued to the pending list; returns 1 if there was any. */
+static int pull(struct launcher *l)
+{
+    pthread_mutex_lock(&l->lock);
+    int any = l->in_head != NULL;
+    if (any) {
+        if (l->pend_tail)
+            l->pend_tail->next = l->in_head;
+        else
+            l->pend_head = l->in_head;
+        l->pend_tail = l->in_tail;
+        l->in_head = l->in_tail = NULL;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return any;
+}
+
+/* Issue what is pending, in order. Returns 1 if anything moved. */
+static int issue_pending(struct launcher *l)
+{
+    int moved = 0;
+    while (l->pend_head) {
+        struct gpu_task *t = l->pend_head;
+        if (t->type == GPU_TASK_DROP) {
+            l->pend_head = t->next;
+            if (!l->pend_head) l->pend_tail = NULL;
+            nccl_drop_generation(l, t->group, t->gen);
+            t->status = COLL_OK;
+            nccl_post(l->g, t);
+            moved = 1;
+            continue;
+        }
+        struct comm *c = nccl_comm_get(l, t);
+        if (!c) {
+            l->pend_head = t->next;
+            if (!l->pend_head) l->pend_tail = NULL;
+            nccl_fail_task(l->g, t, COLL_ERR_NOMEM, 0, "out of memory");
+            moved = 1;
+            continue;
+        }
+        if ((c->state == COMM_INIT || c->state == COMM_SPLIT) && nccl_comm_progress(l, c))
+            break; /* later ops of this device wait: one order per device */
+        l->pend_head = t->next;
+        if (!l->pend_head) l->pend_tail = NULL;
+        moved = 1;
+        if (c->state == COMM_BROKEN) {
+            nccl_fail_task(l->g, t, COLL_ERR_PEER_LOST, 1, c->why);
+            continue;
+        }
+        /* sends and receives queued together go out in one NCCL group; a lone one
+         * waits a few microseconds for its partners (a send and a receive submitted
+         * back to back would otherwise wait for each other on the stream) */
+        if (p2p(t) && !l->pend_head) {
+            int64_t until = now_ns() + P2P_GATHER_NS;
+            while (!pull(l) && now_ns() < until)
+                ring_cpu_relax();
+        }
+        struct gpu_task *batch[64];
+        int n = 0;
+        batch[n++] = t;
+        while (p2p(t) && n < 64 && l->pend_head && l->pend_head->type == GPU_TASK_OP &&
+               p2p(l->pend_head) && l->pend_head->group == t->group &&
+               l->pend_head->gen == t->gen) {
+            batch[n++] = l->pend_head;
+            l->pend_head = l->pend_head->next;
+            if (!l->pend_head) l->pend_tail = NULL;
+        }
+        int rc = issue(l, c, batch, n);
+        if (rc == COLL_ERR_INVALID) {
+            /* refused before anything ran: the communicator is fine */
+            char w[160];
+            snprintf(w, sizeof(w), "%s", t->why);
+            for (int i = 0; i < n; i++)
+                nccl_fail_task(l->g, batch[i], rc, 0, w);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            batch[i]->next = NULL;
+            if (c->fly_tail)
+                c->fly_tail->next = batch[i];
+            else
+                c->fly_head = batch[i];
+            c->fly_tail = batch[i];
+        }
+        if (rc != COLL_OK) {
+            char w[160];
+            snprintf(w, sizeof(w), "%s", t->why);
+            nccl_comm_break(l, c, rc, w);
+        }
+    }
+    if (!l->pend_head) l->pend_tail = NULL;
+    return moved;
+}
+
+/* Complete what the GPU finished; enforce deadlines and poll async errors. */
+static int poll_flying(struct launcher *l, int64_t now)
+{
+    int moved = 0;
+    for (struct comm *c = l->comms; c; c = c->next) {
+        while (c->fly_head) {
+            struct gpu_task *t = c->fly_head;
+            /* the fence, not the done word: a client that writes done early must not
+             * make us drop the op's buffers while its kernel runs */
+            cudaError_t q = t->fence ? cudaEventQuery((cudaEvent_t)t->fence) : cudaErrorNotReady;
+            if (q == cudaSuccess) {
+                c->fly_head = t->next;
+                if (!c->fly_head) c->fly_tail = NULL;
+                nccl_fence_put(c, t, 1);
+                t->status = COLL_OK;
+                nccl_post(l->g, t);
+                moved = 1;
+                continue;
+            }
+            if (q != cudaErrorNotReady) cudaGetLastError();
+            break;
+        }
+        if (!c->fly_head) continue;
+        /* a client that went away never writes ready: do it, so the stream moves on */
+        for (struct gpu_task *t = c->fly_head; t; t = t->next)
+            if (atomic_load_explicit(t->client_gone, memory_order_relaxed))
+                ring_store_max64(t->ready, t->tag);
+        if (c->fly_head->deadline_ns <= now) {
+            char w[160];
+            snprintf(w, sizeof(w), "%s did not finish on the GPU within the op timeout",
+                     wire_kind_name(c->fly_head->kind));
+            nccl_comm_break(l, c, COLL_ERR_TIMEOUT, w);
+            moved = 1;
+        } else if (now >= c->next_check && c->c) {
+            c->next_check = now + CHECK_NS;
+            ncclResult_t r = ncclSuccess;
+            ncclCommGetAsyncError(c->c, &r);
+            if (r != ncclSuccess && r != ncclInProgress) {
+                char w[160];
+                snprintf(w, sizeof(w), "NCCL async error: %s", ncclGetErrorString(r));
+                nccl_comm_break(l, c, COLL_ERR_PEER_LOST, w);
+                moved = 1;
+            }
+        }
+    }
+    return moved;
+}
+
+static int flying(const struct launcher *l)
+{
+    for (const struct comm *c = l->comms; c; c = c->next)
+        if (c->fly_head) return 1;
+    return 0;
+}
+
+static void *launcher_main(void *arg)
+{
+    struct launcher *l = arg;
+    struct gpu *g = l->g;
+    cudaError_t e = cudaSetDevice(l->device);
+    if (e != cudaSuccess)
+        log_msg(LOG_ERROR, "gpu.launcher", "device=%d error=\"%s\"", l->device,
+                cudaGetErrorString(e));
+    int64_t last = now_ns();
+    while (!atomic_load(&g->stop)) {
+        pull(l);
+        int64_t now = now_ns();
+        int moved = issue_pending(l);
+        moved |= poll_flying(l, now);
+        if (moved) {
+            last = now;
+            continue;
+        }
+        int busy = l->pend_head || flying(l);
+        if (now - last < SPIN_NS) {
+            ring_cpu_relax();
+            continue;
+        }
+        if (busy) {
+            /* an op is on the GPU or a communicator is being created: poll gently */
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        pthread_mutex_lock(&l->lock);
+        if (!l->in_head && !atomic_load(&g->stop)) {
+            l->sleeping = 1;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&l->cond, &l->lock, &ts);
+            l->sleeping = 0;
+        }
+        pthread_mutex_unlock(&l->lock);
+        last = now_ns();
+    }
+    /* stopping: fail what is queued, abort what is in flight */
+    pull(l);
+    while (l->pend_head) {
+        struct gpu_task *t = l->pend_head;
+        l->pend_head = t->next;
+        nccl_fail_task(g, t, COLL_ERR_SHUTDOWN, 0, "the agent is stopping");
+    }
+    while (l->comms) {
+        struct comm *c = l->comms;
+        l->comms = c->next;
+        if (c->fly_head) nccl_comm_break(l, c, COLL_ERR_SHUTDOWN, "the agent is stopping");
+        nccl_comm_destroy(l, c);
+    }
+    log_msg(LOG_INFO, "gpu.launcher_stopped",
+            "device=%d comms_created=%llu ops_issued=%llu graphs=%llu replayed=%llu", l->device,
+            (unsigned long long)l->created, (unsigned long long)l->issued,
+            (unsigned long long)l->graphs_made, (unsigned long long)l->replayed);
+    return NULL;
+}
+
+void gpu_submit(struct gpu *g, struct gpu_task *t)
+{
+    int dev = t->device;
+    struct launcher *l = NULL;
+    if (dev >= 0 && dev < (int)(sizeof(g->by_device) / sizeof(g->by_device[0])) &&
+        g->by_device[dev] >= 0)
+        l = &g->l[g->by_device[dev]];
+    if (!l) {
+        nccl_fail_task(g, t, COLL_ERR_INTERNAL, 0, "no launcher for that device");
+        return;
+    }
+    t->next = NULL;
+    pthread_mutex_lock(&l->lock);
+    if (l->in_tail)
+        l->in_tail->next = t;
+    else
+        l->in_head = t;
+    l->in_tail = t;
+    if (l->sleeping) pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+int gpu_notify_fd(const struct gpu *g)
+{
+    return g->out_efd;
+}
+
+int gpu_has_results(struct gpu *g)
+{
+    return atomic_load_explicit(&g->has_out, memory_order_acquire);
+}
+
+struct gpu_task *gpu_collect(struct gpu *g)
+{
+    /* the eventfd is watched edge-triggered: it never needs draining */
+    pthread_mutex_lock(&g->out_lock);
+    struct gpu_task *h = g->out_head;
+    g->out_head = g->out_tail = NULL;
+    atomic_store_explicit(&g->has_out, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&g->out_lock);
+    return h;
+}
+
+struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen)
+{
+    int used[sizeof(((struct gpu *)0)->by_device) / sizeof(int)];
+    int nused = 0;
+    const int maxdev = (int)(sizeof(used) / sizeof(used[0]));
+    memset(used, 0, sizeof(used));
+    for (int i = 0; i < ndevices; i++) {
+        int d = devices[i];
+        if (d >= 0 && d < maxdev && !used[d]) {
+            used[d] = 1;
+            nused++;
+        }
+    }
+    if (!nused) {
+        snprintf(why, whylen, "no group uses a GPU");
+        return NULL;
+    }
+    const char *gv = getenv("COLL_NCCL_GRAPHS");
+    nccl_graphs_on = gv && (strcmp(gv, "0") == 0 || strcmp(gv, "1") == 0) ? atoi(gv) : 2;
+    setenv("NCCL_GRAPH_REGISTER", "0", 0); /* before any capture reads it (see above) */
+    struct gpu *g = calloc(1, sizeof(*g));
+    if (!g) {
+        snprintf(why, whylen, "out of memory");
+        return NULL;
+    }
+    g->drv = cudrv_get(why, whylen);
+    g->out_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    g->l = calloc((size_t)nused, sizeof(*g->l));
+    if (!g->drv || g->out_efd < 0 || !g->l) {
+        if (g->drv) snprintf(why, whylen, "out of memory or eventfd");
+        if (g->out_efd >= 0) close(g->out_efd);
+        free(g->l);
+        free(g);
+        return NULL;
+    }
+    pthread_mutex_init(&g->out_lock, NULL);
+    for (int d = 0; d < maxdev; d++)
+        g->by_device[d] = -1;
+    for (int d = 0; d < maxdev; d++) {
+        if (!used[d]) continue;
+        struct launcher *l = &g->l[g->nl];
+        l->g = g;
+        l->device = d;
+        pthread_mutex_init(&l->lock, NULL);
+        pthread_cond_init(&l->cond, NULL);
+        g->by_device[d] = g->nl++;
+    }
+    for (int i = 0; i < g->nl; i++) {
+        if (pthread_create(&g->l[i].thread, NULL, launcher_main, &g->l[i]) != 0) {
+            snprintf(why, whylen, "cannot start a launcher thread");
+            gpu_stop(g);
+            gpu_free(&g);
+            return NULL;
+        }
+        g->l[i].started = 1;
+        log_msg(LOG_INFO, "gpu.launcher", "device=%d graphs=%s", g->l[i].device,
+                nccl_graphs_on == 2 ? "on"
+                : nccl_graphs_on    ? "one-rank"
+                                    : "off");
+    }
+    return g;
+}
+
+void gpu_stop(struct gpu *g)
+{
+    if (!g) return;
+    atomic_store(&g->stop, 1);
+    for (int i = 0; i < g->nl; i++) {
+        struct launcher *l = &g->l[i];
+        if (!l->started) continue;
+        pthread_mutex_lock(&l->lock);
+        pthread_cond_signal(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+        l->started = 0;
+    }
+    /* aborts still running on their threads get a few seconds to finish before the
+     * process tears CUDA down under them */
+    int64_t end = now_ns() + 5000000000LL;
+    while (atomic_load(&nccl_reapers_live) > 0 && now_ns() < end)
+        usleep(1000);
+    if (atomic_load(&nccl_reapers_live) > 0)
+        log_msg(LOG_WARN, "gpu.abort_unfinished", "count=%d", atomic_load(&nccl_reapers_live));
+}
+
+void gpu_free(struct gpu **gp)
+{
+    if (!gp || !*gp) return;
+    struct gpu *g = *gp;
+    *gp = NULL;
+    for (int i = 0; i < g->nl; i++) {
+        pthread_mutex_destroy(&g->l[i].lock);
+        pthread_cond_destroy(&g->l[i].cond);
+    }
+    pthread_mutex_destroy(&g->out_lock);
+    close(g->out_efd);
+    free(g->l);
+    free(g);
+}
