@@ -55,6 +55,8 @@
 #define UNX_SMALL (64u << 10)
 #define UNX_PEER_MAX (4u << 20)
 #define UNX_GROUP_MAX (16u << 20)
+/* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, 4 more */
+#define ITEMS_MAX (256 + DATA_CH_COUNT * RDV_MAX_NODES + MAX_PENDING_ACCEPTS + 4)
 #define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
 #define JOIN_BACKOFF_MIN_NS (50 * NS_PER_MS)
 #define JOIN_BACKOFF_MAX_NS (2000 * NS_PER_MS)
@@ -126,6 +128,16 @@ struct ngroup {
     /* data connections of an epoch that ended in a mismatch, closed at grave_until: a pod
      * still reading from us then fails through the ABORT (MISMATCH), not on a closed
      * socket (PEER_LOST) */
+    /* our connections of the committed epoch still being set up (connect, then the
+     * peer's challenge), moved on by progress_outgoing from the poll loop: nothing
+     * waits for a peer, so heartbeats and other groups' ops go on meanwhile */
+    struct outgoing {
+        int fd, peer, ch;
+        int connected; /* the TCP connect has completed */
+        size_t got;    /* challenge bytes read */
+        struct data_challenge chal;
+    } og[DATA_CH_COUNT * RDV_MAX_NODES];
+    int nog;
     int grave[DATA_CH_COUNT * RDV_MAX_NODES];
     int ngrave;
     int64_t grave_until;
@@ -331,6 +343,9 @@ static void close_grave(struct ngroup *g)
 static void bury_data(struct ngroup *g)
 {
     close_grave(g);
+    for (int i = 0; i < g->nog; i++)
+        close(g->og[i].fd);
+    g->nog = 0;
     for (int i = 0; i < RDV_MAX_NODES; i++) {
         int *f[3] = {&g->fds[i], &g->rfds[i], &g->pfds[i]};
         for (int k = 0; k < 3; k++)
@@ -344,6 +359,9 @@ static void bury_data(struct ngroup *g)
 
 static void close_data(struct ngroup *g)
 {
+    for (int i = 0; i < g->nog; i++)
+        close(g->og[i].fd);
+    g->nog = 0;
     for (int i = 0; i < RDV_MAX_NODES; i++) {
         if (g->fds[i] >= 0) close(g->fds[i]);
         if (g->rfds[i] >= 0) close(g->rfds[i]);
@@ -880,49 +898,6 @@ static void ng_op_failed(struct net *n, struct ngroup *g, int code, const char *
     if (g->committed) ng_abort(n, g, code, why, 0, 1);
 }
 
-/* Wait up to ms for a non-blocking connect; 0, or -1 with *err. */
-static int data_connect_wait(int fd, int ms, int *err)
-{
-    struct pollfd p = {.fd = fd, .events = POLLOUT};
-    socklen_t el = sizeof(*err);
-    *err = 0;
-    int r = poll(&p, 1, ms);
-    if (r != 1) {
-        *err = r == 0 ? ETIMEDOUT : errno;
-        return -1;
-    }
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, err, &el) < 0) *err = errno;
-    return *err ? -1 : 0;
-}
-
-/* Read exactly n bytes from a non-blocking fd within ms; 0, or -1 (errno set). */
-static int read_full(int fd, void *buf, size_t n, int ms)
-{
-    size_t got = 0;
-    int64_t deadline = now_ns() + (int64_t)ms * NS_PER_MS;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r > 0) {
-            got += (size_t)r;
-            continue;
-        }
-        if (r == 0) {
-            errno = ECONNRESET;
-            return -1;
-        }
-        if (errno != EAGAIN && errno != EINTR) return -1;
-        int64_t left = deadline - now_ns();
-        if (left <= 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        poll(&p, 1, (int)(left / NS_PER_MS) + 1);
-    }
-    return 0;
-}
-
-/* Members' table of a committed epoch: connect to lower indices, accept higher ones. */
 /* A non-blocking connect to addr ("ip:port") from our node.address, the address the
  * member table lists for us and which the peer checks. */
 static int connect_to(const char *self, const char *addr, char *why, size_t whylen)
@@ -1011,45 +986,82 @@ static void apply_commit(struct net *n, struct ngroup *g, const struct rdv_commi
             return;
         }
         tune_socket(fd);
-        struct data_hello h = {.magic = DATA_MAGIC,
-                               .version = RDV_VERSION,
-                               .channel = (uint16_t)ch,
-                               .group_hash = g->name_hash,
-                               .epoch = g->epoch,
-                               .from_index = (uint32_t)g->me};
-        /* the peer speaks first (a fresh nonce); the hello proves the epoch's secret over
-         * it. Both fit any socket buffer. */
-        struct data_challenge chal;
-        const char *step = "";
-        int err = 0;
-        if (data_connect_wait(fd, g->cfg->join_timeout_ms, &err) < 0) {
-            step = "connect";
-        } else if (read_full(fd, &chal, sizeof(chal), g->cfg->join_timeout_ms) < 0) {
-            step = "waiting for its challenge";
-            err = errno;
-        } else if (data_challenge_check(&chal, why, sizeof(why)) < 0) {
-            step = why;
-            err = EPROTO;
-        } else {
-            sec_mac(h.mac, g->secret, chal.nonce, &h, DATA_HELLO_SIGNED);
-            if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
-                step = "hello";
-                err = errno;
-            }
-        }
-        if (step[0]) {
-            char w[300];
-            snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", j,
-                     g->members[j].data_addr, step, strerror(err));
-            close(fd);
-            ng_abort(n, g, COLL_ERR_PEER_LOST, w, 0, 1);
-            return;
-        }
-        *conn_slot(g, ch, j, 1) = fd;
+        g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
     }
     log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
             g->epoch, g->nodes, g->me);
     check_ready(n, g);
+}
+
+/* Move our connections of the committed epoch on, without waiting: connected? the
+ * peer's challenge in? then the hello that proves the epoch's secret over its nonce,
+ * and the connection takes its slot. A failure ends the epoch; one that takes too long
+ * is ended by the formation deadline (join_ms, timers). */
+static void progress_outgoing(struct net *n, struct ngroup *g)
+{
+    for (int i = 0; i < g->nog;) {
+        struct outgoing *o = &g->og[i];
+        const char *step = NULL;
+        int err = 0, done = 0;
+        char why[160];
+        if (!o->connected) {
+            struct pollfd p = {.fd = o->fd, .events = POLLOUT};
+            if (poll(&p, 1, 0) <= 0) {
+                i++; /* still connecting */
+                continue;
+            }
+            socklen_t el = sizeof(err);
+            if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0) err = errno;
+            o->connected = !err;
+        }
+        if (err) {
+            step = "connect";
+        } else {
+            ssize_t r = read(o->fd, (char *)&o->chal + o->got, sizeof(o->chal) - o->got);
+            if (r > 0) o->got += (size_t)r;
+            if (r == 0) {
+                step = "waiting for its challenge";
+                err = ECONNRESET;
+            } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
+                step = "waiting for its challenge";
+                err = errno;
+            } else if (o->got == sizeof(o->chal)) {
+                struct data_hello h = {.magic = DATA_MAGIC,
+                                       .version = RDV_VERSION,
+                                       .channel = (uint16_t)o->ch,
+                                       .group_hash = g->name_hash,
+                                       .epoch = g->epoch,
+                                       .from_index = (uint32_t)g->me};
+                if (data_challenge_check(&o->chal, why, sizeof(why)) < 0) {
+                    step = why;
+                    err = EPROTO;
+                } else {
+                    sec_mac(h.mac, g->secret, o->chal.nonce, &h, DATA_HELLO_SIGNED);
+                    /* a fresh socket takes the hello whole */
+                    if (write(o->fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+                        step = "hello";
+                        err = errno ? errno : EAGAIN;
+                    } else {
+                        done = 1;
+                    }
+                }
+            }
+        }
+        if (step) {
+            char w[300];
+            snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", o->peer,
+                     g->members[o->peer].data_addr, step, strerror(err));
+            ng_abort(n, g, COLL_ERR_PEER_LOST, w, 0, 1); /* closes every og */
+            return;
+        }
+        if (!done) {
+            i++;
+            continue;
+        }
+        *conn_slot(g, o->ch, o->peer, 1) = o->fd;
+        g->og[i] = g->og[--g->nog];
+        check_ready(n, g);
+    }
 }
 
 /* ---- coordinator ---------------------------------------------------------------------- */
@@ -1493,16 +1505,20 @@ int net_service(struct net *n, struct ngroup *g, char *why, size_t whylen)
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
     uint32_t epoch = g->epoch;
+    accept_conns(n); /* other groups form meanwhile */
+    progress_pending(n);
     if (n->zap) sec_zap_serve(n->zap, &n->keys);
     if (n->router) drain_zmq(n, n->router, 1);
     if (n->dealer) drain_zmq(n, n->dealer, 0);
     for (int i = 0; i < n->ngroups; i++) {
         if (!n->groups[i]) continue;
         p2p_progress(n, n->groups[i]);
-        if (n->groups[i] != g)
+        if (n->groups[i] != g) {
+            if (n->groups[i]->nog) progress_outgoing(n, n->groups[i]);
             timers(n, n->groups[i], t);
-        else
+        } else {
             heartbeat(n, g, t);
+        }
     }
     if (g->abort_pending && g->abort_code == COLL_ERR_MISMATCH) {
         /* a pod found that the pods disagree on an op: this one cannot complete */
@@ -1709,7 +1725,7 @@ static void *net_main(void *arg)
                     continue;
             }
         }
-        zmq_pollitem_t items[5 + MAX_PENDING_ACCEPTS + 256];
+        zmq_pollitem_t items[ITEMS_MAX];
         int ni = 0;
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
@@ -1719,6 +1735,13 @@ static void *net_main(void *arg)
                         .fd = g->pfds[p],
                         .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
                                           (g->out[p].head || g->out[p].nacks ? ZMQ_POLLOUT : 0))};
+        }
+        for (int i = 0; i < n->ngroups; i++) {
+            struct ngroup *g = n->groups[i];
+            for (int k = 0; g && k < g->nog && ni < ITEMS_MAX - 4 - MAX_PENDING_ACCEPTS; k++)
+                items[ni++] = (zmq_pollitem_t){
+                    .fd = g->og[k].fd,
+                    .events = (short)(g->og[k].connected ? ZMQ_POLLIN : ZMQ_POLLOUT)};
         }
         if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
         if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
@@ -1748,6 +1771,8 @@ static void *net_main(void *arg)
         if (n->dealer) drain_zmq(n, n->dealer, 0);
         accept_conns(n);
         progress_pending(n);
+        for (int i = 0; i < n->ngroups; i++)
+            if (n->groups[i] && n->groups[i]->nog) progress_outgoing(n, n->groups[i]);
         take_engine_tasks(n);
         int64_t t = now_ns();
         for (int i = 0; i < n->ngroups; i++) {

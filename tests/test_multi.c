@@ -1023,6 +1023,96 @@ static void data_connections_come_from_the_listed_address(void **state)
     stop_all(a, 2);
 }
 
+/* ZeroMQ frames from a ROUTER: the sender's id, then the frame; returns its size or -1
+ * after ms. */
+static int router_recv(void *r, void *buf, size_t cap, int ms)
+{
+    zmq_pollitem_t it = {.socket = r, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, ms) != 1) return -1;
+    char id[256];
+    if (zmq_recv(r, id, sizeof(id), 0) < 0) return -1;
+    return zmq_recv(r, buf, cap, 0);
+}
+
+/* Found on c65a60e: the net thread set up an epoch's data connections one after another,
+ * waiting up to join_ms for each, and sent no heartbeats meanwhile. A fake coordinator
+ * commits an epoch whose node 0 listens but never answers: the member keeps sending
+ * heartbeats while it waits, and gives the epoch up at join_ms. */
+static void a_silent_peer_does_not_stop_the_net_thread(void **state)
+{
+    (void)state;
+    int port = free_port();
+    void *ctx = zmq_ctx_new();
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_bind(r, ep), 0);
+    /* node 0's data port: connections are taken by the kernel, never by anyone */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    struct agent a;
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "node:\n  index: 1\n  name: pod-1\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: host\n    members: 2\n"
+             "    timeouts: {op_ms: 20000, heartbeat_ms: 100, join_ms: 3000}\n",
+             port);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    union rdv_msg m;
+    char buf[sizeof(m)];
+    int len = router_recv(r, buf, sizeof(buf), 5000);
+    char why[160];
+    assert_true(len > 0);
+    assert_int_equal(rdv_decode(buf, (size_t)len, &m, why, sizeof(why)), 0);
+    assert_int_equal(m.h.type, RDV_JOIN);
+    char member_addr[RDV_ADDR_MAX];
+    snprintf(member_addr, sizeof(member_addr), "%s", m.join.data_addr);
+    rdv_init(&m, RDV_COMMIT, "g", 1);
+    m.commit.nodes = 2;
+    snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "127.0.0.1:%d", ntohs(sa.sin_port));
+    snprintf(m.commit.members[1].data_addr, RDV_ADDR_MAX, "%s", member_addr);
+    m.h.len = (uint32_t)rdv_size(&m);
+    /* to the member: its routing id is whatever sent the JOIN; a ROUTER needs it first */
+    zmq_pollitem_t it = {.socket = r, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&it, 1, 5000), 1); /* its next JOIN, one heartbeat later */
+    char id[256];
+    int idlen = zmq_recv(r, id, sizeof(id), 0);
+    assert_true(idlen > 0);
+    assert_true(zmq_recv(r, buf, sizeof(buf), 0) > 0);
+    assert_int_equal(zmq_send(r, id, (size_t)idlen, ZMQ_SNDMORE), idlen);
+    assert_int_equal(zmq_send(r, &m, rdv_size(&m), 0), (int)rdv_size(&m));
+    assert_true(agent_log_wait(&a, "rendezvous.commit", 1, 3000));
+    /* while the member waits for node 0's challenge, heartbeats keep coming (and ours
+     * go out, so that it does not take the coordinator for lost) */
+    int beats = 0;
+    double t0 = now_ms();
+    union rdv_msg hb;
+    rdv_init(&hb, RDV_HEARTBEAT, "g", 1);
+    while (now_ms() - t0 < 1500 ||
+           (now_ms() - t0 < 6000 && !agent_log_count(&a, "data connections not up"))) {
+        zmq_send(r, id, (size_t)idlen, ZMQ_SNDMORE);
+        zmq_send(r, &hb, rdv_size(&hb), 0);
+        len = router_recv(r, buf, sizeof(buf), 100);
+        if (len > 0 && rdv_decode(buf, (size_t)len, &m, why, sizeof(why)) == 0 &&
+            m.h.type == RDV_HEARTBEAT && now_ms() - t0 < 1500)
+            beats++;
+    }
+    if (beats < 5) fail_msg("%d heartbeats in 1.5 s at a 100 ms interval", beats);
+    /* and the formation deadline (join_ms) ends the epoch */
+    assert_true(agent_log_count(&a, "data connections not up within join_ms") >= 1);
+    assert_int_equal(agent_stop(&a), 0);
+    close(lfd);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+}
+
 /* With CURVE keys the group forms and runs; a stranger that holds the server's public
  * key but not the deployment's client key is refused by the ZAP handler before any
  * JOIN is read, and the group never notices. */
@@ -1115,6 +1205,7 @@ int main(void)
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(data_connections_come_from_the_listed_address),
+        cmocka_unit_test(a_silent_peer_does_not_stop_the_net_thread),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
     };
