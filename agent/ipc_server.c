@@ -127,7 +127,7 @@ int server_init(struct server *srv, struct config *cfg)
     uint8_t gpu_group[CONFIG_MAX_GROUPS] = {0};
     for (int i = 0; i < srv->ngroups; i++)
         gpu_group[i] = srv->groups[i].gpu_dev && srv->groups[i].be;
-    srv->net = net_start(cfg, gpu_group, why, sizeof(why));
+    srv->net = net_start(cfg, gpu_group, gpu_new_commid, why, sizeof(why));
     if (!srv->net && why[0]) {
         log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
         return -1;

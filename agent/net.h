@@ -60,15 +60,19 @@ struct net_event {
     int heap; /* net-internal: from malloc (the group's pool was empty) */
 };
 
+/* Makes a fresh communicator id (the NCCL backend's); 0, or -1 with why. */
+typedef int (*net_commid_fn)(uint8_t *id, char *why, size_t whylen);
+
 /*
  * Start the net thread for cfg's groups that span several pods. Binds the data-plane
  * listener (node.address:node.data_port) and, on node 0, the rendezvous ROUTER. For a
- * group with gpu_group[i] set (it runs on NCCL) the coordinator makes an NCCL unique id
- * for every epoch and COMMIT carries it; the formed event hands it to the engine.
+ * group with gpu_group[i] set (it runs on NCCL) the coordinator makes an id (commid) for
+ * every epoch and COMMIT carries it; the formed event hands it to the engine.
  * Returns NULL (why filled) on failure. With no such group, returns NULL and sets why
  * to "".
  */
-struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, char *why, size_t whylen);
+struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_commid_fn commid,
+                      char *why, size_t whylen);
 /* Stop the thread: what is in flight is abandoned (its transfers see the stop within
  * ~20 ms) and every task comes back with COLL_ERR_SHUTDOWN; collect them with
  * net_collect, then net_free. */

@@ -4,6 +4,11 @@
  */
 #include "rdv_wire.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -108,6 +113,11 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         if (!terminated(out->join.pod, RDV_NAME_MAX) ||
             !terminated(out->join.data_addr, RDV_ADDR_MAX))
             goto unterminated;
+        if (rdv_addr_parse(out->join.data_addr, NULL) < 0) {
+            snprintf(why, whylen, "JOIN: data address '%.64s' is not ipv4:port",
+                     out->join.data_addr);
+            return -1;
+        }
         if (out->join.nodes == 0 || out->join.nodes > RDV_MAX_NODES ||
             out->join.node_index >= out->join.nodes) {
             snprintf(why, whylen, "JOIN from index %u of %u nodes", out->join.node_index,
@@ -120,6 +130,12 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
             if (!terminated(out->commit.members[i].pod, RDV_NAME_MAX) ||
                 !terminated(out->commit.members[i].data_addr, RDV_ADDR_MAX))
                 goto unterminated;
+        for (uint32_t i = 0; i < out->commit.nodes; i++)
+            if (rdv_addr_parse(out->commit.members[i].data_addr, NULL) < 0) {
+                snprintf(why, whylen, "COMMIT: member %u's data address '%.64s' is not ipv4:port",
+                         i, out->commit.members[i].data_addr);
+                return -1;
+            }
         break;
     case RDV_REJECT:
         if (!terminated(out->reject.why, RDV_MSG_MAX)) goto unterminated;
@@ -192,4 +208,22 @@ uint64_t rdv_fnv1a(const void *p, size_t n, uint64_t h)
         h *= 0x100000001b3ull;
     }
     return h;
+}
+
+int rdv_addr_parse(const char *s, struct sockaddr_in *out)
+{
+    char host[RDV_ADDR_MAX];
+    size_t n = strnlen(s, RDV_ADDR_MAX);
+    if (n == RDV_ADDR_MAX) return -1;
+    memcpy(host, s, n + 1);
+    char *colon = strrchr(host, ':'), *end;
+    if (!colon || !colon[1]) return -1;
+    *colon = '\0';
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (*end || errno || port == 0 || port > 65535 || colon[1] < '0' || colon[1] > '9') return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+    if (out) *out = sa;
+    return 0;
 }

@@ -152,6 +152,11 @@ int data_challenge_check(const struct data_challenge *c, char *why, size_t whyle
 int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t peer, uint32_t me,
                         uint64_t *bytes, char *why, size_t whylen);
 
+struct sockaddr_in;
+/* A data-plane address: a numeric IPv4 address and a port, "10.1.2.3:7000" (names are
+ * resolved once, at start, never on the net thread). 0, or -1 if s is not one. */
+int rdv_addr_parse(const char *s, struct sockaddr_in *out);
+
 uint64_t rdv_fnv1a(const void *p, size_t n, uint64_t h);
 #define RDV_FNV_INIT 0xcbf29ce484222325ull
 

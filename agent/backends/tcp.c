@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../net.h"
+#include "../net.h" /* struct net_task only */
 #include "../rdv_wire.h"
 #include "../reduce.h"
 #include "coll/coll.h"
@@ -246,7 +246,8 @@ static int exchange(struct opctx *o, struct xfer *x, int nx)
         if (r < 0 && errno != EINTR)
             return failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
         char ended[160];
-        int st = c->budget_until ? 0 : net_service(c->net, c->g, ended, sizeof(ended));
+        int st =
+            c->budget_until || !c->service ? 0 : c->service(c->service_ctx, ended, sizeof(ended));
         if (st) return failf(o, st, "%s", ended);
         for (int i = 0; i < np; i++)
             if (pf[i].revents & (POLLERR | POLLNVAL))
@@ -278,13 +279,14 @@ static int check_hdr(struct opctx *o, int peer)
 static void *scratch(struct tcp_comm *c, int k, size_t bytes)
 {
     if (bytes == 0) bytes = 1;
-    if (c->scratch_cap[k] < bytes) {
-        void *p = realloc(c->scratch[k], bytes);
+    struct tcp_scratch *sc = c->scratch;
+    if (sc->cap[k] < bytes) {
+        void *p = realloc(sc->p[k], bytes);
         if (!p) return NULL;
-        c->scratch[k] = p;
-        c->scratch_cap[k] = bytes;
+        sc->p[k] = p;
+        sc->cap[k] = bytes;
     }
-    return c->scratch[k];
+    return sc->p[k];
 }
 
 /* dst[i] = op over srcs (n of them, count elements), chunked; dst may be srcs[0]. */
@@ -852,29 +854,17 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     return 0;
 }
 
-/* Scratch the op grew goes back to the caller, who keeps it between ops (the old block
- * is gone after a realloc). */
-static void give_scratch(const struct tcp_tiny *s, struct tcp_comm *c)
-{
-    for (int k = 0; k < 2; k++) {
-        c->scratch[k] = s->c.scratch[k];
-        c->scratch_cap[k] = s->c.scratch_cap[k];
-    }
-}
-
 int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
 {
-    int rc = tiny_setup(s, c, t);
-    if (rc != -1) give_scratch(s, c); /* whatever the outcome, once set up began */
-    return rc;
+    return tiny_setup(s, c, t);
 }
 
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
 {
-    /* the caller's view: budget (engine) or none (net thread), scratch it keeps */
+    /* the caller's view: budget (engine) or service (net thread) */
     s->c.budget_until = c->budget_until;
-    s->c.net = c->net;
-    s->c.g = c->g;
+    s->c.service = c->service;
+    s->c.service_ctx = c->service_ctx;
     int st = exchange(&s->o, s->x, s->nx);
     while (st == COLL_OK && s->nsteps && ++s->step < s->nsteps) {
         rd_step(s);
@@ -912,7 +902,6 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
         finish_avg(&s->o, t->recv[0], t->count);
         copy_to_locals(&s->o, t->recv[0], bytes);
     }
-    give_scratch(s, c);
     if (st != COLL_OK) snprintf(why, whylen, "%s", s->why);
     return st;
 }

@@ -11,21 +11,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct net;
-struct ngroup;
 struct net_task;
 
+/* Scratch an op grows on demand; its owner (a group) keeps it between ops. */
+struct tcp_scratch {
+    void *p[2];
+    size_t cap[2];
+};
+
+/* Called from inside a long transfer, at most every ~20 ms: the caller keeps its other
+ * work going (heartbeats, other groups) and says whether the op must stop (a coll_err
+ * with why) or go on (0). */
+typedef int (*tcp_service_fn)(void *ctx, char *why, size_t whylen);
+
 struct tcp_comm {
-    struct net *net;
-    struct ngroup *g;
+    tcp_service_fn service; /* NULL: none (the engine's budgeted runs never wait) */
+    void *service_ctx;
     int nodes, me, nlocal;
     int *fds;     /* by node index, our bytes to that node; fds[me] unused */
     int *rfds;    /* by node index, that node's bytes to us */
     uint64_t seq; /* this op's number in the epoch, checked against every peer's */
     int64_t deadline_ns;
-    void *scratch[2]; /* grown on demand, kept by the caller between ops */
-    size_t scratch_cap[2];
-    int64_t budget_until; /* nonzero: on the engine thread; never sleep, stop here */
+    struct tcp_scratch *scratch; /* the caller's, grown on demand */
+    int64_t budget_until;        /* nonzero: on the engine thread; never sleep, stop here */
 };
 
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
@@ -46,19 +54,15 @@ struct tcp_tiny;
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
- * -2 if there was no memory for it. Scratch it grows is c's from then on. */
+ * -2 if there was no memory for it. */
 int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t);
-/* Move the op on with c's budget and scratch; COLL_OK when finished, TCP_AGAIN, or an
+/* Move the op on with c's budget and service; COLL_OK when finished, TCP_AGAIN, or an
  * error (why). */
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen);
 
 /* Run t to completion; returns a coll_err (why says more on failure). Blocks the net
  * thread until done, a peer fails, the deadline passes or the epoch is aborted. */
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
-
-/* Provided by net.c: keeps the rendezvous serviced during long transfers; returns
- * nonzero (a coll_err, with why) when the op must stop. */
-int net_service(struct net *n, struct ngroup *g, char *why, size_t whylen);
 
 /* Ops of at most this many bytes per pod use the direct exchange. */
 #define TCP_SMALL_BYTES (64 * 1024)

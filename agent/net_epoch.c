@@ -1,0 +1,296 @@
+/*
+ * net_epoch.c: the control plane as the net thread runs it: the ZeroMQ sockets of
+ * the rendezvous (ROUTER on the coordinator, DEALER on members, CURVE when keys are
+ * set), frames in to each group's state machine (rendezvous.c), its decisions out to
+ * the sockets, the data connections and the engine, and what ending an epoch does
+ * here: connections closed, ops failed, the engine told.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "coll/coll.h"
+#include "net_priv.h"
+
+static void send_rdv(struct net *n, const unsigned char *id, size_t idlen, union rdv_msg *m)
+{
+    size_t len = rdv_size(m);
+    m->h.len = (uint32_t)len;
+    if (id) {
+        if (!n->router || zmq_send(n->router, id, idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
+        zmq_send(n->router, m, len, ZMQ_DONTWAIT);
+    } else if (n->dealer) {
+        zmq_send(n->dealer, m, len, ZMQ_DONTWAIT);
+    }
+}
+
+/* ---- the state machine's callbacks (ctx: the group) --------------------------------- */
+
+static void io_send(void *ctx, const unsigned char *id, size_t idlen, union rdv_msg *m)
+{
+    struct ngroup *g = ctx;
+    send_rdv(g->net, id, idlen, m);
+}
+
+static void io_send_net(void *ctx, const unsigned char *id, size_t idlen, union rdv_msg *m)
+{
+    send_rdv(ctx, id, idlen, m);
+}
+
+static void io_commit(void *ctx, const struct rdv_commit *c)
+{
+    struct ngroup *g = ctx;
+    struct net *n = g->net;
+    g->ready = 0;
+    g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
+    g->has_commid = c->has_commid != 0;
+    memcpy(g->commid, c->commid, sizeof(g->commid));
+    memcpy(g->secret, c->secret, sizeof(g->secret));
+    memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
+    log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
+            c->h.epoch, g->nodes, g->me);
+    char why[160];
+    if (dataconn_open(n, g, why, sizeof(why)) < 0)
+        net_epoch_end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+}
+
+/* The machine ends the epoch (it already told whom it had to). With drain, ops every
+ * pod holds may still complete: a pod that finished an op and then left has delivered
+ * its bytes before closing. So run what is queued until it completes or fails on its
+ * sockets, and only then end (net_epoch_end_finish). */
+static void io_end(void *ctx, int code, const char *why, int drain)
+{
+    struct ngroup *g = ctx;
+    if (drain && g->ready && (g->q_head || g->running || g->handoff)) {
+        g->abort_pending = 1;
+        g->abort_code = code;
+        snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);
+        return;
+    }
+    net_epoch_end(g->net, g, code, why, 0, 0);
+}
+
+static void io_random(void *ctx, void *buf, size_t n)
+{
+    (void)ctx;
+    sec_random(buf, n);
+}
+
+static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
+{
+    struct ngroup *g = ctx;
+    return g->net->commid(id, why, whylen);
+}
+
+static uint64_t group_config_hash(const struct group_config *gc)
+{
+    char buf[512];
+    int len = snprintf(buf, sizeof(buf), "%s|%d|%d|%d|%d|%d|%d|%d", gc->name, gc->backend,
+                       gc->members, gc->local_slots, gc->ndevices, gc->op_timeout_ms,
+                       gc->join_timeout_ms, gc->heartbeat_ms);
+    return rdv_fnv1a(buf, (size_t)len, RDV_FNV_INIT);
+}
+
+void net_epoch_group_init(struct net *n, struct ngroup *g)
+{
+    struct rendezvous_settings st = {.group = g->cfg->name,
+                                     .pod = n->cfg->node.name,
+                                     .data_addr = n->data_addr,
+                                     .nodes = g->nodes,
+                                     .me = g->me,
+                                     .nlocal = g->nlocal,
+                                     .config_hash = group_config_hash(g->cfg),
+                                     .heartbeat_ms = g->cfg->heartbeat_ms,
+                                     .join_ms = g->cfg->join_timeout_ms,
+                                     .gpu = g->gpu,
+                                     .limit = &n->lim_reject};
+    struct rendezvous_io io = {.ctx = g,
+                               .send = io_send,
+                               .commit = io_commit,
+                               .end = io_end,
+                               .random = io_random,
+                               .commid = n->commid ? io_commid : NULL};
+    g->net = n;
+    rendezvous_init(&g->rdv, &st, &io);
+}
+
+/* ---- epochs ------------------------------------------------------------------------- */
+
+void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                   int tell)
+{
+    int had = g->rdv.committed;
+    g->abort_pending = 0;
+    log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
+            "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->rdv.epoch,
+            coll_strerror((coll_err)code), why);
+    if (code == COLL_ERR_MISMATCH && had)
+        dataconn_bury(g);
+    else
+        dataconn_close(g);
+    g->ready = 0;
+    char w[160];
+    snprintf(w, sizeof(w), "epoch %u ended: %s", g->rdv.epoch, why);
+    net_fail_queue(n, g, code, w);
+    p2p_reset(n, g, code, w);
+    if (!from_engine) {
+        g->awaiting_mark = 1;
+        net_post_event(n, g, 1, code, why);
+    }
+    rendezvous_end(&g->rdv, code, why, tell, now_ns());
+}
+
+void net_epoch_end_later(struct net *n, struct ngroup *g, int code, const char *why, int tell)
+{
+    if (!g->rdv.committed) {
+        net_epoch_end(n, g, code, why, 0, tell);
+        return;
+    }
+    rendezvous_fail(&g->rdv, code, why, tell, 1);
+}
+
+void net_epoch_end_finish(struct net *n, struct ngroup *g)
+{
+    if (!g->abort_pending) return;
+    g->abort_pending = 0;
+    net_epoch_end(n, g, g->abort_code, g->abort_why, 0, 0);
+}
+
+void net_epoch_op_failed(struct net *n, struct ngroup *g, int code, const char *why)
+{
+    if (g->rdv.committed) net_epoch_end(n, g, code, why, 0, 1);
+}
+
+void net_epoch_formed(struct net *n, struct ngroup *g)
+{
+    g->ready = 1;
+    rendezvous_formed(&g->rdv);
+    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
+            g->rdv.epoch, g->nodes, g->me);
+    net_post_event(n, g, 0, 0, "formed");
+}
+
+/* ---- frames ------------------------------------------------------------------------- */
+
+static struct ngroup *group_named(struct net *n, const char *name)
+{
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i] && strcmp(n->groups[i]->cfg->name, name) == 0) return n->groups[i];
+    return NULL;
+}
+
+static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const void *buf,
+                     size_t len)
+{
+    union rdv_msg m;
+    char why[160];
+    if (rdv_decode(buf, len, &m, why, sizeof(why)) < 0) {
+        unsigned long long dropped;
+        if (log_limit_pass(&n->lim_frame, &dropped))
+            log_msg(LOG_WARN, "rendezvous.bad_frame",
+                    "from=%s bytes=%zu reason=\"%s\" suppressed=%llu",
+                    id ? "member" : "coordinator", len, why, dropped);
+        return;
+    }
+    struct ngroup *g = group_named(n, m.h.group);
+    if (!g) {
+        if (id && m.h.type == RDV_JOIN) {
+            struct rendezvous_io io = {.ctx = n, .send = io_send_net};
+            rendezvous_reject_unknown(&io, id, idlen, &m.join, &n->lim_reject);
+        }
+        return;
+    }
+    rendezvous_frame(&g->rdv, id, idlen, &m, now_ns());
+}
+
+static void drain_socket(struct net *n, void *sock, int is_router)
+{
+    for (;;) {
+        unsigned char id[RDV_ID_MAX];
+        size_t idlen = 0;
+        zmq_msg_t msg;
+        if (is_router) {
+            int r = zmq_recv(sock, id, sizeof(id), ZMQ_DONTWAIT);
+            if (r < 0) return;
+            idlen = (size_t)(r > RDV_ID_MAX ? RDV_ID_MAX : r);
+            int more = 0;
+            size_t ml = sizeof(more);
+            zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &ml);
+            if (!more) continue; /* an id with no body */
+        }
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&msg);
+            return;
+        }
+        int more = zmq_msg_more(&msg);
+        on_frame(n, is_router ? id : NULL, idlen, zmq_msg_data(&msg), zmq_msg_size(&msg));
+        zmq_msg_close(&msg);
+        while (more) { /* extra frames: drop them */
+            zmq_msg_init(&msg);
+            if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0)
+                more = 0;
+            else
+                more = zmq_msg_more(&msg);
+            zmq_msg_close(&msg);
+        }
+    }
+}
+
+void net_epoch_drain(struct net *n)
+{
+    if (n->zap) sec_zap_serve(n->zap, &n->keys);
+    if (n->router) drain_socket(n, n->router, 1);
+    if (n->dealer) drain_socket(n, n->dealer, 0);
+}
+
+/* ---- sockets ------------------------------------------------------------------------ */
+
+int net_epoch_open(struct net *n, char *why, size_t whylen)
+{
+    const struct config *cfg = n->cfg;
+    n->zctx = zmq_ctx_new();
+    int linger = 0;
+    int64_t maxmsg = RDV_FRAME_MAX;
+    char ep[CONFIG_ADDR_MAX + 16];
+    const char *coord = cfg->discovery.peers[0];
+    if (cfg->node.index == 0) {
+        if (n->keys.loaded && !(n->zap = sec_zap_open(n->zctx, why, whylen))) return -1;
+        n->router = zmq_socket(n->zctx, ZMQ_ROUTER);
+        zmq_setsockopt(n->router, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_setsockopt(n->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        if (n->keys.loaded && sec_curve_server(n->router, &n->keys, why, whylen) < 0) return -1;
+        snprintf(ep, sizeof(ep), "tcp://%s:%s", cfg->node.address, strrchr(coord, ':') + 1);
+        if (zmq_bind(n->router, ep) < 0) {
+            snprintf(why, whylen, "rendezvous bind %s: %s", ep, zmq_strerror(zmq_errno()));
+            return -1;
+        }
+    } else {
+        n->dealer = zmq_socket(n->zctx, ZMQ_DEALER);
+        zmq_setsockopt(n->dealer, ZMQ_LINGER, &linger, sizeof(linger));
+        zmq_setsockopt(n->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        if (n->keys.loaded && sec_curve_client(n->dealer, &n->keys, why, whylen) < 0) return -1;
+        int ivl = 100, max = 1000;
+        zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+        zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
+        snprintf(ep, sizeof(ep), "tcp://%s", coord);
+        if (zmq_connect(n->dealer, ep) < 0) {
+            snprintf(why, whylen, "rendezvous connect %s: %s", ep, zmq_strerror(zmq_errno()));
+            return -1;
+        }
+    }
+    log_msg(LOG_INFO, "net.start", "node=%d rendezvous=%s role=%s data=%s curve=%s",
+            cfg->node.index, ep, cfg->node.index == 0 ? "coordinator" : "member", n->data_addr,
+            n->keys.loaded ? "on" : "off");
+    return 0;
+}
+
+void net_epoch_close(struct net *n)
+{
+    if (n->router) zmq_close(n->router);
+    if (n->dealer) zmq_close(n->dealer);
+    if (n->zap) zmq_close(n->zap);
+    if (n->zctx) zmq_ctx_term(n->zctx);
+    n->router = n->dealer = n->zap = n->zctx = NULL;
+}

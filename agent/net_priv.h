@@ -1,0 +1,223 @@
+/*
+ * net_priv.h: the net thread's state, shared by the files that make it up and by
+ * nobody else:
+ *   net.c        the loop, the queues to and from the engine, op scheduling, setup;
+ *   net_epoch.c  the ZeroMQ sockets, the rendezvous state machine of each group
+ *                (rendezvous.c) and what an epoch's end does here;
+ *   dataconn.c   the data connections: listener, accepts and hellos, outgoing set-ups;
+ *   p2p.c        framed sends and receives between pods, with the unexpected queue.
+ * Every field below is the net thread's unless its comment names another owner or a
+ * lock: the engine reaches the net only through net.h.
+ */
+#ifndef AGENT_NET_PRIV_H
+#define AGENT_NET_PRIV_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/tcp.h"
+#include "log.h"
+#include "net.h"
+#include "rdv_wire.h"
+#include "rendezvous.h"
+#include "security.h"
+#include "util.h"
+
+#define MAX_PENDING_ACCEPTS 256
+#define PENDING_HELLO_NS (3000 * NS_PER_MS)   /* a connection must say who it is this fast */
+#define PENDING_FUTURE_NS (10000 * NS_PER_MS) /* a proven-looking hello may wait for its epoch */
+/* Messages that arrive before their receive is posted are copied into memory of ours only
+ * while small and within these bounds; any other waits in the sender's socket (TCP flow
+ * control holds the sender back) until its receive is posted, and is then read straight
+ * into the receive's buffer. A peer can make the agent hold at most this much. */
+#define UNX_SMALL (64u << 10)
+#define UNX_PEER_MAX (4u << 20)
+#define UNX_GROUP_MAX (16u << 20)
+/* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, 4 more */
+#define ITEMS_MAX (256 + DATA_CH_COUNT * RDV_MAX_NODES + MAX_PENDING_ACCEPTS + 4)
+#define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
+
+/* Sends to one pod: a FIFO, the head partly written. */
+struct p2p_out {
+    struct net_task *head, *tail;
+    size_t done; /* bytes of header + payload of head written */
+    struct data_op_hdr hdr;
+    /* the receiver's word on each message: a send completes when its receive has
+     * taken it (as within a pod), with MISMATCH when the receive disagreed */
+    struct net_task *wait_head, *wait_tail; /* sent, waiting for their acks */
+    struct data_op_hdr *acks; /* acks to write, in order; the first acks_done bytes in */
+    size_t nacks, capacks, acks_done;
+};
+
+/* A message that arrived before its receive was posted. */
+struct unexpected {
+    struct unexpected *next;
+    struct data_op_hdr hdr;
+    void *data;
+    int from; /* the pod it came from (for the per-peer bound) */
+};
+
+/* Receiving from one pod: header, then payload into a posted buffer or a copy. */
+struct p2p_in {
+    struct data_op_hdr hdr;
+    size_t hgot, pgot, plen;
+    struct net_task *task;  /* the matched receive, or NULL */
+    struct unexpected *unx; /* or where the payload goes */
+    int discard;            /* mismatched: read and drop the payload */
+    int parked;             /* header read, no receive, too large to copy: wait for one */
+};
+
+/* One of our connections of the committed epoch still being set up (connect, then the
+ * peer's challenge), moved on by dataconn_progress_outgoing from the poll loop. */
+struct outgoing {
+    int fd, peer, ch;
+    int connected; /* the TCP connect has completed */
+    size_t got;    /* challenge bytes read */
+    struct data_challenge chal;
+};
+
+struct ngroup {
+    struct net *net; /* the owner */
+    const struct group_config *cfg;
+    int index; /* in cfg->groups */
+    int nodes, me, nlocal;
+    uint64_t config_hash, name_hash;
+    int gpu; /* the group runs on NCCL: epochs carry a communicator id */
+    /* the rendezvous: rdv.epoch is the net epoch (committed, or the last one), which
+     * the engine's group epoch follows but does not equal */
+    struct rendezvous rdv;
+    int ready;                /* rdv.committed and every data connection is up */
+    int awaiting_mark;        /* aborted by the net: hold ops until the engine's mark */
+    int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
+    struct net_task *running; /* the op tcp_run is moving, off the queue */
+    /* tiny ops the engine runs itself (net_inline); coll_lock guards these four */
+    struct tcp_tiny *tiny;
+    struct net_task *handoff; /* started by the engine, to be finished here */
+    int inline_abort;         /* the engine's tiny op failed: end the epoch */
+    char inline_why[160];
+    int abort_code;
+    char abort_why[RDV_MSG_MAX];
+    uint32_t floor; /* ops of engine epochs below this fail */
+    int has_commid;
+    uint8_t commid[RDV_COMMID_BYTES];
+    uint8_t secret[RDV_SECRET_BYTES]; /* the committed epoch's data-plane secret */
+    struct rdv_member members[RDV_MAX_NODES];
+    /* data connections */
+    struct outgoing og[DATA_CH_COUNT * RDV_MAX_NODES];
+    int nog;
+    /* connections of an epoch that ended in a mismatch, closed at grave_until: a pod
+     * still reading from us then fails through the ABORT (MISMATCH), not on a closed
+     * socket (PEER_LOST) */
+    int grave[DATA_CH_COUNT * RDV_MAX_NODES];
+    int ngrave;
+    int64_t grave_until;
+    int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
+    int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
+    int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
+    /* events for the engine, preallocated so that none is ever lost to a failed
+     * allocation (a lost "formed" would hold GPU ops until their deadline); guarded by
+     * the net's out_lock */
+    struct net_event evpool[EV_POOL];
+    struct net_event *evfree;
+    /* sends and receives */
+    struct p2p_out out[RDV_MAX_NODES];
+    struct p2p_in in[RDV_MAX_NODES];
+    struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
+    struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
+    size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they hold, in all and by peer */
+    /* collectives */
+    struct net_task *q_head, *q_tail;
+    uint64_t ops_done;
+    struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
+};
+
+struct pending_conn {
+    int fd;
+    size_t got;
+    struct data_hello hello;
+    uint8_t nonce[SEC_NONCE_BYTES]; /* the challenge we sent */
+    struct in_addr from;
+    int64_t deadline;
+};
+
+struct net {
+    const struct config *cfg;
+    pthread_t thread;
+    int started;
+    _Atomic int stop;
+    void *zctx, *router, *dealer;
+    int lfd;
+    char data_addr[RDV_ADDR_MAX];
+    struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
+    int ngroups;
+    /* engine -> net, guarded by in_lock */
+    pthread_mutex_t in_lock;
+    struct net_task *in_head, *in_tail;
+    int in_efd;
+    _Atomic int in_pending; /* cheap look for the spin loop */
+    /* net -> engine, guarded by out_lock */
+    pthread_mutex_t out_lock;
+    struct net_task *done_head, *done_tail;
+    struct net_event *ev_head, *ev_tail;
+    int out_efd;
+    _Atomic int results;
+    _Atomic int sleeping; /* the net thread may be asleep in zmq_poll */
+    /* held by the net thread while it works (not while it waits or spins), and by the
+     * engine while it runs a tiny op: whoever holds it owns the groups' connections */
+    pthread_mutex_t coll_lock;
+    int64_t inline_ns, inline_n; /* coll_lock */
+    struct pending_conn pend[MAX_PENDING_ACCEPTS];
+    int npend;
+    net_commid_fn commid; /* NCCL groups: the backend makes each epoch's id */
+    struct sec_keys keys;
+    void *zap; /* coordinator with keys: the ZAP handler */
+    struct log_limit lim_hello, lim_claim, lim_frame, lim_reject;
+    int64_t last_service;
+};
+
+/* net.c */
+void net_return_task(struct net *n, struct net_task *t, int status, const char *why);
+void net_post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why);
+void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why);
+
+/* net_epoch.c */
+int net_epoch_open(struct net *n, char *why, size_t whylen); /* the ZeroMQ sockets */
+void net_epoch_close(struct net *n);
+void net_epoch_group_init(struct net *n, struct ngroup *g);
+void net_epoch_drain(struct net *n); /* frames in, to the groups' state machines */
+/* End g's epoch here now: close its connections, fail its ops with code, tell the
+ * engine (unless from_engine) and, with tell, the other pods. */
+void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                   int tell);
+/* Another pod ends the epoch: ops all pods hold may finish first (abort_pending). */
+void net_epoch_end_later(struct net *n, struct ngroup *g, int code, const char *why, int tell);
+/* The epoch was ending while ops ran (abort_pending): end it now. */
+void net_epoch_end_finish(struct net *n, struct ngroup *g);
+/* An op of g failed here with code: the epoch ends, and the others are told why. */
+void net_epoch_op_failed(struct net *n, struct ngroup *g, int code, const char *why);
+/* The data connections are up: tell the state machine and the engine. */
+void net_epoch_formed(struct net *n, struct ngroup *g);
+
+/* dataconn.c */
+int dataconn_bind(struct net *n, char *why, size_t whylen);
+/* Start our connections of the epoch just committed; -1 with why if one cannot start. */
+int dataconn_open(struct net *n, struct ngroup *g, char *why, size_t whylen);
+void dataconn_progress_outgoing(struct net *n, struct ngroup *g);
+void dataconn_accept(struct net *n);
+void dataconn_progress_pending(struct net *n);
+void dataconn_close(struct ngroup *g);
+void dataconn_bury(struct ngroup *g); /* dataconn_close, a heartbeat later */
+void dataconn_close_grave(struct ngroup *g);
+void dataconn_free(struct net *n);
+
+/* p2p.c */
+void p2p_post(struct net *n, struct ngroup *g, struct net_task *t);
+void p2p_progress(struct net *n, struct ngroup *g);
+void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why);
+int64_t p2p_oldest_deadline(const struct ngroup *g);
+void p2p_free(struct ngroup *g);
+
+#endif

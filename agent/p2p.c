@@ -1,0 +1,416 @@
+/*
+ * p2p.c: sends and receives between pods. Pods do not run them in the same order, so
+ * they never wait in the lockstep queue: each is a framed message (a header that names
+ * both ranks, then the payload) on the pair's P2P connection, matched here with the
+ * posted receive or kept as an unexpected message (bounded: UNX_*), and acknowledged
+ * by the receiver, so that a send completes when its receive has taken it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "net_priv.h"
+#include "wire.h"
+
+static void unx_free(struct ngroup *g, struct unexpected *u)
+{
+    size_t bytes = u->hdr.count * coll_dtype_size((coll_dtype)u->hdr.dtype);
+    g->unx_bytes -= bytes;
+    g->unx_from[u->from] -= bytes;
+    free(u->data);
+    free(u);
+}
+
+/* Fail every send and receive in flight and forget half-read messages. */
+void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
+{
+    for (int p = 0; p < RDV_MAX_NODES; p++) {
+        struct p2p_out *o = &g->out[p];
+        while (o->head) {
+            struct net_task *t = o->head;
+            o->head = t->next;
+            net_return_task(n, t, code, why);
+        }
+        o->tail = NULL;
+        o->done = 0;
+        while (o->wait_head) {
+            struct net_task *t = o->wait_head;
+            o->wait_head = t->next;
+            net_return_task(n, t, code, why);
+        }
+        o->wait_tail = NULL;
+        o->nacks = o->acks_done = 0;
+        struct p2p_in *in = &g->in[p];
+        if (in->task) net_return_task(n, in->task, code, why);
+        if (in->unx) unx_free(g, in->unx);
+        memset(in, 0, sizeof(*in));
+    }
+    while (g->posted_head) {
+        struct net_task *t = g->posted_head;
+        g->posted_head = t->next;
+        net_return_task(n, t, code, why);
+    }
+    g->posted_tail = NULL;
+    while (g->unx_head) {
+        struct unexpected *u = g->unx_head;
+        g->unx_head = u->next;
+        unx_free(g, u);
+    }
+    g->unx_tail = NULL;
+}
+
+static int my_rank(const struct ngroup *g, const struct net_task *t)
+{
+    return g->me * g->nlocal + t->local_slot;
+}
+
+/* Does receive t take the message described by h? 1 yes, 0 not for it. */
+static int p2p_matches(const struct ngroup *g, const struct net_task *t,
+                       const struct data_op_hdr *h)
+{
+    return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t);
+}
+
+static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
+{
+    return h->count == t->count && h->dtype == t->dtype;
+}
+
+static void p2p_write(struct net *n, struct ngroup *g, int peer);
+static void p2p_read(struct net *n, struct ngroup *g, int peer);
+
+/* Complete receive t with the message of header h: matched, or a mismatch named; the
+ * sender is told either way (an ack: kind RECV, root = status, the receive's count). */
+static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
+                       const struct data_op_hdr *h)
+{
+    char w[160] = "";
+    int ok = p2p_agree(t, h);
+    if (!ok)
+        snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                 h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype),
+                 h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype));
+    struct data_op_hdr ack = {.magic = DATA_MAGIC,
+                              .kind = WIRE_OP_RECV,
+                              .dtype = t->dtype,
+                              .root = ok ? COLL_OK : COLL_ERR_MISMATCH,
+                              .src_rank = h->dst_rank,
+                              .dst_rank = h->src_rank,
+                              .count = t->count};
+    net_return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
+    int peer = (int)(h->src_rank / (uint32_t)g->nlocal);
+    struct p2p_out *o = &g->out[peer];
+    if (o->nacks == o->capacks) {
+        size_t cap = o->capacks ? 2 * o->capacks : 16;
+        struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
+        if (!a) {
+            net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory to acknowledge a message", 0, 1);
+            return;
+        }
+        o->acks = a;
+        o->capacks = cap;
+    }
+    o->acks[o->nacks++] = ack;
+    p2p_write(n, g, peer);
+}
+
+/* An ack from peer for one of our sends (its header h, checked): the oldest send of
+ * that pair waiting for one completes with the receiver's verdict. */
+static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct data_op_hdr *h)
+{
+    struct p2p_out *o = &g->out[peer];
+    struct net_task **pp = &o->wait_head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct net_task *t = *pp;
+        if ((uint32_t)t->root != h->src_rank || (uint32_t)my_rank(g, t) != h->dst_rank) continue;
+        *pp = t->next;
+        if (o->wait_tail == t) o->wait_tail = prev;
+        char w[160] = "";
+        int st = h->root == COLL_OK ? COLL_OK : COLL_ERR_MISMATCH;
+        if (st != COLL_OK)
+            snprintf(
+                w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype),
+                h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
+        net_return_task(n, t, st, w);
+        return 0;
+    }
+    return -1;
+}
+
+/* The send/recv connection to peer broke: that pod is leaving. Collectives already
+ * queued may still complete, so the epoch ends once they have (ng_abort_later). */
+static void p2p_lost(struct net *n, struct ngroup *g, int peer, const char *why)
+{
+    close(g->pfds[peer]);
+    g->pfds[peer] = -1;
+    net_epoch_end_later(n, g, COLL_ERR_PEER_LOST, why, 1);
+}
+
+void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
+{
+    t->next = NULL;
+    if (t->kind == WIRE_OP_SEND) {
+        int peer = t->root / g->nlocal;
+        struct p2p_out *o = &g->out[peer];
+        if (o->tail)
+            o->tail->next = t;
+        else
+            o->head = t;
+        o->tail = t;
+        p2p_write(n, g, peer);
+        return;
+    }
+    /* a receive: the message may be here already */
+    struct unexpected **pp = &g->unx_head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct unexpected *u = *pp;
+        if (!p2p_matches(g, t, &u->hdr)) continue;
+        *pp = u->next;
+        if (g->unx_tail == u) g->unx_tail = prev;
+        int ok = p2p_agree(t, &u->hdr);
+        if (ok && t->count)
+            memcpy(t->recv[t->local_slot], u->data,
+                   t->count * coll_dtype_size((coll_dtype)t->dtype));
+        struct data_op_hdr h = u->hdr;
+        unx_free(g, u);
+        p2p_finish(n, g, t, &h);
+        return;
+    }
+    /* or parked in its sender's socket: read it straight into this receive */
+    int from = t->root / g->nlocal;
+    struct p2p_in *in = &g->in[from];
+    if (in->parked && p2p_matches(g, t, &in->hdr)) {
+        in->parked = 0;
+        in->task = t;
+        in->discard = !p2p_agree(t, &in->hdr);
+        p2p_read(n, g, from);
+        return;
+    }
+    if (g->posted_tail)
+        g->posted_tail->next = t;
+    else
+        g->posted_head = t;
+    g->posted_tail = t;
+}
+
+static void p2p_write(struct net *n, struct ngroup *g, int peer)
+{
+    struct p2p_out *o = &g->out[peer];
+    while (o->done == 0 && o->nacks && g->pfds[peer] >= 0) { /* acks go between messages */
+        ssize_t r = write(g->pfds[peer], (char *)&o->acks[0] + o->acks_done,
+                          sizeof(o->acks[0]) - o->acks_done);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (r < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "ack to node %d: %s", peer, strerror(errno));
+            p2p_lost(n, g, peer, why);
+            return;
+        }
+        o->acks_done += (size_t)r;
+        if (o->acks_done < sizeof(o->acks[0])) return;
+        o->acks_done = 0;
+        memmove(o->acks, o->acks + 1, (o->nacks - 1) * sizeof(*o->acks));
+        o->nacks--;
+    }
+    while (o->head && g->pfds[peer] >= 0) {
+        struct net_task *t = o->head;
+        size_t bytes = t->count * coll_dtype_size((coll_dtype)t->dtype);
+        if (o->done == 0)
+            o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
+                                          .kind = WIRE_OP_SEND,
+                                          .dtype = t->dtype,
+                                          .src_rank = (uint32_t)my_rank(g, t),
+                                          .dst_rank = (uint32_t)t->root,
+                                          .count = t->count};
+        struct iovec v[2];
+        int nv = 0;
+        if (o->done < sizeof(o->hdr))
+            v[nv++] = (struct iovec){(char *)&o->hdr + o->done, sizeof(o->hdr) - o->done};
+        size_t pdone = o->done > sizeof(o->hdr) ? o->done - sizeof(o->hdr) : 0;
+        if (bytes > pdone)
+            v[nv++] = (struct iovec){(char *)t->send[t->local_slot] + pdone, bytes - pdone};
+        ssize_t r = nv ? writev(g->pfds[peer], v, nv) : 0;
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (r < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "send to node %d: %s", peer, strerror(errno));
+            p2p_lost(n, g, peer, why);
+            return;
+        }
+        o->done += (size_t)r;
+        if (o->done == sizeof(o->hdr) + bytes) {
+            o->head = t->next;
+            if (!o->head) o->tail = NULL;
+            o->done = 0;
+            t->next = NULL; /* now its receive's ack completes it */
+            if (o->wait_tail)
+                o->wait_tail->next = t;
+            else
+                o->wait_head = t;
+            o->wait_tail = t;
+            if (o->nacks) {
+                p2p_write(n, g, peer); /* acks queued meanwhile */
+                return;
+            }
+        }
+    }
+}
+
+static void p2p_read(struct net *n, struct ngroup *g, int peer)
+{
+    struct p2p_in *in = &g->in[peer];
+    char sink[4096];
+    for (;;) {
+        if (g->pfds[peer] < 0 || in->parked) return;
+        void *dst;
+        size_t want;
+        if (in->hgot < sizeof(in->hdr)) {
+            dst = (char *)&in->hdr + in->hgot;
+            want = sizeof(in->hdr) - in->hgot;
+        } else {
+            if (in->discard)
+                dst = sink;
+            else if (in->task)
+                dst = (char *)in->task->recv[in->task->local_slot] + in->pgot;
+            else
+                dst = (char *)in->unx->data + in->pgot;
+            want = in->plen - in->pgot;
+            if (in->discard && want > sizeof(sink)) want = sizeof(sink);
+        }
+        ssize_t r = want ? read(g->pfds[peer], dst, want) : 0;
+        if (want && r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        if (want && r <= 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "node %d closed its send/recv connection", peer);
+            p2p_lost(n, g, peer, why);
+            return;
+        }
+        if (in->hgot < sizeof(in->hdr)) {
+            in->hgot += (size_t)r;
+            if (in->hgot < sizeof(in->hdr)) continue;
+            struct data_op_hdr *h = &in->hdr;
+            uint64_t plen;
+            char hw[128];
+            if (data_send_hdr_check(h, (uint32_t)g->nlocal, (uint32_t)peer, (uint32_t)g->me, &plen,
+                                    hw, sizeof(hw)) < 0) {
+                char why[200];
+                snprintf(why, sizeof(why), "bad send header from node %d: %s", peer, hw);
+                net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                return;
+            }
+            in->plen = (size_t)plen;
+            if (h->kind == WIRE_OP_RECV) { /* an ack: no payload */
+                struct data_op_hdr ack = *h;
+                memset(in, 0, sizeof(*in));
+                if (p2p_acked(n, g, peer, &ack) < 0) {
+                    char why[160];
+                    snprintf(why, sizeof(why), "node %d acknowledged a send it was never sent",
+                             peer);
+                    net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    return;
+                }
+                continue;
+            }
+            in->pgot = 0;
+            struct net_task **pp = &g->posted_head, *prev = NULL;
+            for (; *pp; prev = *pp, pp = &(*pp)->next) {
+                if (!p2p_matches(g, *pp, h)) continue;
+                in->task = *pp;
+                *pp = in->task->next;
+                if (g->posted_tail == in->task) g->posted_tail = prev;
+                in->discard = !p2p_agree(in->task, h);
+                break;
+            }
+            if (!in->task) {
+                if (in->plen > UNX_SMALL || g->unx_from[peer] + in->plen > UNX_PEER_MAX ||
+                    g->unx_bytes + in->plen > UNX_GROUP_MAX) {
+                    in->parked = 1; /* read on when its receive is posted */
+                    return;
+                }
+                in->unx = calloc(1, sizeof(*in->unx));
+                if (in->unx) in->unx->data = malloc(in->plen ? in->plen : 1);
+                if (!in->unx || !in->unx->data) {
+                    if (in->unx) free(in->unx);
+                    in->unx = NULL;
+                    net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    return;
+                }
+                in->unx->hdr = *h;
+                in->unx->from = peer;
+                g->unx_bytes += in->plen;
+                g->unx_from[peer] += in->plen;
+            }
+        } else {
+            in->pgot += (size_t)r;
+        }
+        if (in->pgot < in->plen) continue;
+        /* a whole message */
+        if (in->task) {
+            p2p_finish(n, g, in->task, &in->hdr);
+        } else {
+            /* its receive may have been posted while the bytes were arriving */
+            struct unexpected *u = in->unx;
+            struct net_task **pp = &g->posted_head, *prev = NULL, *match = NULL;
+            for (; *pp; prev = *pp, pp = &(*pp)->next) {
+                if (!p2p_matches(g, *pp, &u->hdr)) continue;
+                match = *pp;
+                *pp = match->next;
+                if (g->posted_tail == match) g->posted_tail = prev;
+                break;
+            }
+            if (match) {
+                if (p2p_agree(match, &u->hdr) && match->count)
+                    memcpy(match->recv[match->local_slot], u->data, in->plen);
+                struct data_op_hdr h = u->hdr;
+                unx_free(g, u);
+                p2p_finish(n, g, match, &h);
+            } else {
+                u->next = NULL;
+                if (g->unx_tail)
+                    g->unx_tail->next = u;
+                else
+                    g->unx_head = u;
+                g->unx_tail = u;
+            }
+        }
+        memset(in, 0, sizeof(*in));
+    }
+}
+
+/* Move every send and receive of g as far as the sockets allow, without blocking. */
+void p2p_progress(struct net *n, struct ngroup *g)
+{
+    if (!g->ready) return;
+    for (int p = 0; p < g->nodes; p++) {
+        if (p == g->me) continue;
+        p2p_read(n, g, p);
+        if (!g->ready) return;
+        p2p_write(n, g, p);
+        if (!g->ready) return;
+    }
+}
+
+/* The earliest deadline of a send or receive in flight (INT64_MAX: none). */
+int64_t p2p_oldest_deadline(const struct ngroup *g)
+{
+    int64_t oldest = INT64_MAX;
+    if (g->posted_head) oldest = g->posted_head->deadline_ns;
+    for (int p = 0; p < g->nodes; p++) {
+        if (g->out[p].head && g->out[p].head->deadline_ns < oldest)
+            oldest = g->out[p].head->deadline_ns;
+        if (g->out[p].wait_head && g->out[p].wait_head->deadline_ns < oldest)
+            oldest = g->out[p].wait_head->deadline_ns;
+    }
+    return oldest;
+}
+
+void p2p_free(struct ngroup *g)
+{
+    for (int p = 0; p < RDV_MAX_NODES; p++)
+        free(g->out[p].acks);
+}

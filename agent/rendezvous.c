@@ -1,0 +1,312 @@
+/*
+ * rendezvous.c: the rendezvous state machine of one group (rendezvous.h). No sockets
+ * and no clock reads: frames go out through io.send, time comes in as arguments, and
+ * tests/test_rendezvous.c drives coordinators and members against each other directly.
+ */
+#include "rendezvous.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "coll/coll.h"
+
+#define NS_PER_MS 1000000LL
+
+void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
+                     const struct rendezvous_io *io)
+{
+    memset(s, 0, sizeof(*s));
+    snprintf(s->group, sizeof(s->group), "%s", st->group);
+    snprintf(s->pod, sizeof(s->pod), "%s", st->pod);
+    snprintf(s->data_addr, sizeof(s->data_addr), "%s", st->data_addr);
+    s->nodes = st->nodes;
+    s->me = st->me;
+    s->nlocal = st->nlocal;
+    s->gpu = st->gpu;
+    s->config_hash = st->config_hash;
+    s->hb_ns = (int64_t)st->heartbeat_ms * NS_PER_MS;
+    s->join_ns = (int64_t)st->join_ms * NS_PER_MS;
+    s->limit = st->limit;
+    s->io = *io;
+}
+
+static void send_to(struct rendezvous *s, const struct rdv_peer *p, union rdv_msg *m)
+{
+    s->io.send(s->io.ctx, p ? p->id : NULL, p ? p->idlen : 0, m);
+}
+
+static void send_join(struct rendezvous *s, int64_t now)
+{
+    union rdv_msg m;
+    rdv_init(&m, RDV_JOIN, s->group, 0);
+    m.join.config_hash = s->config_hash;
+    m.join.nodes = (uint32_t)s->nodes;
+    m.join.node_index = (uint32_t)s->me;
+    m.join.local_slots = (uint32_t)s->nlocal;
+    m.join.last_epoch = s->epoch;
+    snprintf(m.join.pod, sizeof(m.join.pod), "%s", s->pod);
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "%s", s->data_addr);
+    send_to(s, NULL, &m);
+    s->next_join = now + s->hb_ns;
+}
+
+/* Tell the other pods that this epoch is over: the coordinator tells every member, a
+ * member tells the coordinator (which tells the rest). */
+static void send_abort(struct rendezvous *s, int code, const char *why)
+{
+    union rdv_msg m;
+    rdv_init(&m, RDV_ABORT, s->group, s->epoch);
+    m.abort.code = code;
+    m.abort.node_index = (uint32_t)s->me;
+    snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
+    if (s->me == 0) {
+        for (int i = 1; i < s->nodes; i++)
+            if (s->peers[i].present) send_to(s, &s->peers[i], &m);
+    } else {
+        send_to(s, NULL, &m);
+    }
+}
+
+/* Once per epoch, whatever else goes wrong meanwhile. */
+void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, int drain)
+{
+    if (!s->committed || s->ending) return;
+    if (tell) send_abort(s, code, why);
+    s->ending = 1;
+    s->io.end(s->io.ctx, code, why, drain);
+}
+
+void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, int64_t now)
+{
+    int had = s->committed, was_formed = s->formed;
+    if (tell) send_abort(s, code, why);
+    s->committed = s->formed = s->ending = 0;
+    s->ends++;
+    if (s->me == 0) {
+        /* every member must join again; we are present at once */
+        for (int i = 1; i < s->nodes; i++)
+            s->peers[i].present = 0;
+    } else if (had && was_formed) {
+        s->join_backoff = 0; /* a formed epoch ended: join again at once */
+        send_join(s, now);
+    } else {
+        /* the epoch never formed (or we were refused): back off with jitter, so that a
+         * group that cannot form does not commit and abort in a tight loop */
+        s->join_backoff = s->join_backoff ? s->join_backoff * 2 : RDV_BACKOFF_MIN_NS;
+        if (s->join_backoff > RDV_BACKOFF_MAX_NS) s->join_backoff = RDV_BACKOFF_MAX_NS;
+        uint32_t r = 0;
+        s->io.random(s->io.ctx, &r, sizeof(r));
+        s->next_join = now + s->join_backoff / 2 +
+                       (int64_t)(r % (uint32_t)(s->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
+    }
+}
+
+void rendezvous_formed(struct rendezvous *s)
+{
+    if (!s->committed) return;
+    s->formed = 1;
+    s->join_backoff = 0;
+}
+
+static void apply_commit(struct rendezvous *s, const struct rdv_commit *c, int64_t now)
+{
+    s->epoch = c->h.epoch;
+    s->committed = 1;
+    s->formed = s->ending = 0;
+    s->commits++;
+    s->form_deadline = now + s->join_ns;
+    s->coord_heard = now;
+    s->io.commit(s->io.ctx, c); /* may end the epoch at once (rendezvous_end) */
+}
+
+/* ---- coordinator ------------------------------------------------------------------ */
+
+static void coord_commit(struct rendezvous *s, int64_t now)
+{
+    uint32_t e = s->epoch;
+    for (int i = 1; i < s->nodes; i++)
+        if (s->peers[i].join.last_epoch > e) e = s->peers[i].join.last_epoch;
+    union rdv_msg m;
+    rdv_init(&m, RDV_COMMIT, s->group, e + 1);
+    m.commit.nodes = (uint32_t)s->nodes;
+    s->io.random(s->io.ctx, m.commit.secret, sizeof(m.commit.secret));
+    snprintf(m.commit.members[0].pod, RDV_NAME_MAX, "%s", s->pod);
+    snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "%s", s->data_addr);
+    for (int i = 1; i < s->nodes; i++) {
+        memcpy(m.commit.members[i].pod, s->peers[i].join.pod, RDV_NAME_MAX);
+        memcpy(m.commit.members[i].data_addr, s->peers[i].join.data_addr, RDV_ADDR_MAX);
+    }
+    if (s->gpu && s->io.commid) {
+        /* only the coordinator makes the id, once per epoch */
+        char why[160];
+        if (s->io.commid(s->io.ctx, m.commit.commid, why, sizeof(why)) == 0)
+            m.commit.has_commid = 1;
+        else
+            log_msg(LOG_ERROR, "rendezvous.commid", "group=%s error=\"%s\"", s->group, why);
+    }
+    for (int i = 1; i < s->nodes; i++)
+        send_to(s, &s->peers[i], &m);
+    apply_commit(s, &m.commit, now);
+}
+
+static void refuse(const struct rendezvous_io *io, const unsigned char *id, size_t idlen,
+                   const struct rdv_join *j, union rdv_msg *r, struct log_limit *limit)
+{
+    unsigned long long dropped = 0;
+    if (!limit || log_limit_pass(limit, &dropped))
+        log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\" suppressed=%llu",
+                j->node_index, j->pod, r->reject.why, dropped);
+    io->send(io->ctx, id, idlen, r);
+}
+
+void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned char *id,
+                               size_t idlen, const struct rdv_join *j, struct log_limit *limit)
+{
+    union rdv_msg r;
+    rdv_init(&r, RDV_REJECT, j->h.group, 0);
+    snprintf(r.reject.why, sizeof(r.reject.why),
+             "no group '%s' spans several pods on the coordinator", j->h.group);
+    refuse(io, id, idlen, j, &r, limit);
+}
+
+static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t idlen,
+                          const struct rdv_join *j, int64_t now)
+{
+    union rdv_msg r;
+    rdv_init(&r, RDV_REJECT, j->h.group, 0);
+    if (j->nodes != (uint32_t)s->nodes) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': member has world size (members) %u, coordinator has %d", j->h.group,
+                 j->nodes, s->nodes);
+    } else if (j->config_hash != s->config_hash) {
+        /* no hash in the text: it is all a spoofed JOIN would need */
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': the member's group settings (backend, members, slots, devices, "
+                 "timeouts) differ from the coordinator's",
+                 j->h.group);
+    } else if (j->node_index == 0) {
+        snprintf(r.reject.why, sizeof(r.reject.why),
+                 "group '%s': node index 0 is the coordinator itself", j->h.group);
+    }
+    if (r.reject.why[0]) {
+        refuse(&s->io, id, idlen, j, &r, s->limit);
+        return;
+    }
+    if (idlen > RDV_ID_MAX) idlen = RDV_ID_MAX;
+    struct rdv_peer *p = &s->peers[j->node_index];
+    int same = p->present && p->idlen == idlen && memcmp(p->id, id, idlen) == 0;
+    if (s->committed && same && j->last_epoch < s->epoch) {
+        /* sent before our COMMIT reached it: nothing new */
+        p->last_heard = now;
+        return;
+    }
+    if (s->committed) {
+        char why[160];
+        snprintf(why, sizeof(why), "node %u (%s) joined again", j->node_index, j->pod);
+        rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
+    }
+    p->present = 1;
+    memcpy(p->id, id, idlen);
+    p->idlen = idlen;
+    p->join = *j;
+    p->last_heard = now;
+    log_msg(LOG_INFO, "rendezvous.join", "group=%s node=%u pod=\"%s\" data=%s last_epoch=%u",
+            s->group, j->node_index, j->pod, j->data_addr, j->last_epoch);
+    if (s->committed) return; /* the old epoch is still draining: commit after it ends */
+    for (int i = 1; i < s->nodes; i++)
+        if (!s->peers[i].present) return;
+    coord_commit(s, now);
+}
+
+/* ---- frames ----------------------------------------------------------------------- */
+
+void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idlen,
+                      const union rdv_msg *m, int64_t now)
+{
+    if (id) { /* coordinator side: from a member */
+        if (s->me != 0) return;
+        if (m->h.type == RDV_JOIN) {
+            coord_on_join(s, id, idlen, &m->join, now);
+            return;
+        }
+        int from = -1;
+        for (int i = 1; i < s->nodes; i++)
+            if (s->peers[i].present && s->peers[i].idlen == idlen &&
+                memcmp(s->peers[i].id, id, idlen) == 0)
+                from = i;
+        if (from < 0) return; /* not a member of this group (any more) */
+        s->peers[from].last_heard = now;
+        if (m->h.type == RDV_ABORT && s->committed && m->h.epoch == s->epoch)
+            rendezvous_fail(s, m->abort.code, m->abort.why, 1, 1);
+        return;
+    }
+    /* member side: from the coordinator */
+    if (s->me == 0) return;
+    s->coord_heard = now;
+    switch (m->h.type) {
+    case RDV_COMMIT:
+        if (m->commit.nodes != (uint32_t)s->nodes) return;
+        if (m->h.epoch <= s->epoch) return; /* the current epoch's, or an old one */
+        if (s->committed) {
+            /* a commit we have not seen ends ours: the coordinator moved on (it
+             * restarted, or our ABORT crossed its COMMIT) */
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, "the coordinator committed a newer epoch", 0, 0);
+            if (s->committed) return; /* still draining: it will send the commit again */
+        }
+        apply_commit(s, &m->commit, now);
+        break;
+    case RDV_REJECT:
+        if (strcmp(s->last_reject, m->reject.why) != 0) {
+            log_msg(LOG_ERROR, "rendezvous.rejected", "group=%s reason=\"%s\"", s->group,
+                    m->reject.why);
+            snprintf(s->last_reject, sizeof(s->last_reject), "%s", m->reject.why);
+        }
+        break;
+    case RDV_ABORT:
+        if (s->committed && m->h.epoch == s->epoch)
+            rendezvous_fail(s, m->abort.code, m->abort.why, 0, 1);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- timers ----------------------------------------------------------------------- */
+
+void rendezvous_heartbeat(struct rendezvous *s, int64_t now)
+{
+    if (now < s->next_hb) return;
+    union rdv_msg m;
+    rdv_init(&m, RDV_HEARTBEAT, s->group, s->epoch);
+    if (s->me == 0) {
+        for (int i = 1; i < s->nodes; i++)
+            if (s->peers[i].present) send_to(s, &s->peers[i], &m);
+    } else if (s->committed) {
+        m.heartbeat.node_index = (uint32_t)s->me;
+        send_to(s, NULL, &m);
+    } else {
+        return;
+    }
+    s->next_hb = now + s->hb_ns;
+}
+
+void rendezvous_tick(struct rendezvous *s, int64_t now)
+{
+    rendezvous_heartbeat(s, now);
+    if (s->me == 0) {
+        for (int i = 1; i < s->nodes; i++) {
+            if (!s->peers[i].present || now - s->peers[i].last_heard < 3 * s->hb_ns) continue;
+            char why[160];
+            snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i, s->peers[i].join.pod,
+                     (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
+            s->peers[i].present = 0;
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
+        }
+    } else {
+        if (!s->committed && now >= s->next_join) send_join(s, now);
+        if (s->committed && now - s->coord_heard > 3 * s->hb_ns)
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, "the coordinator is silent", 0, 1);
+    }
+    if (s->committed && !s->formed && now > s->form_deadline)
+        rendezvous_fail(s, COLL_ERR_PEER_LOST, "data connections not up within join_ms", 1, 0);
+}

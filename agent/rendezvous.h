@@ -1,0 +1,106 @@
+/*
+ * rendezvous.h: the rendezvous of one group that spans several pods, as a state
+ * machine with no sockets and no clock of its own (DESIGN.md section 6).
+ *
+ * In: decoded frames (rendezvous_frame), the time (rendezvous_tick, rendezvous_heartbeat), and
+ * what the owner saw on the data plane (rendezvous_formed, rendezvous_end). Out, through the
+ * callbacks of struct rendezvous_io: frames to send, a committed epoch to connect, the end of
+ * an epoch. Node 0 is the coordinator: members send JOIN until they get COMMIT; when
+ * every index is present the coordinator commits epoch max(seen) + 1 with the member
+ * table and a fresh secret. Heartbeats go both ways; silence for 3 intervals, a member
+ * that joins again, or an ABORT end the epoch, and everybody joins again.
+ *
+ * The owner (the net thread) calls in from one thread. A callback may call back in
+ * (rendezvous_end from io.end, say); the machine reads its state again after each call.
+ */
+#ifndef AGENT_RENDEZVOUS_H
+#define AGENT_RENDEZVOUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "log.h"
+#include "rdv_wire.h"
+
+#define RDV_ID_MAX 256 /* a member's ZeroMQ routing id */
+#define RDV_BACKOFF_MIN_NS (50 * 1000000LL)
+#define RDV_BACKOFF_MAX_NS (2000 * 1000000LL)
+
+struct rendezvous_io {
+    void *ctx;
+    /* Send m to the member whose routing id this is, or (id NULL) to the coordinator. */
+    void (*send)(void *ctx, const unsigned char *id, size_t idlen, union rdv_msg *m);
+    /* Epoch c->h.epoch is committed: set up its data connections; call rendezvous_formed
+     * when they are up. */
+    void (*commit)(void *ctx, const struct rdv_commit *c);
+    /* Another pod, or a deadline, ends the epoch. drain: the ops every pod holds may
+     * finish first. The owner calls rendezvous_end (tell 0) once it has ended. */
+    void (*end)(void *ctx, int code, const char *why, int drain);
+    /* n random bytes (secrets, jitter). */
+    void (*random)(void *ctx, void *buf, size_t n);
+    /* Coordinator of a GPU group: a fresh communicator id for the next epoch; 0, or -1
+     * with why (the epoch then commits without one). May be NULL. */
+    int (*commid)(void *ctx, uint8_t *id, char *why, size_t whylen);
+};
+
+struct rendezvous_settings {
+    const char *group, *pod, *data_addr; /* copied */
+    int nodes, me, nlocal;
+    uint64_t config_hash;
+    int heartbeat_ms, join_ms;
+    int gpu;                 /* commits carry a communicator id */
+    struct log_limit *limit; /* for the coordinator's refusals; may be NULL */
+};
+
+struct rdv_peer {
+    int present;
+    unsigned char id[RDV_ID_MAX];
+    size_t idlen;
+    int64_t last_heard;
+    struct rdv_join join;
+};
+
+struct rendezvous {
+    /* settings */
+    char group[RDV_NAME_MAX], pod[RDV_NAME_MAX], data_addr[RDV_ADDR_MAX];
+    int nodes, me, nlocal, gpu;
+    uint64_t config_hash;
+    int64_t hb_ns, join_ns;
+    struct log_limit *limit;
+    struct rendezvous_io io;
+    /* state */
+    uint32_t epoch;       /* committed epoch, or the last one (0: never) */
+    int committed;        /* epoch is current (its data connections may still form) */
+    int formed;           /* ... and they are up */
+    int ending;           /* io.end was called, rendezvous_end not yet */
+    int64_t join_backoff; /* members: wait before the next JOIN after a failed epoch */
+    int64_t next_join, next_hb, coord_heard, form_deadline;
+    struct rdv_peer peers[RDV_MAX_NODES]; /* coordinator: who has joined */
+    char last_reject[RDV_MSG_MAX];        /* members: the last refusal, logged once */
+    uint64_t commits, ends;               /* counters for tests and metrics */
+};
+
+void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
+                     const struct rendezvous_io *io);
+/* A decoded frame for this group: from the member with routing id (coordinator), or
+ * from the coordinator (id NULL). */
+void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idlen,
+                      const union rdv_msg *m, int64_t now);
+/* Timers: heartbeats, JOINs, silent peers, the formation deadline. */
+void rendezvous_tick(struct rendezvous *s, int64_t now);
+/* Heartbeats only (called while a long op of this group runs). */
+void rendezvous_heartbeat(struct rendezvous *s, int64_t now);
+/* The committed epoch's data connections are up. */
+void rendezvous_formed(struct rendezvous *s);
+/* Something the owner saw (a broken data connection) ends the committed epoch: as if
+ * the machine had decided it: ABORT to the others (tell), then io.end with drain. */
+void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, int drain);
+/* The owner ends the epoch (an op failed, a deadline, or after io.end): tell the
+ * other pods (tell), forget who joined (coordinator) or join again (members: at once
+ * after a formed epoch, with backoff and jitter after one that never formed). */
+void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, int64_t now);
+/* Coordinator: answer a JOIN for a group it does not have. */
+void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned char *id,
+                               size_t idlen, const struct rdv_join *j, struct log_limit *limit);
+
+#endif

@@ -1,0 +1,410 @@
+/*
+ * test_rendezvous.c: the rendezvous state machine (agent/rendezvous.c), driven directly:
+ * a coordinator and members exchange real encoded frames through an in-memory bus, on
+ * a clock the test moves. No sockets, no threads, no sleeping: each scenario runs in
+ * microseconds and says exactly which frames, commits and ends it expects.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+#include "rendezvous.h"
+
+#define HB_MS 100
+#define JOIN_MS 1000
+#define MS 1000000LL
+#define MAX_NODES 4
+#define BUS_MAX 256
+
+struct node {
+    struct rendezvous sm;
+    int index, gen; /* gen: restarts, part of the routing id */
+    int up;         /* 0: its frames are lost (a dead or partitioned pod) */
+    int auto_form;  /* its data connections come up as soon as it commits */
+    int commits, ends;
+    uint32_t commit_epoch;
+    uint8_t secret[RDV_SECRET_BYTES];
+    struct rdv_member members[RDV_MAX_NODES];
+    int end_code;
+    char end_why[RDV_MSG_MAX];
+    int sent[RDV_TYPE_END];
+};
+
+struct frame {
+    int from, to; /* node indices */
+    unsigned char bytes[sizeof(union rdv_msg)];
+    size_t len;
+};
+
+static struct node nodes[MAX_NODES];
+static int nnodes;
+static struct frame bus[BUS_MAX];
+static int nbus;
+static int64_t now;
+static uint64_t config_hash = 42;
+static uint32_t rnd = 1;
+
+static void id_of(const struct node *x, char *id, size_t cap)
+{
+    snprintf(id, cap, "member-%d-gen-%d", x->index, x->gen);
+}
+
+static void io_send(void *ctx, const unsigned char *id, size_t idlen, union rdv_msg *m)
+{
+    struct node *x = ctx;
+    int to = 0;
+    if (id) { /* the coordinator to a member: find it by its routing id */
+        to = -1;
+        for (int i = 1; i < nnodes; i++) {
+            char want[64];
+            id_of(&nodes[i], want, sizeof(want));
+            if (strlen(want) == idlen && memcmp(want, id, idlen) == 0) to = i;
+        }
+        if (to < 0) return; /* gone: ZeroMQ drops it too */
+    }
+    x->sent[m->h.type]++;
+    assert_true(nbus < BUS_MAX);
+    struct frame *f = &bus[nbus++];
+    m->h.len = (uint32_t)rdv_size(m);
+    f->from = x->index;
+    f->to = to;
+    f->len = m->h.len;
+    memcpy(f->bytes, m, f->len);
+}
+
+static void io_commit(void *ctx, const struct rdv_commit *c)
+{
+    struct node *x = ctx;
+    x->commits++;
+    x->commit_epoch = c->h.epoch;
+    memcpy(x->secret, c->secret, sizeof(x->secret));
+    memcpy(x->members, c->members, sizeof(x->members));
+    if (x->auto_form) rendezvous_formed(&x->sm);
+}
+
+/* As the net thread does with no op in flight: end at once. */
+static void io_end(void *ctx, int code, const char *why, int drain)
+{
+    struct node *x = ctx;
+    (void)drain;
+    x->ends++;
+    x->end_code = code;
+    snprintf(x->end_why, sizeof(x->end_why), "%s", why);
+    rendezvous_end(&x->sm, code, why, 0, now);
+}
+
+static void io_random(void *ctx, void *buf, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        rnd = rnd * 1103515245u + 12345u;
+        ((uint8_t *)buf)[i] = (uint8_t)(rnd >> 16);
+    }
+}
+
+static void start_node(int i, int nodes_total, uint64_t hash)
+{
+    struct node *x = &nodes[i];
+    int gen = x->gen;
+    memset(x, 0, sizeof(*x));
+    x->index = i;
+    x->gen = gen;
+    x->up = 1;
+    x->auto_form = 1;
+    char pod[32], addr[32];
+    snprintf(pod, sizeof(pod), "pod-%d", i);
+    snprintf(addr, sizeof(addr), "10.0.0.%d:7000", i + 1);
+    struct rendezvous_settings st = {.group = "g",
+                                     .pod = pod,
+                                     .data_addr = addr,
+                                     .nodes = nodes_total,
+                                     .me = i,
+                                     .nlocal = 1,
+                                     .config_hash = hash,
+                                     .heartbeat_ms = HB_MS,
+                                     .join_ms = JOIN_MS};
+    struct rendezvous_io io = {
+        .ctx = x, .send = io_send, .commit = io_commit, .end = io_end, .random = io_random};
+    rendezvous_init(&x->sm, &st, &io);
+}
+
+static void cluster(int n)
+{
+    memset(nodes, 0, sizeof(nodes));
+    nnodes = n;
+    nbus = 0;
+    now = 1000 * MS;
+    for (int i = 0; i < n; i++)
+        start_node(i, n, config_hash);
+}
+
+/* Deliver what is on the bus (and what that provokes), through the real decoder. */
+static void deliver(void)
+{
+    for (int k = 0; k < nbus; k++) {
+        struct frame f = bus[k];
+        struct node *src = &nodes[f.from], *dst = &nodes[f.to];
+        if (!src->up || !dst->up) continue;
+        union rdv_msg m;
+        char why[160];
+        assert_int_equal(rdv_decode(f.bytes, f.len, &m, why, sizeof(why)), 0);
+        char id[64];
+        id_of(src, id, sizeof(id));
+        if (f.to == 0)
+            rendezvous_frame(&dst->sm, (const unsigned char *)id, strlen(id), &m, now);
+        else
+            rendezvous_frame(&dst->sm, NULL, 0, &m, now);
+    }
+    nbus = 0;
+}
+
+/* Move the clock on by ms in steps of 10 ms, ticking every live node. */
+static void run_for(int ms)
+{
+    for (int t = 0; t < ms; t += 10) {
+        now += 10 * MS;
+        for (int i = 0; i < nnodes; i++)
+            if (nodes[i].up) rendezvous_tick(&nodes[i].sm, now);
+        deliver();
+    }
+}
+
+static void assert_formed(uint32_t epoch)
+{
+    for (int i = 0; i < nnodes; i++) {
+        assert_true(nodes[i].sm.committed);
+        assert_true(nodes[i].sm.formed);
+        assert_int_equal(nodes[i].sm.epoch, epoch);
+        assert_int_equal(nodes[i].commit_epoch, epoch);
+        assert_memory_equal(nodes[i].secret, nodes[0].secret, RDV_SECRET_BYTES);
+    }
+}
+
+/* Three pods: members join, the coordinator commits epoch 1 with one member table and
+ * one secret for all, and heartbeats then keep the epoch alive indefinitely. */
+static void three_pods_form_one_epoch(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(nodes[i].commits, 1);
+        char pod[16];
+        snprintf(pod, sizeof(pod), "pod-%d", i);
+        for (int j = 0; j < 3; j++) {
+            char want[16];
+            snprintf(want, sizeof(want), "pod-%d", j);
+            assert_string_equal(nodes[i].members[j].pod, want);
+        }
+        assert_string_equal(nodes[i].members[2].data_addr, "10.0.0.3:7000");
+    }
+    run_for(5000); /* 50 heartbeat intervals */
+    assert_formed(1);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(nodes[i].ends, 0);
+    assert_true(nodes[0].sent[RDV_HEARTBEAT] >= 2 * 45);
+    assert_true(nodes[1].sent[RDV_HEARTBEAT] >= 45);
+}
+
+/* The coordinator waits for the last member however late, then commits. */
+static void a_late_member_is_waited_for(void **state)
+{
+    (void)state;
+    cluster(3);
+    nodes[2].up = 0; /* not started yet */
+    run_for(3000);
+    assert_false(nodes[0].sm.committed);
+    assert_false(nodes[1].sm.committed);
+    assert_int_equal(nodes[0].commits + nodes[1].commits, 0);
+    assert_true(nodes[1].sent[RDV_JOIN] >= 25); /* it keeps asking, once per interval */
+    start_node(2, 3, config_hash);
+    run_for(50);
+    assert_formed(1);
+}
+
+/* A member that stops talking for 3 heartbeat intervals ends the epoch everywhere
+ * (PEER_LOST, naming it); the others are formed again as soon as it is back. */
+static void a_silent_member_ends_the_epoch(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    nodes[2].up = 0;
+    run_for(150);
+    assert_int_equal(nodes[0].ends, 0); /* under three intervals: not yet */
+    run_for(250);
+    assert_int_equal(nodes[0].ends, 1);
+    assert_int_equal(nodes[0].end_code, COLL_ERR_PEER_LOST);
+    assert_non_null(strstr(nodes[0].end_why, "node 2 (pod-2) silent"));
+    assert_int_equal(nodes[1].ends, 1); /* told by the coordinator's ABORT */
+    assert_int_equal(nodes[1].end_code, COLL_ERR_PEER_LOST);
+    assert_non_null(strstr(nodes[1].end_why, "silent"));
+    assert_false(nodes[1].sm.committed);
+    nodes[2].up = 1;
+    run_for(3 * HB_MS + 300); /* it finds its coordinator silent, then joins again */
+    assert_formed(2);
+}
+
+/* A member whose group settings differ is refused with the reason (and no hash), and
+ * never commits; the coordinator keeps no state for it. */
+static void a_config_mismatch_is_refused(void **state)
+{
+    (void)state;
+    cluster(2);
+    start_node(1, 2, config_hash + 1);
+    run_for(500);
+    assert_false(nodes[0].sm.committed);
+    assert_false(nodes[1].sm.committed);
+    assert_true(nodes[0].sent[RDV_REJECT] >= 4);
+    assert_int_equal(nodes[0].sent[RDV_COMMIT], 0);
+    assert_false(nodes[0].sm.peers[1].present);
+    assert_non_null(strstr(nodes[1].sm.last_reject, "group settings"));
+    /* a world size that differs is named as such */
+    cluster(2);
+    start_node(1, 3, config_hash);
+    run_for(200);
+    assert_non_null(strstr(nodes[1].sm.last_reject, "world size"));
+    assert_false(nodes[0].sm.committed);
+}
+
+/* A member that joins again while the epoch is formed (its pod restarted: a new routing
+ * id, last epoch 0) ends the epoch; the next epoch is newer than any seen. */
+static void a_member_that_joins_again_ends_the_epoch(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    nodes[1].gen++;
+    start_node(1, 3, config_hash);
+    run_for(10);
+    assert_int_equal(nodes[0].ends, 1);
+    assert_non_null(strstr(nodes[0].end_why, "node 1 (pod-1) joined again"));
+    assert_int_equal(nodes[2].ends, 1);
+    run_for(100);
+    assert_formed(2);
+    /* the same JOIN twice (a retransmission before COMMIT arrived) changes nothing */
+    union rdv_msg m;
+    rdv_init(&m, RDV_JOIN, "g", 0);
+    m.join.config_hash = config_hash;
+    m.join.nodes = 3;
+    m.join.node_index = 2;
+    m.join.local_slots = 1;
+    m.join.last_epoch = 1;
+    snprintf(m.join.pod, sizeof(m.join.pod), "pod-2");
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "10.0.0.3:7000");
+    char id[64];
+    id_of(&nodes[2], id, sizeof(id));
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)id, strlen(id), &m, now);
+    deliver();
+    assert_int_equal(nodes[0].ends, 1);
+    assert_formed(2);
+}
+
+/* The coordinator restarts (epoch 0, nobody present): members find it silent, join
+ * again with their last epoch, and the new coordinator commits past it. */
+static void a_restarted_coordinator_commits_past_the_old_epochs(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    /* move on to epoch 3 first, so that "past" means something */
+    for (int k = 0; k < 2; k++) {
+        rendezvous_fail(&nodes[1].sm, COLL_ERR_PEER_LOST, "test", 1, 0);
+        run_for(100);
+    }
+    assert_formed(3);
+    start_node(0, 3, config_hash);
+    run_for(2 * HB_MS);
+    assert_int_equal(nodes[1].ends, 2); /* not yet */
+    run_for(2 * HB_MS + 100);
+    assert_int_equal(nodes[1].ends, 3);
+    assert_string_equal(nodes[1].end_why, "the coordinator is silent");
+    run_for(200);
+    assert_formed(4);
+}
+
+/* Frames of an epoch that is over change nothing: an old COMMIT, an old ABORT, a
+ * heartbeat from a stranger. A newer COMMIT ends the current epoch first. */
+static void stale_frames_are_ignored(void **state)
+{
+    (void)state;
+    cluster(2);
+    run_for(50);
+    assert_formed(1);
+    union rdv_msg m;
+    rdv_init(&m, RDV_COMMIT, "g", 1);
+    m.commit.nodes = 2;
+    rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
+    rdv_init(&m, RDV_COMMIT, "g", 0);
+    m.commit.nodes = 2;
+    rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
+    rdv_init(&m, RDV_ABORT, "g", 0);
+    m.abort.code = COLL_ERR_PEER_LOST;
+    rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
+    rdv_init(&m, RDV_HEARTBEAT, "g", 1);
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
+    assert_int_equal(nodes[0].ends + nodes[1].ends, 0);
+    assert_int_equal(nodes[1].commits, 1);
+    assert_formed(1);
+    /* an ABORT for the current epoch from a member that is not the one on record */
+    rdv_init(&m, RDV_ABORT, "g", 1);
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
+    assert_int_equal(nodes[0].ends, 0);
+    /* a newer commit: the old epoch ends, the new one is taken */
+    rdv_init(&m, RDV_COMMIT, "g", 7);
+    m.commit.nodes = 2;
+    rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
+    assert_int_equal(nodes[1].ends, 1);
+    assert_int_equal(nodes[1].commits, 2);
+    assert_int_equal(nodes[1].sm.epoch, 7);
+}
+
+/* Data connections that do not come up within join_ms end the epoch with ABORT to the
+ * others; a member that never formed backs off (with jitter) before joining again. */
+static void an_epoch_that_does_not_form_ends_and_backs_off(void **state)
+{
+    (void)state;
+    cluster(2);
+    nodes[0].auto_form = nodes[1].auto_form = 0;
+    run_for(50);
+    assert_true(nodes[1].sm.committed);
+    assert_false(nodes[1].sm.formed);
+    run_for(JOIN_MS + 50);
+    assert_true(nodes[1].ends >= 1);
+    assert_string_equal(nodes[1].end_why, "data connections not up within join_ms");
+    assert_true(nodes[1].sm.join_backoff >= RDV_BACKOFF_MIN_NS);
+    int64_t b = nodes[1].sm.join_backoff;
+    run_for(JOIN_MS + 2000);
+    assert_true(nodes[1].sm.join_backoff > b); /* it doubles while the group cannot form */
+    assert_true(nodes[1].sm.join_backoff <= RDV_BACKOFF_MAX_NS);
+    nodes[0].auto_form = nodes[1].auto_form = 1;
+    run_for(JOIN_MS + 2 * 2000);
+    assert_formed(nodes[0].sm.epoch);
+    assert_int_equal(nodes[1].sm.join_backoff, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(three_pods_form_one_epoch),
+        cmocka_unit_test(a_late_member_is_waited_for),
+        cmocka_unit_test(a_silent_member_ends_the_epoch),
+        cmocka_unit_test(a_config_mismatch_is_refused),
+        cmocka_unit_test(a_member_that_joins_again_ends_the_epoch),
+        cmocka_unit_test(a_restarted_coordinator_commits_past_the_old_epochs),
+        cmocka_unit_test(stale_frames_are_ignored),
+        cmocka_unit_test(an_epoch_that_does_not_form_ends_and_backs_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
