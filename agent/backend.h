@@ -1,7 +1,14 @@
 /*
- * backend.h: the seam between the agent's op matching and the code that moves data.
- * A backend is one ops table; groups pick one at start (config: host, nccl, auto).
- * Only backends/nccl.c includes CUDA or NCCL headers.
+ * backend.h: the seam between a group (slots, epochs, matching: group.c) and the code
+ * that moves data. Every transport is one ops table; a group picks one at start
+ * (backend_choose) and from then on reaches it only through the table:
+ *   host  participants inside one pod, host buffers (backends/host.c), run inline;
+ *   tcp   host buffers across pods (backends/tcp_group.c): the net thread runs them;
+ *   nccl  GPU buffers, in a pod or across pods (backends/nccl_group.c): the GPU
+ *         launchers run them.
+ * All entries are called on the engine thread. None blocks: work that waits goes to
+ * the net thread or a launcher, and comes back through the engine's doorbells. Every
+ * op handed to a backend completes exactly once, through g->op_done (now or later).
  */
 #ifndef AGENT_BACKEND_H
 #define AGENT_BACKEND_H
@@ -9,9 +16,65 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One matched op: the buffers of every rank, resolved to addresses in the agent.
- * send[r] / recv[r] are NULL where rank r does not use them (or count is 0). For
- * send/recv the task holds one pair: send[0] is copied into recv[0]. */
+struct group;
+struct op;
+struct session;
+struct group_config;
+
+struct backend_ops {
+    const char *name;
+    /* Whether the backend can run on this machine. Does not block (beyond driver
+     * queries); 0, or -1 with a one-line reason. */
+    int (*probe)(char *why, size_t whylen);
+    /* Per-group state (g->be_ctx) and resources; 0, or -1 with g->backend_why set. fini
+     * undoes whatever init did, also after a failed init. */
+    int (*init)(struct group *g);
+    void (*fini)(struct group *g);
+    /* Placement: may op (buffers resolved) run from this slot of g? 0, or -1 with why;
+     * the op then fails with INVALID and nothing else happens. */
+    int (*accept)(const struct group *g, int slot, const struct op *op, char *why, size_t whylen);
+    /* A matched collective whose participants agree: ops[0..g->nslots), round seq. */
+    void (*collective)(struct group *g, struct op *ops, uint64_t seq, int64_t deadline_ns);
+    /* A send or receive: 1 when the backend takes it (its partner is on another pod, or
+     * the backend pairs them itself), 0 when the group pairs it within the pod and
+     * then calls pair. */
+    int (*p2p)(struct group *g, struct op *op);
+    /* A send and its receive, both in this pod and agreeing: move the bytes. Returns a
+     * coll_err; the group completes both. */
+    int (*pair)(struct group *g, struct op *snd, struct op *rcv);
+    /* The group's epoch ended (err, why): fail what the backend holds that has not
+     * started, and let go of the epoch's resources. May be NULL. */
+    void (*epoch_over)(struct group *g, int err, const char *why);
+    /* The earliest deadline of ops the backend holds before they start (INT64_MAX:
+     * none); past it, the group ends the epoch with TIMEOUT. May be NULL. */
+    int64_t (*held_deadline)(const struct group *g);
+    /* Ops of g out on another thread: 0 none, 1 some, 2 some on long transfers (the
+     * engine then sleeps instead of spinning). May be NULL (never any). */
+    int (*outstanding)(const struct group *g);
+    /* s is going away: ops the backend holds must not complete to it. */
+    void (*forget_session)(struct group *g, const struct session *s);
+    /* The GPUs the group's slots use (ordinals, at most max); 0 for host groups. */
+    int (*devices)(const struct group *g, int *devs, int max);
+};
+
+extern const struct backend_ops backend_host;
+extern const struct backend_ops backend_tcp;
+extern const struct backend_ops backend_nccl;
+
+/*
+ * The backend for a group: host (tcp across pods) for `host`; nccl for `nccl` when it
+ * probes fine (NULL, why says why, when it cannot run); for `auto` nccl when the
+ * group's devices are GPUs (a list without `cpu`) and NCCL probes fine, host (tcp)
+ * otherwise. why always receives the reason for the choice, for the log.
+ */
+const struct backend_ops *backend_choose(const struct group_config *gc, char *why, size_t whylen);
+
+/* Buffers must live where the group runs: want -1 (host groups: host buffers, no GPU
+ * flag) or the slot's GPU (GPU flag, buffers on that GPU). 0, or -1 with why. */
+int backend_check_placement(const struct group *g, int slot, const struct op *op, int want,
+                            char *why, size_t whylen);
+
+/* The data movement of the host backend, also the tcp backend's within a pod. */
 struct backend_task {
     uint8_t kind, dtype, redop;
     int root;
@@ -20,30 +83,18 @@ struct backend_task {
     void *const *send;
     void *const *recv;
 };
+/* Run one matched op over buffers all mapped here; a coll_err. Scratch: at least
+ * HOST_SCRATCH_BYTES, 8-byte aligned. */
+#define HOST_SCRATCH_BYTES (8 * 4096)
+int host_run(void *scratch, const struct backend_task *t);
+int host_pair(struct group *g, struct op *snd, struct op *rcv);
 
-struct backend_ops {
-    const char *name;
-    /* Whether the backend can run here. Does not block (beyond driver queries); 0, or
-     * -1 with a one-line reason. Called once per group at agent start. */
-    int (*probe)(char *why, size_t whylen);
-    /* Per-group state; NULL on failure. */
-    void *(*ctx_new)(void);
-    void (*ctx_free)(void *ctx);
-    /* Run one matched op to completion on the calling thread; returns a coll_err.
-     * Holds no locks; the caller guarantees the buffers stay mapped. */
-    int (*run)(void *ctx, const struct backend_task *t);
-};
-
-extern const struct backend_ops backend_host;
-extern const struct backend_ops backend_nccl;
-
-struct group_config;
-/*
- * The backend for a group: host for `host`; nccl for `nccl` when it probes fine (NULL,
- * why says why, when it cannot run); for `auto` nccl when the group's devices are GPUs
- * (a list without `cpu`) and NCCL probes fine, host otherwise. why always receives the
- * reason for the choice, for the log.
- */
-const struct backend_ops *backend_choose(const struct group_config *gc, char *why, size_t whylen);
+/* Completions for the engine to route (backends/tcp_group.c, nccl_group.c). */
+struct net_task;
+struct net_event;
+struct gpu_task;
+void tcp_group_done(struct group *g, struct net_task *t);
+void nccl_group_formed(struct group *g, const struct net_event *ev);
+void nccl_group_done(struct group *g, struct gpu_task *t);
 
 #endif

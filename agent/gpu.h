@@ -59,6 +59,10 @@ struct gpu_task {
 
 /* Start a launcher for each distinct GPU ordinal in devices. NULL (why filled) when
  * there is none or CUDA cannot run here. */
+/* Whether GPUs and NCCL can be used here (no threads started); 0 with a summary, or
+ * -1 with why. */
+int gpu_probe(char *why, size_t whylen);
+
 struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen);
 /* Stop the launchers: tasks still queued or in flight come back with
  * COLL_ERR_SHUTDOWN (collect them), communicators are aborted. Then gpu_free. */

@@ -17,52 +17,12 @@
 #include "coll/coll.h"
 #include "log.h"
 #include "net.h"
+#include "backend.h"
 #include "util.h"
 
 #define WMASK (WIRE_RING_ENTRIES - 1u)
 
-/* A GPU task and the op it carries (the task first, so a returned task is its gtask). */
-struct gtask {
-    struct gpu_task t;
-    struct op op;
-    struct gtask *free_next;
-    int live;
-};
-
-/* Devices of the slots and the task pool of a group on the NCCL backend. */
-static int gpu_setup(struct group *g)
-{
-    const struct group_config *cfg = g->cfg;
-    g->gpu_dev = calloc((size_t)g->nslots, sizeof(int));
-    g->gt_count = 2 * (size_t)WIRE_RING_ENTRIES * (size_t)g->nslots;
-    g->gt_pool = calloc(g->gt_count, sizeof(struct gtask));
-    if (!g->gpu_dev || !g->gt_pool) {
-        snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
-        return -1;
-    }
-    for (int k = 0; k < g->nslots; k++) {
-        char why[160], spec[16];
-        if (!cfg->ndevices) snprintf(spec, sizeof(spec), "%d", k);
-        g->gpu_dev[k] =
-            gpu_resolve_device(cfg->ndevices ? cfg->devices[k] : spec, why, sizeof(why));
-        if (g->gpu_dev[k] < 0) {
-            snprintf(g->backend_why, sizeof(g->backend_why), "slot %d: %s", k, why);
-            return -1;
-        }
-        for (int j = 0; j < k; j++)
-            if (g->gpu_dev[j] == g->gpu_dev[k]) {
-                snprintf(g->backend_why, sizeof(g->backend_why),
-                         "slots %d and %d are on the same GPU (NCCL takes one rank per GPU)", j, k);
-                return -1;
-            }
-    }
-    for (size_t i = 0; i < g->gt_count; i++) {
-        g->gt_pool[i].free_next = g->gt_free;
-        g->gt_free = &g->gt_pool[i];
-    }
-    g->comm_gen = 1;
-    return 0;
-}
+static void finish_op(struct group *g, struct op *op, int status, const char *why);
 
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
                group_complete_fn complete)
@@ -93,29 +53,15 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
         g->p2p_pool[i].next = g->p2p_free;
         g->p2p_free = &g->p2p_pool[i];
     }
-    if (g->nodes > 1) {
-        /* one task per op in flight: every slot may have a ring's worth of sends and
-         * receives with other pods, each its own task */
-        size_t ntasks = nops;
-        g->task_pool = calloc(ntasks, sizeof(struct net_task));
-        if (!g->task_pool) goto fail_memory;
-        struct op *tops = calloc(ntasks * (size_t)g->nslots, sizeof(struct op));
-        if (!tops) goto fail_memory;
-        for (size_t i = 0; i < ntasks; i++) {
-            g->task_pool[i].ops = tops + i * (size_t)g->nslots;
-            g->task_pool[i].engine_next = g->task_free;
-            g->task_free = &g->task_pool[i];
-        }
-    }
+    g->op_done = finish_op;
+    g->fail = group_break;
     g->be = backend_choose(cfg, g->backend_why, sizeof(g->backend_why));
-    if (g->be == &backend_nccl && gpu_setup(g) < 0) g->be = NULL;
-    if (g->be) g->be_ctx = g->be->ctx_new();
+    if (g->be && g->be->init(g) < 0) {
+        g->be->fini(g);
+        g->be = NULL;
+    }
     log_msg(g->be ? LOG_INFO : LOG_ERROR, "group.backend", "group=%s backend=%s reason=\"%s\"",
             cfg->name, g->be ? g->be->name : "none", g->backend_why);
-    if (g->be && !g->be_ctx) {
-        g->be = NULL;
-        snprintf(g->backend_why, sizeof(g->backend_why), "backend state: out of memory");
-    }
     return g->be ? 0 : -1;
 fail_memory:
     snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
@@ -127,26 +73,19 @@ fail_memory:
 void group_fini(struct group *g)
 {
     if (!g->cfg) return; /* zeroed or finished already */
-    if (g->nodes > 1)
-        log_msg(LOG_INFO, "group.stats",
-                "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu",
-                g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
-                (unsigned long long)g->inline_count[1], (unsigned long long)g->inline_count[2],
-                (unsigned long long)g->inline_count[0]);
-    if (g->be && g->be_ctx) g->be->ctx_free(g->be_ctx);
-    if (g->gpu_dev)
-        log_msg(LOG_INFO, "group.stats",
-                "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u", g->cfg->name,
-                (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed, g->comm_gen);
-    free(g->gpu_dev);
-    free(g->gt_pool);
+    if (g->be) g->be->fini(g);
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
     free(g->p2p_pool);
-    if (g->task_pool) free(g->task_pool[0].ops);
-    free(g->task_pool);
     free(g->slots);
     memset(g, 0, sizeof(*g));
+}
+
+struct group *group_find(struct group *groups, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(groups[i].cfg->name, name) == 0) return &groups[i];
+    return NULL;
 }
 
 int group_attach(struct group *g, struct session *s, int slot)
@@ -241,227 +180,15 @@ void group_set_gpu(struct group *g, struct gpu *gpu, int index)
     g->index = index;
 }
 
-/* Hand one rank's op to the launcher of its GPU. */
-static void to_gpu(struct group *g, struct op *op)
-{
-    struct gtask *x = g->gt_free;
-    if (!x || !g->gpu || !op->sync) {
-        finish_op(g, op, !x ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL,
-                  !x ? "too many GPU ops in flight in this group" : "no GPU launcher");
-        return;
-    }
-    if (g->commid_gen != g->comm_gen && g->nodes == 1) {
-        /* this pod is the whole group: it makes the generation's id itself */
-        char why[160];
-        if (gpu_new_commid(g->commid, why, sizeof(why)) < 0) {
-            log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, why);
-            finish_op(g, op, COLL_ERR_INTERNAL, why);
-            return;
-        }
-        g->commid_gen = g->comm_gen;
-    }
-    g->gt_free = x->free_next;
-    x->live = 1;
-    x->op = *op;
-    struct gpu_task *t = &x->t;
-    memset(t, 0, sizeof(*t));
-    int slot = op->rank - g->node_index * g->nslots;
-    t->type = GPU_TASK_OP;
-    t->group = g->index;
-    t->gen = g->comm_gen;
-    t->nranks = g->size;
-    t->rank = op->rank;
-    memcpy(t->commid, g->commid, sizeof(t->commid));
-    t->device = g->gpu_dev[slot];
-    t->kind = op->sqe.kind;
-    t->dtype = op->sqe.dtype;
-    t->redop = op->sqe.redop;
-    t->peer = op->sqe.peer;
-    t->count = op->sqe.count;
-    t->send = op->send;
-    t->recv = op->recv;
-    struct wire_shm *w = op->sync->map;
-    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1;
-    intptr_t delta = (intptr_t)op->sync->priv - 1;
-    t->ready = &w->ready[idx];
-    t->done = &w->done[idx];
-    t->ready_dev = (char *)t->ready + delta;
-    t->done_dev = (char *)t->done + delta;
-    t->tag = op->sqe.tag;
-    t->client_gone = &op->sync->gone;
-    t->deadline_ns = op->deadline_ns;
-    t->init_ms = g->cfg->join_timeout_ms;
-    g->gpu_inflight++;
-    if (g->nodes > 1 && !g->gpu_formed) {
-        /* the pods have not agreed on the epoch (and its id) yet: hold it here */
-        x->free_next = NULL;
-        if (g->gwait_tail)
-            g->gwait_tail->free_next = x;
-        else
-            g->gwait_head = x;
-        g->gwait_tail = x;
-        return;
-    }
-    gpu_submit(g->gpu, t);
-}
-
-void group_net_formed(struct group *g, const struct net_event *ev)
-{
-    if (!g->gpu_dev) return;
-    if (!ev->has_commid) {
-        log_msg(LOG_ERROR, "group.commid",
-                "group=%s epoch=%u error=\"the coordinator sent no "
-                "NCCL id (its backend for this group is not nccl?)\"",
-                g->cfg->name, ev->epoch);
-        return;
-    }
-    g->comm_gen = g->commid_gen = ev->epoch;
-    memcpy(g->commid, ev->commid, sizeof(g->commid));
-    g->gpu_formed = 1;
-    while (g->gwait_head) {
-        struct gtask *x = g->gwait_head;
-        g->gwait_head = x->free_next;
-        x->t.gen = g->comm_gen;
-        memcpy(x->t.commid, g->commid, sizeof(x->t.commid));
-        gpu_submit(g->gpu, &x->t);
-    }
-    g->gwait_tail = NULL;
-}
-
-/* Several pods: the epoch is over. Ops held for it fail; the launchers abort its
- * communicators at once (a peer may be gone: NCCL would wait for it forever). */
-static void gpu_epoch_over(struct group *g, int err, const char *why)
-{
-    while (g->gwait_head) {
-        struct gtask *x = g->gwait_head;
-        g->gwait_head = x->free_next;
-        g->gpu_inflight--;
-        finish_op(g, &x->op, err, why);
-        x->live = 0;
-        x->free_next = g->gt_free;
-        g->gt_free = x;
-    }
-    g->gwait_tail = NULL;
-    if (!g->gpu_formed) return;
-    g->gpu_formed = 0;
-    for (int k = 0; k < g->nslots; k++) {
-        struct gtask *x = g->gt_free;
-        if (!x) break; /* each op on the communicator still ends at its deadline */
-        g->gt_free = x->free_next;
-        x->live = 1;
-        memset(&x->t, 0, sizeof(x->t));
-        memset(&x->op, 0, sizeof(x->op));
-        x->t.type = GPU_TASK_DROP;
-        x->t.group = g->index;
-        x->t.gen = g->comm_gen;
-        x->t.device = g->gpu_dev[k];
-        gpu_submit(g->gpu, &x->t);
-    }
-}
-
-void group_gpu_done(struct group *g, struct gpu_task *t)
-{
-    struct gtask *x = (struct gtask *)t;
-    if (t->type == GPU_TASK_OP) {
-        g->gpu_inflight--;
-        g->comms_created += (uint64_t)t->created_comm;
-        if (t->status != COLL_OK)
-            log_msg(LOG_WARN, "group.gpu_op", "group=%s rank=%d op=%s error=\"%s\" detail=\"%s\"",
-                    g->cfg->name, t->rank, wire_kind_name(t->kind),
-                    coll_strerror((coll_err)t->status), t->why);
-        finish_op(g, &x->op, t->status, t->why);
-        if (t->comm_failed && t->gen == g->comm_gen && (g->nodes == 1 || g->gpu_formed)) {
-            /* the communicator is gone: the next op makes a new one, and what is
-             * pending now cannot run on it */
-            g->comm_gen++;
-            group_break(g, t->status, t->why);
-        }
-    }
-    x->live = 0;
-    x->free_next = g->gt_free;
-    g->gt_free = x;
-}
-
 void group_forget_session(struct group *g, const struct session *s)
 {
-    for (size_t i = 0; i < g->gt_count; i++)
-        if (g->gt_pool[i].live && g->gt_pool[i].op.s == s) g->gt_pool[i].op.s = NULL;
-    for (struct net_task *t = g->in_net; t; t = t->engine_next)
-        for (int k = 0; k < t->nops; k++)
-            if (t->ops[k].s == s) t->ops[k].s = NULL;
+    if (g->be) g->be->forget_session(g, s);
 }
 
-void group_net_done(struct group *g, struct net_task *t)
+void group_net_mark_done(struct group *g)
 {
-    if (t == &g->mark) {
-        g->mark_busy = 0;
-        send_mark(g);
-        return;
-    }
-    for (struct net_task **pp = &g->in_net; *pp; pp = &(*pp)->engine_next) {
-        if (*pp == t) {
-            *pp = t->engine_next;
-            break;
-        }
-    }
-    for (int k = 0; k < t->nops; k++)
-        finish_op(g, &t->ops[k], t->status, t->why);
-    t->nops = 0;
-    t->engine_next = g->task_free;
-    g->task_free = t;
-}
-
-/* Lend a matched op (its ops copied into a task) to the net thread; a tiny one the
- * engine may run itself (net_inline) when nothing of the group is with the net thread,
- * which keeps the group's ops in order. */
-static void to_net(struct group *g, const struct op *ops, int nops, const struct wire_sqe *s,
-                   uint64_t seq, int64_t deadline)
-{
-    struct net_task *t = g->task_free;
-    if (!t) { /* cannot happen: each task holds an op in flight of some session */
-        for (int k = 0; k < nops; k++) {
-            struct op tmp = ops[k];
-            finish_op(g, &tmp, COLL_ERR_INTERNAL, "no free network task");
-        }
-        return;
-    }
-    g->task_free = t->engine_next;
-    struct op *keep = t->ops;
-    memset(t, 0, offsetof(struct net_task, ops));
-    t->ops = keep;
-    t->type = NET_TASK_OP;
-    t->group = g->index;
-    t->lepoch = g->epoch;
-    t->seq = seq;
-    t->kind = s->kind;
-    t->dtype = s->dtype;
-    t->redop = s->redop;
-    t->root = s->peer;
-    t->count = s->count;
-    t->deadline_ns = deadline;
-    t->nops = nops;
-    for (int k = 0; k < nops; k++) {
-        t->ops[k] = ops[k];
-        int slot = ops[k].rank - g->node_index * g->nslots;
-        t->send[slot] = ops[k].send;
-        t->recv[slot] = ops[k].recv;
-        t->local_slot = slot;
-    }
-    int rc = NET_INLINE_NO;
-    if (!g->in_net && !g->mark_busy && !g->mark_pending && nops == g->nslots)
-        rc = net_inline(g->net, t);
-    g->inline_count[rc]++;
-    if (rc == NET_INLINE_DONE) {
-        for (int k = 0; k < t->nops; k++)
-            finish_op(g, &t->ops[k], t->status, t->why);
-        t->nops = 0;
-        t->engine_next = g->task_free;
-        g->task_free = t;
-        return;
-    }
-    t->engine_next = g->in_net;
-    g->in_net = t;
-    if (rc == NET_INLINE_NO) net_submit(g->net, t);
+    g->mark_busy = 0;
+    send_mark(g);
 }
 
 static void break_local(struct group *g, int err, const char *why)
@@ -487,7 +214,7 @@ static void break_local(struct group *g, int err, const char *why)
         failed++;
     }
     g->p2p_tail = NULL;
-    if (g->gpu_dev && g->gpu && g->nodes > 1) gpu_epoch_over(g, err, why);
+    if (g->be && g->be->epoch_over) g->be->epoch_over(g, err, why);
     uint32_t old = g->epoch;
     g->epoch++;
     g->lo_seq = 0;
@@ -515,56 +242,23 @@ static void describe(const struct wire_sqe *s, char *buf, size_t n)
              coll_redop_name((coll_redop)s->redop), s->peer);
 }
 
+/* Every participant is in: the backend runs the op, or all fail with the round's
+ * disagreement. */
 static void run_round(struct group *g, struct round *r)
 {
-    void *send[64], *recv[64];
     int status = r->status;
-    const struct wire_sqe *s = &r->ops[0].sqe;
-    if (status == COLL_OK && g->gpu_dev) {
-        for (int k = 0; k < g->nslots; k++) {
-            r->present[k] = 0;
-            to_gpu(g, &r->ops[k]);
-        }
-        r->arrived = 0;
-        g->lo_seq++;
-        return;
-    }
-    if (status == COLL_OK && g->nodes > 1) {
-        to_net(g, r->ops, g->nslots, s, r->seq, r->deadline_ns);
-        for (int k = 0; k < g->nslots; k++)
-            r->present[k] = 0;
-        r->arrived = 0;
-        g->lo_seq++;
-        return;
-    }
-    if (status == COLL_OK) {
-        if (g->nslots > 64) {
-            status = COLL_ERR_UNSUPPORTED;
-        } else {
-            for (int k = 0; k < g->nslots; k++) {
-                send[k] = r->ops[k].send;
-                recv[k] = r->ops[k].recv;
-            }
-            struct backend_task t = {.kind = s->kind,
-                                     .dtype = s->dtype,
-                                     .redop = s->redop,
-                                     .root = s->peer,
-                                     .count = s->count,
-                                     .nranks = g->nslots,
-                                     .send = send,
-                                     .recv = recv};
-            status = g->be->run(g->be_ctx, &t);
-        }
-    }
-    for (int k = 0; k < g->nslots; k++) {
+    for (int k = 0; k < g->nslots; k++)
         r->present[k] = 0;
-        finish_op(g, &r->ops[k], status, status == r->status ? r->why : NULL);
-    }
     r->arrived = 0;
     g->lo_seq++;
+    if (status == COLL_OK) {
+        g->be->collective(g, r->ops, r->seq, r->deadline_ns);
+        return;
+    }
+    for (int k = 0; k < g->nslots; k++)
+        finish_op(g, &r->ops[k], status, r->why);
     /* the other pods ran (or will run) this op: our sequence no longer matches theirs */
-    if (status != COLL_OK && g->nodes > 1)
-        group_break(g, status, "this pod's participants disagree on an op");
+    if (g->nodes > 1) group_break(g, status, "this pod's participants disagree on an op");
 }
 
 static void submit_collective(struct group *g, int slot, struct op *op)
@@ -608,14 +302,7 @@ static void submit_collective(struct group *g, int slot, struct op *op)
 static void submit_p2p(struct group *g, struct op *op)
 {
     int is_send = op->sqe.kind == WIRE_OP_SEND;
-    if (g->gpu_dev) { /* NCCL pairs sends with receives itself, in issue order */
-        to_gpu(g, op);
-        return;
-    }
-    if (op->sqe.peer / g->nslots != g->node_index) { /* the partner is on another pod */
-        to_net(g, op, 1, &op->sqe, 0, op->deadline_ns);
-        return;
-    }
+    if (g->be->p2p(g, op)) return; /* the backend pairs it (another pod, or NCCL) */
     struct op **pp = &g->p2p_head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct op *o = *pp;
@@ -634,14 +321,7 @@ static void submit_p2p(struct group *g, struct op *op)
                     b);
             status = COLL_ERR_MISMATCH;
         } else {
-            void *s[1] = {snd->send}, *d[1] = {rcv->recv};
-            struct backend_task t = {.kind = WIRE_OP_SEND,
-                                     .dtype = snd->sqe.dtype,
-                                     .count = snd->sqe.count,
-                                     .nranks = 1,
-                                     .send = s,
-                                     .recv = d};
-            status = g->be->run(g->be_ctx, &t);
+            status = g->be->pair(g, snd, rcv);
         }
         finish_op(g, snd, status, NULL);
         finish_op(g, rcv, status, NULL);
@@ -676,6 +356,7 @@ void group_submit(struct group *g, int slot, struct op *op)
 
 int64_t group_check_timeouts(struct group *g, int64_t now)
 {
+    int64_t held = g->be && g->be->held_deadline ? g->be->held_deadline(g) : INT64_MAX;
     struct round *r = &g->rounds[g->lo_seq & WMASK];
     if (r->arrived && r->deadline_ns <= now) {
         char why[160];
@@ -683,7 +364,7 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
                  (unsigned long long)r->seq, g->cfg->op_timeout_ms, g->nslots - r->arrived,
                  g->nslots);
         group_break(g, COLL_ERR_TIMEOUT, why);
-    } else if (g->gwait_head && g->gwait_head->op.deadline_ns <= now) {
+    } else if (held <= now) {
         char why[160];
         snprintf(why, sizeof(why), "the pods did not form the group within %d ms",
                  g->cfg->op_timeout_ms);
@@ -699,6 +380,7 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     r = &g->rounds[g->lo_seq & WMASK];
     if (r->arrived) next = r->deadline_ns;
     if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
-    if (g->gwait_head && g->gwait_head->op.deadline_ns < next) next = g->gwait_head->op.deadline_ns;
+    held = g->be && g->be->held_deadline ? g->be->held_deadline(g) : INT64_MAX;
+    if (held < next) next = held;
     return next;
 }

@@ -56,40 +56,28 @@ struct round {
 
 struct group {
     const struct group_config *cfg;
-    const struct backend_ops *be;
-    void *be_ctx;
-    char backend_why[192];
     int nslots, size, node_index, nodes;
     uint32_t epoch;
     int attached;
     struct group_slot *slots;
     uint64_t lo_seq; /* lowest round not yet finished */
     struct round rounds[WIRE_RING_ENTRIES];
-    struct op *p2p_head, *p2p_tail, *p2p_free;
+    struct op *p2p_head, *p2p_tail, *p2p_free; /* sends and receives paired here */
     struct op *p2p_pool;
     group_complete_fn complete;
     uint64_t ops_done, ops_failed;
-    /* groups that span several pods: matched ops go to the net thread */
+    /* the backend (backend.h) and its state; what it calls back */
+    const struct backend_ops *be;
+    void *be_ctx;
+    char backend_why[192];
+    void (*op_done)(struct group *g, struct op *op, int status, const char *why);
+    void (*fail)(struct group *g, int err, const char *why); /* end the epoch */
+    /* groups that span several pods: the net thread holds the cluster-wide epoch */
     struct net *net;
-    int index;                  /* in the config, as the net thread knows it */
-    struct net_task *task_pool; /* WIRE_RING_ENTRIES x nslots tasks, each with nslots ops */
-    struct net_task *task_free;
-    struct net_task *in_net; /* tasks lent to the net thread (engine_next list) */
-    struct net_task mark;    /* the epoch mark; at most one in flight */
+    int index;            /* in the config, as the net thread and the launchers know it */
+    struct net_task mark; /* the epoch mark; at most one in flight */
     int mark_busy, mark_pending_abort, mark_pending, mark_code;
-    uint64_t inline_count[3]; /* by net_inline's answer: queued, run here, handed over */
-    /* groups on the NCCL backend: ops go to the GPU launchers */
-    struct gpu *gpu;
-    int *gpu_dev; /* [nslots] the agent's GPU ordinal of each slot */
-    struct gtask *gt_pool, *gt_free;
-    size_t gt_count;
-    uint32_t comm_gen; /* one pod: bumped when a communicator breaks; several: the
-                          net epoch whose id commid is */
-    int gpu_formed;    /* several pods: the net epoch is formed, commid is valid */
-    struct gtask *gwait_head, *gwait_tail; /* matched before the epoch formed */
-    uint32_t commid_gen;                   /* generation commid belongs to (0: none yet) */
-    uint8_t commid[GPU_COMMID_BYTES];
-    uint64_t gpu_inflight, comms_created;
+    struct gpu *gpu; /* groups on the NCCL backend: the launchers */
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -98,6 +86,9 @@ struct group {
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
                group_complete_fn complete);
 void group_fini(struct group *g);
+
+/* The group of that name among n, or NULL. */
+struct group *group_find(struct group *groups, int n, const char *name);
 
 /* Give slot (or the lowest free one for -1) to s. Returns the slot or a negative
  * coll_err. */
@@ -115,18 +106,14 @@ void group_submit(struct group *g, int slot, struct op *op);
 void group_break(struct group *g, int err, const char *why);
 /* The net thread ended the epoch (a pod left, a mismatch elsewhere, ...). */
 void group_net_broken(struct group *g, int err, const char *why);
-/* A task came back from the net thread. */
-void group_net_done(struct group *g, struct net_task *t);
+/* The epoch mark came back from the net thread. */
+void group_net_mark_done(struct group *g);
 /* Hand the net thread to the group (set before the first op). */
 void group_set_net(struct group *g, struct net *n, int index);
 /* s is going away: ops it has lent to the net thread must not complete to it. */
 void group_forget_session(struct group *g, const struct session *s);
 /* Hand the GPU launchers to a group on the NCCL backend (before the first op). */
 void group_set_gpu(struct group *g, struct gpu *gpu, int index);
-/* The net thread formed the group's epoch (for NCCL groups, with the epoch's id). */
-void group_net_formed(struct group *g, const struct net_event *ev);
-/* A task came back from a launcher. */
-void group_gpu_done(struct group *g, struct gpu_task *t);
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);
 

@@ -11,7 +11,7 @@
 
 #include "coll/coll.h"
 #include "config.h"
-#include "ipc_server.h"
+#include "engine.h"
 #include "log.h"
 #include "security.h"
 
@@ -125,10 +125,10 @@ int main(int argc, char **argv)
 
     log_msg(LOG_INFO, "agent.start", "version=%s config=\"%s\" pid=%d", coll_version(), cfg->source,
             (int)getpid());
-    struct server srv;
-    int rc = server_init(&srv, cfg);
-    if (rc == 0) rc = server_run(&srv);
-    server_fini(&srv);
+    struct engine eng;
+    int rc = engine_init(&eng, cfg);
+    if (rc == 0) rc = engine_run(&eng);
+    engine_fini(&eng);
     config_free(&cfg);
     return rc == 0 ? 0 : 1;
 }

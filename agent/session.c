@@ -21,23 +21,22 @@
 #include "buffer.h"
 #include "coll/coll.h"
 #include "gpu.h"
-#include "ipc_server.h"
 #include "log.h"
 #include "ring.h"
 #include "util.h"
 
-struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid)
+struct session *session_new(struct session_env *env, int fd, pid_t pid, uid_t uid, gid_t gid)
 {
     struct session *s = calloc(1, sizeof(*s));
     if (!s) return NULL;
-    s->srv = srv;
+    s->env = env;
     s->fd = fd;
     s->efd_agent = s->efd_client = -1;
     s->pid = pid;
     s->uid = uid;
     s->gid = gid;
-    s->id = ++srv->next_session_id;
-    s->handshake_deadline_ns = now_ns() + srv->cfg->agent.handshake_timeout_ms * NS_PER_MS;
+    s->id = ++env->next_id;
+    s->handshake_deadline_ns = now_ns() + env->cfg->agent.handshake_timeout_ms * NS_PER_MS;
     s->ev_sock.s = s;
     s->ev_bell.s = s;
     return s;
@@ -56,8 +55,8 @@ void session_destroy(struct session **sp)
         }
     }
     /* ops lent to the net thread outlive us: they must not complete to freed memory */
-    for (int i = 0; i < s->srv->ngroups; i++)
-        group_forget_session(&s->srv->groups[i], s);
+    for (int i = 0; i < s->env->ngroups; i++)
+        group_forget_session(&s->env->groups[i], s);
     for (uint32_t i = 0; i < s->nbufs; i++)
         buffer_unref(&s->bufs[i]);
     free(s->bufs);
@@ -70,8 +69,8 @@ void session_destroy(struct session **sp)
     }
     /* the client holds duplicates of the doorbell: closing ours alone would leave it
      * in the epoll set, so remove it first */
-    if (s->efd_agent >= 0) epoll_ctl(s->srv->epfd, EPOLL_CTL_DEL, s->efd_agent, NULL);
-    if (s->fd >= 0) epoll_ctl(s->srv->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    if (s->efd_agent >= 0) epoll_ctl(s->env->epfd, EPOLL_CTL_DEL, s->efd_agent, NULL);
+    if (s->fd >= 0) epoll_ctl(s->env->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     if (s->efd_agent >= 0) close(s->efd_agent);
     if (s->efd_client >= 0) close(s->efd_client);
     if (s->fd >= 0) close(s->fd);
@@ -122,7 +121,7 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     unsigned long long dropped;
-    if (log_limit_pass(&s->srv->lim_request, &dropped))
+    if (log_limit_pass(s->env->lim_request, &dropped))
         log_msg(LOG_INFO, "session.refuse",
                 "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
                 (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg,
@@ -141,7 +140,7 @@ static int violation(struct session *s, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     unsigned long long dropped;
-    if (log_limit_pass(&s->srv->lim_violation, &dropped))
+    if (log_limit_pass(s->env->lim_violation, &dropped))
         log_msg(LOG_WARN, "session.protocol_error",
                 "session=%llu pid=%d client=\"%s\" detail=\"%s\" suppressed=%llu",
                 (unsigned long long)s->id, (int)s->pid, s->client, msg, dropped);
@@ -215,7 +214,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     s->shm_buf->release = release_shm;
     /* edge-triggered: every write is an edge, so the doorbell never needs draining */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &s->ev_bell};
-    if (epoll_ctl(s->srv->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
+    if (epoll_ctl(s->env->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
         close(memfd);
         return violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
     }
@@ -224,7 +223,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     m.hello_ok.session_id = s->id;
     m.hello_ok.shm_size = s->shm_size;
     m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
-    m.hello_ok.flags = s->srv->gpu ? WIRE_HELLO_F_GPU : 0;
+    m.hello_ok.flags = s->env->gpu ? WIRE_HELLO_F_GPU : 0;
     snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
     int rc = send_reply(s, &m, fds, 3);
@@ -240,7 +239,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
 
 static int on_group_open(struct session *s, const struct wire_group_open *o)
 {
-    struct group *g = server_find_group(s->srv, o->name);
+    struct group *g = group_find(s->env->groups, s->env->ngroups, o->name);
     if (!g) return refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND, "no group named '%s'", o->name);
     if (!g->be)
         return refuse(s, o->h.req_id, COLL_ERR_UNSUPPORTED, "group '%s' cannot run here: %s",
@@ -290,7 +289,7 @@ static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
     if ((r->kind == WIRE_MEM_MEMFD) != (r->device == -1))
         return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u with device %d", r->kind,
                       r->device);
-    if (r->kind != WIRE_MEM_MEMFD && !s->srv->gpu)
+    if (r->kind != WIRE_MEM_MEMFD && !s->env->gpu)
         return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
                       "device %d: this agent has no GPU group (GPU buffers need the NCCL backend)",
                       r->device);
@@ -507,7 +506,7 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
     struct group *g = h->g;
     unsigned k = q->kind;
     if (q->flags & WIRE_SQE_F_GPU) {
-        if (!s->srv->gpu || !g->gpu_dev)
+        if (!s->env->gpu || g->be != &backend_nccl)
             return violation(s, "GPU op for group '%s', which runs on %s", g->cfg->name,
                              g->be->name);
         uint32_t idx = (uint32_t)(q->tag & 0xffffffffu) - 1;
@@ -543,20 +542,9 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
  * here. */
 static int check_placement(struct session *s, struct group *g, int slot, struct op *op)
 {
-    const struct wire_sqe *q = &op->sqe;
-    int gpu_group = g->gpu_dev != NULL;
-    int gpu_op = (q->flags & WIRE_SQE_F_GPU) != 0;
     char why[192] = "";
-    int want = gpu_group ? g->gpu_dev[slot] : -1;
-    if (gpu_group != gpu_op)
-        snprintf(why, sizeof(why), "group '%s' runs on %s: its ops need %s", g->cfg->name,
-                 g->be->name, gpu_group ? "GPU buffers and a stream" : "host buffers");
-    else if ((op->sb && op->sb->device != want) || (op->rb && op->rb->device != want))
-        snprintf(
-            why, sizeof(why), "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
-            slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
-            (op->sb && op->sb->device != want ? op->sb : op->rb)->device < 0 ? "the host" : "GPU",
-            (op->sb && op->sb->device != want ? op->sb : op->rb)->device);
+    int gpu_op = (op->sqe.flags & WIRE_SQE_F_GPU) != 0;
+    g->be->accept(g, slot, op, why, sizeof(why));
     if (gpu_op) {
         char w[160];
         if (!why[0] && shm_for_gpu(s, w, sizeof(w)) < 0) snprintf(why, sizeof(why), "%s", w);

@@ -12,8 +12,21 @@
 #include "group.h"
 #include "wire.h"
 
-struct server;
 struct buffer;
+struct log_limit;
+struct config;
+
+/* What a session needs of the engine that owns it, handed in at creation: the engine's
+ * memory, outliving every session. A session reaches the engine through this alone. */
+struct session_env {
+    const struct config *cfg;
+    int epfd;             /* the engine's epoll: a session's doorbell joins it */
+    int gpu;              /* the agent has GPUs: clients may share GPU buffers */
+    struct group *groups; /* the agent's groups, which OPEN_GROUP names */
+    int ngroups;
+    struct log_limit *lim_request, *lim_violation;
+    uint64_t next_id; /* the engine thread's, as every session */
+};
 
 #define SESSION_MAX_HANDLES 64
 #define SESSION_MAX_BUFFERS 4096
@@ -34,7 +47,7 @@ struct session_handle {
 };
 
 struct session {
-    struct server *srv;
+    struct session_env *env;
     struct session *next, *prev;
     enum session_state state;
     uint64_t id;
@@ -59,7 +72,7 @@ struct session {
 };
 
 /* A session for an accepted, credential-checked socket (takes fd). NULL on OOM. */
-struct session *session_new(struct server *srv, int fd, pid_t pid, uid_t uid, gid_t gid);
+struct session *session_new(struct session_env *env, int fd, pid_t pid, uid_t uid, gid_t gid);
 /* Release everything: slots (breaking their groups' epochs), buffers, rings, fds.
  * Completions for this session are discarded from here on. Sets *s to NULL. */
 void session_destroy(struct session **s);

@@ -4,34 +4,15 @@
  * per chunk, straight from the senders' memory into the receivers' with one
  * cache-resident scratch chunk in between (that also makes in-place use safe).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend.h"
+#include "../group.h"
 #include "../reduce.h"
 #include "coll/coll.h"
 #include "wire.h"
-
-struct host_ctx {
-    uint64_t scratch[REDUCE_CHUNK]; /* REDUCE_CHUNK elements of the widest dtype */
-};
-
-static int host_probe(char *why, size_t whylen)
-{
-    (void)why;
-    (void)whylen;
-    return 0;
-}
-
-static void *host_ctx_new(void)
-{
-    return malloc(sizeof(struct host_ctx));
-}
-
-static void host_ctx_free(void *ctx)
-{
-    free(ctx);
-}
 
 static void copy(void *dst, const void *src, size_t n)
 {
@@ -39,7 +20,7 @@ static void copy(void *dst, const void *src, size_t n)
 }
 
 /* Reduce block `block` (count elements) of every rank's send into dsts (one or all). */
-static void reduce_block(struct host_ctx *x, const struct backend_task *t, size_t block,
+static void reduce_block(void *scratch, const struct backend_task *t, size_t block,
                          void *const *dsts, int ndst, int dst_rank)
 {
     size_t es = coll_dtype_size(t->dtype);
@@ -50,17 +31,16 @@ static void reduce_block(struct host_ctx *x, const struct backend_task *t, size_
         size_t boff = (block * t->count + off) * es;
         for (int r = 0; r < n; r++)
             srcs[r] = (const char *)t->send[r] + boff;
-        reduce_n(t->dtype, t->redop, x->scratch, srcs, n, len, (uint32_t)n);
+        reduce_n(t->dtype, t->redop, scratch, srcs, n, len, (uint32_t)n);
         for (int d = 0; d < ndst; d++) {
             int r = ndst == 1 ? dst_rank : d;
-            if (dsts[r]) memcpy((char *)dsts[r] + off * es, x->scratch, len * es);
+            if (dsts[r]) memcpy((char *)dsts[r] + off * es, scratch, len * es);
         }
     }
 }
 
-static int host_run(void *ctx, const struct backend_task *t)
+int host_run(void *x, const struct backend_task *t)
 {
-    struct host_ctx *x = ctx;
     size_t es = coll_dtype_size(t->dtype);
     size_t bytes = (size_t)t->count * es;
     int n = t->nranks;
@@ -130,10 +110,101 @@ static int host_run(void *ctx, const struct backend_task *t)
     return COLL_OK;
 }
 
+/* ---- the backend of groups inside one pod ----------------------------------------- */
+
+static int host_probe(char *why, size_t whylen)
+{
+    snprintf(why, whylen, "always");
+    return 0;
+}
+
+static int host_init(struct group *g)
+{
+    _Static_assert(HOST_SCRATCH_BYTES >= REDUCE_CHUNK * sizeof(uint64_t), "scratch too small");
+    g->be_ctx = malloc(HOST_SCRATCH_BYTES);
+    if (!g->be_ctx) {
+        snprintf(g->backend_why, sizeof(g->backend_why), "backend state: out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static void host_fini(struct group *g)
+{
+    free(g->be_ctx);
+    g->be_ctx = NULL;
+}
+
+static int host_accept(const struct group *g, int slot, const struct op *op, char *why,
+                       size_t whylen)
+{
+    return backend_check_placement(g, slot, op, -1, why, whylen);
+}
+
+static void host_collective(struct group *g, struct op *ops, uint64_t seq, int64_t deadline_ns)
+{
+    (void)seq, (void)deadline_ns;
+    void *send[64], *recv[64];
+    int status = COLL_ERR_UNSUPPORTED;
+    const struct wire_sqe *s = &ops[0].sqe;
+    if (g->nslots <= 64) {
+        for (int k = 0; k < g->nslots; k++) {
+            send[k] = ops[k].send;
+            recv[k] = ops[k].recv;
+        }
+        struct backend_task t = {.kind = s->kind,
+                                 .dtype = s->dtype,
+                                 .redop = s->redop,
+                                 .root = s->peer,
+                                 .count = s->count,
+                                 .nranks = g->nslots,
+                                 .send = send,
+                                 .recv = recv};
+        status = host_run(g->be_ctx, &t);
+    }
+    for (int k = 0; k < g->nslots; k++)
+        g->op_done(g, &ops[k], status, NULL);
+}
+
+static int host_p2p(struct group *g, struct op *op)
+{
+    (void)g, (void)op;
+    return 0; /* both ends are here: the group pairs them */
+}
+
+int host_pair(struct group *g, struct op *snd, struct op *rcv)
+{
+    (void)g;
+    void *s[1] = {snd->send}, *d[1] = {rcv->recv};
+    struct backend_task t = {.kind = WIRE_OP_SEND,
+                             .dtype = snd->sqe.dtype,
+                             .count = snd->sqe.count,
+                             .nranks = 1,
+                             .send = s,
+                             .recv = d};
+    return host_run(NULL, &t); /* a copy needs no scratch */
+}
+
+static void host_forget(struct group *g, const struct session *s)
+{
+    (void)g, (void)s; /* ops run to completion inside host_collective */
+}
+
+static int host_devices(const struct group *g, int *devs, int max)
+{
+    (void)g, (void)devs, (void)max;
+    return 0;
+}
+
 const struct backend_ops backend_host = {
     .name = "host",
     .probe = host_probe,
-    .ctx_new = host_ctx_new,
-    .ctx_free = host_ctx_free,
-    .run = host_run,
+    .init = host_init,
+    .fini = host_fini,
+    .accept = host_accept,
+    .collective = host_collective,
+    .p2p = host_p2p,
+    .pair = host_pair,
+    .forget_session = host_forget,
+    .devices = host_devices,
 };

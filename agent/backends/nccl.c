@@ -25,7 +25,7 @@
  */
 #include "nccl_priv.h"
 
-static int nccl_probe(char *why, size_t whylen)
+int gpu_probe(char *why, size_t whylen)
 {
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
@@ -47,33 +47,6 @@ static int nccl_probe(char *why, size_t whylen)
     snprintf(why, whylen, "NCCL %d, %d GPU(s)", ver, ndev);
     return 0;
 }
-
-static int dummy_ctx;
-
-static void *nccl_ctx_new(void)
-{
-    return &dummy_ctx;
-}
-
-static void nccl_ctx_free(void *ctx)
-{
-    (void)ctx;
-}
-
-static int nccl_run(void *ctx, const struct backend_task *t)
-{
-    (void)ctx;
-    (void)t;
-    return COLL_ERR_UNSUPPORTED; /* GPU ops go through gpu_submit */
-}
-
-const struct backend_ops backend_nccl = {
-    .name = "nccl",
-    .probe = nccl_probe,
-    .ctx_new = nccl_ctx_new,
-    .ctx_free = nccl_ctx_free,
-    .run = nccl_run,
-};
 
 /* ---- devices and imports --------------------------------------------------------- */
 

@@ -1,49 +1,19 @@
 /*
- * nccl_none.c: the agent's GPU side (gpu.h) and the NCCL backend's table in a build
- * without CUDA and NCCL (CMake picks this file instead of nccl.c): every entry point
- * says so, and groups that ask for NCCL are refused with that reason.
+ * nccl_none.c: the agent's GPU side (gpu.h) in a build without CUDA and NCCL (CMake
+ * picks this file instead of nccl.c and its siblings): the probe says so, and groups
+ * that ask for NCCL are refused with that reason.
  */
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../backend.h"
 #include "../gpu.h"
 #include "coll/coll.h"
 
-/* ---- backend table: probes "no" ---------------------------------------------- */
-
-static int nccl_probe(char *why, size_t whylen)
+int gpu_probe(char *why, size_t whylen)
 {
     snprintf(why, whylen, "built without CUDA and NCCL");
     return -1;
 }
-
-static int dummy_ctx;
-
-static void *nccl_ctx_new(void)
-{
-    return &dummy_ctx;
-}
-
-static void nccl_ctx_free(void *ctx)
-{
-    (void)ctx;
-}
-
-static int nccl_run(void *ctx, const struct backend_task *t)
-{
-    (void)ctx;
-    (void)t;
-    return COLL_ERR_UNSUPPORTED;
-}
-
-const struct backend_ops backend_nccl = {
-    .name = "nccl",
-    .probe = nccl_probe,
-    .ctx_new = nccl_ctx_new,
-    .ctx_free = nccl_ctx_free,
-    .run = nccl_run,
-};
 
 /* ---- without CUDA: every entry point says so ------------------------------------ */
 

@@ -1,11 +1,11 @@
 /*
- * ipc_server.c: the engine loop. Spin-then-sleep: while ops arrive it polls the
+ * engine.c: the engine loop. Spin-then-sleep: while ops arrive it polls the
  * rings without system calls (looking at the sockets every CTL_POLL_NS); after
  * spin_us without work it marks every session "agent sleeping", looks at the rings
  * once more, and sleeps in epoll until a doorbell, a socket, a signal or the
  * nearest deadline.
  */
-#include "ipc_server.h"
+#include "engine.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -30,24 +30,16 @@
 
 #define CTL_POLL_NS 50000LL /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
-#define SPIN_PAUSE_NS 5000LL       /* of the spin window, spent in pause before yielding */
-#define IDLE_RESET_NS 1000000LL    /* a sleep longer than this (+ spin) ends a burst */
-#define NET_LONG_BYTES (64 * 1024) /* a net op this large takes longer than a spin is worth */
+#define SPIN_PAUSE_NS 5000LL    /* of the spin window, spent in pause before yielding */
+#define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
 
-struct group *server_find_group(struct server *srv, const char *name)
-{
-    for (int i = 0; i < srv->ngroups; i++)
-        if (strcmp(srv->groups[i].cfg->name, name) == 0) return &srv->groups[i];
-    return NULL;
-}
-
 /* Bind the socket; a path that a live agent still answers on is an error. */
-static int bind_socket(struct server *srv)
+static int bind_socket(struct engine *eng)
 {
-    const char *path = srv->cfg->agent.socket;
+    const char *path = eng->cfg->agent.socket;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -66,9 +58,9 @@ static int bind_socket(struct server *srv)
         unlink(path); /* stale, from an agent that died */
         if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) goto fail;
     }
-    if (chmod(path, (mode_t)srv->cfg->agent.socket_mode) < 0) goto fail;
+    if (chmod(path, (mode_t)eng->cfg->agent.socket_mode) < 0) goto fail;
     if (listen(fd, 128) < 0) goto fail;
-    srv->lfd = fd;
+    eng->lfd = fd;
     return 0;
 fail:
     log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"%s\"", path, strerror(errno));
@@ -77,88 +69,92 @@ fail:
 }
 
 /* Launchers for the GPUs of the groups on the NCCL backend. */
-static int start_gpu(struct server *srv)
+static int start_gpu(struct engine *eng)
 {
     int devs[CONFIG_MAX_GROUPS * CONFIG_MAX_DEVICES], n = 0;
-    for (int i = 0; i < srv->ngroups; i++) {
-        struct group *g = &srv->groups[i];
-        if (!g->gpu_dev || !g->be) continue;
-        for (int k = 0; k < g->nslots && n < (int)(sizeof(devs) / sizeof(devs[0])); k++)
-            devs[n++] = g->gpu_dev[k];
+    for (int i = 0; i < eng->ngroups; i++) {
+        struct group *g = &eng->groups[i];
+        if (g->be) n += g->be->devices(g, devs + n, (int)(sizeof(devs) / sizeof(devs[0])) - n);
     }
     if (!n) return 0;
     char why[256];
-    srv->gpu = gpu_start(devs, n, why, sizeof(why));
-    if (!srv->gpu) {
+    eng->gpu = gpu_start(devs, n, why, sizeof(why));
+    if (!eng->gpu) {
         log_msg(LOG_ERROR, "agent.gpu", "error=\"%s\"", why);
         return -1;
     }
-    for (int i = 0; i < srv->ngroups; i++)
-        if (srv->groups[i].gpu_dev && srv->groups[i].be)
-            group_set_gpu(&srv->groups[i], srv->gpu, i);
+    for (int i = 0; i < eng->ngroups; i++)
+        if (eng->groups[i].be == &backend_nccl) group_set_gpu(&eng->groups[i], eng->gpu, i);
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_gpu};
-    return epoll_ctl(srv->epfd, EPOLL_CTL_ADD, gpu_notify_fd(srv->gpu), &ev);
+    return epoll_ctl(eng->epfd, EPOLL_CTL_ADD, gpu_notify_fd(eng->gpu), &ev);
 }
 
-int server_init(struct server *srv, struct config *cfg)
+int engine_init(struct engine *eng, struct config *cfg)
 {
-    memset(srv, 0, sizeof(*srv));
-    srv->cfg = cfg;
-    srv->lfd = srv->epfd = srv->sigfd = -1;
-    srv->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
-    srv->idle_reset_ns = IDLE_RESET_NS + srv->spin_ns;
-    srv->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
-    if (!srv->groups) return -1;
+    memset(eng, 0, sizeof(*eng));
+    eng->cfg = cfg;
+    eng->lfd = eng->epfd = eng->sigfd = -1;
+    eng->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
+    eng->idle_reset_ns = IDLE_RESET_NS + eng->spin_ns;
+    eng->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
+    if (!eng->groups) return -1;
     for (int i = 0; i < cfg->ngroups; i++) {
         /* a group whose backend cannot run stays listed and refuses opens with why */
-        group_init(&srv->groups[i], &cfg->groups[i], cfg->node.index, session_complete);
-        srv->ngroups++;
+        group_init(&eng->groups[i], &cfg->groups[i], cfg->node.index, session_complete);
+        eng->ngroups++;
     }
-    srv->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (srv->epfd < 0) return -1;
+    eng->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (eng->epfd < 0) return -1;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    srv->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (srv->sigfd < 0) return -1;
-    if (bind_socket(srv) < 0) return -1;
+    eng->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (eng->sigfd < 0) return -1;
+    if (bind_socket(eng) < 0) return -1;
     char why[256];
     uint8_t gpu_group[CONFIG_MAX_GROUPS] = {0};
-    for (int i = 0; i < srv->ngroups; i++)
-        gpu_group[i] = srv->groups[i].gpu_dev && srv->groups[i].be;
-    srv->net = net_start(cfg, gpu_group, gpu_new_commid, why, sizeof(why));
-    if (!srv->net && why[0]) {
+    for (int i = 0; i < eng->ngroups; i++)
+        gpu_group[i] = eng->groups[i].be == &backend_nccl;
+    eng->net = net_start(cfg, gpu_group, gpu_new_commid, why, sizeof(why));
+    if (!eng->net && why[0]) {
         log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
         return -1;
     }
-    if (srv->net) {
-        for (int i = 0; i < srv->ngroups; i++)
-            if (cfg->groups[i].members > 1) group_set_net(&srv->groups[i], srv->net, i);
+    if (eng->net) {
+        for (int i = 0; i < eng->ngroups; i++)
+            if (cfg->groups[i].members > 1) group_set_net(&eng->groups[i], eng->net, i);
         struct epoll_event nev = {.events = EPOLLIN | EPOLLET, .data.ptr = &ev_net};
-        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, net_notify_fd(srv->net), &nev) < 0) return -1;
+        if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, net_notify_fd(eng->net), &nev) < 0) return -1;
     }
-    if (start_gpu(srv) < 0) return -1;
+    if (start_gpu(eng) < 0) return -1;
+    eng->senv = (struct session_env){.cfg = cfg,
+                                     .epfd = eng->epfd,
+                                     .gpu = eng->gpu != NULL,
+                                     .groups = eng->groups,
+                                     .ngroups = eng->ngroups,
+                                     .lim_request = &eng->lim_request,
+                                     .lim_violation = &eng->lim_violation};
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ev_listen};
-    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->lfd, &ev) < 0) return -1;
+    if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->lfd, &ev) < 0) return -1;
     ev.data.ptr = &ev_signal;
-    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sigfd, &ev) < 0) return -1;
+    if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->sigfd, &ev) < 0) return -1;
     log_msg(LOG_INFO, "agent.listening", "socket=%s mode=0%o groups=%d spin_us=%d node=%d",
             cfg->agent.socket, cfg->agent.socket_mode, cfg->ngroups, cfg->agent.spin_us,
             cfg->node.index);
     return 0;
 }
 
-static void drop_session(struct server *srv, struct session *s)
+static void drop_session(struct engine *eng, struct session *s)
 {
     if (s->prev)
         s->prev->next = s->next;
     else
-        srv->sessions = s->next;
+        eng->sessions = s->next;
     if (s->next) s->next->prev = s->prev;
-    srv->nsessions--;
-    if (s->state == SESSION_CLOSING) srv->nclosing--;
-    srv->stats.sessions_dropped++;
+    eng->nsessions--;
+    if (s->state == SESSION_CLOSING) eng->nclosing--;
+    eng->stats.sessions_dropped++;
     session_destroy(&s);
 }
 
@@ -184,21 +180,22 @@ static void reject(int fd, int code, const char *msg)
     close(fd);
 }
 
-static void add_session(struct server *srv, struct session *s)
+static void add_session(struct engine *eng, struct session *s)
 {
-    s->next = srv->sessions;
+    s->next = eng->sessions;
     if (s->next) s->next->prev = s;
-    srv->sessions = s;
-    srv->nsessions++;
+    eng->sessions = s;
+    eng->nsessions++;
 }
 
 /* Refuse a client: send why, then keep the socket (reading and discarding) until the
  * client hangs up or the handshake deadline passes. Closing at once would reset the
  * connection if the client's HELLO is already queued, and the client would never
  * read the reason. Past a bound on lingering sockets, close at once. */
-static void refuse_client(struct server *srv, int fd, struct ucred *cr, int code, const char *msg)
+static void refuse_client(struct engine *eng, int fd, struct ucred *cr, int code, const char *msg)
 {
-    struct session *s = srv->nclosing < 64 ? session_new(srv, fd, cr->pid, cr->uid, cr->gid) : NULL;
+    struct session *s =
+        eng->nclosing < 64 ? session_new(&eng->senv, fd, cr->pid, cr->uid, cr->gid) : NULL;
     if (!s) {
         reject(fd, code, msg);
         return;
@@ -206,18 +203,18 @@ static void refuse_client(struct server *srv, int fd, struct ucred *cr, int code
     session_send_error(s, 0, code, msg);
     s->state = SESSION_CLOSING;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_sock};
-    if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+    if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         session_destroy(&s);
         return;
     }
-    add_session(srv, s);
-    srv->nclosing++; /* outside the session budget: refusals must not lock others out */
+    add_session(eng, s);
+    eng->nclosing++; /* outside the session budget: refusals must not lock others out */
 }
 
-static void on_accept(struct server *srv)
+static void on_accept(struct engine *eng)
 {
     for (;;) {
-        int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(eng->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
                 log_msg(LOG_WARN, "agent.accept", "error=\"%s\"", strerror(errno));
@@ -229,79 +226,79 @@ static void on_accept(struct server *srv)
             reject(fd, COLL_ERR_SYSTEM, "cannot read peer credentials");
             continue;
         }
-        if (!allowed(srv->cfg, cr.uid, cr.gid)) {
+        if (!allowed(eng->cfg, cr.uid, cr.gid)) {
             char msg[128];
             snprintf(msg, sizeof(msg),
                      "uid %u gid %u is not allowed (agent.allowed_uids / agent.allowed_gids)",
                      (unsigned)cr.uid, (unsigned)cr.gid);
             unsigned long long dropped;
-            if (log_limit_pass(&srv->lim_refuse, &dropped))
+            if (log_limit_pass(&eng->lim_refuse, &dropped))
                 log_msg(LOG_WARN, "session.denied", "pid=%d uid=%u gid=%u suppressed=%llu",
                         (int)cr.pid, (unsigned)cr.uid, (unsigned)cr.gid, dropped);
-            refuse_client(srv, fd, &cr, COLL_ERR_DENIED, msg);
+            refuse_client(eng, fd, &cr, COLL_ERR_DENIED, msg);
             continue;
         }
-        if (srv->nsessions - srv->nclosing >= srv->cfg->agent.max_sessions) {
+        if (eng->nsessions - eng->nclosing >= eng->cfg->agent.max_sessions) {
             unsigned long long dropped;
-            if (log_limit_pass(&srv->lim_refuse, &dropped))
+            if (log_limit_pass(&eng->lim_refuse, &dropped))
                 log_msg(LOG_WARN, "session.limit", "pid=%d max_sessions=%d suppressed=%llu",
-                        (int)cr.pid, srv->cfg->agent.max_sessions, dropped);
-            refuse_client(srv, fd, &cr, COLL_ERR_LIMIT,
+                        (int)cr.pid, eng->cfg->agent.max_sessions, dropped);
+            refuse_client(eng, fd, &cr, COLL_ERR_LIMIT,
                           "the agent serves its maximum number of sessions");
             continue;
         }
-        struct session *s = session_new(srv, fd, cr.pid, cr.uid, cr.gid);
+        struct session *s = session_new(&eng->senv, fd, cr.pid, cr.uid, cr.gid);
         if (!s) {
             reject(fd, COLL_ERR_NOMEM, "agent out of memory");
             continue;
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->ev_sock};
-        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             session_destroy(&s);
             continue;
         }
-        add_session(srv, s);
-        srv->stats.sessions_opened++;
+        add_session(eng, s);
+        eng->stats.sessions_opened++;
     }
 }
 
 /* Drain every ring; returns the number of ops taken. */
-static int poll_rings(struct server *srv)
+static int poll_rings(struct engine *eng)
 {
     int total = 0;
-    struct session *s = srv->sessions, *next;
+    struct session *s = eng->sessions, *next;
     for (; s; s = next) {
         next = s->next;
         int n = session_poll(s);
         if (n < 0)
-            drop_session(srv, s);
+            drop_session(eng, s);
         else
             total += n;
     }
-    srv->stats.ops += (uint64_t)total;
+    eng->stats.ops += (uint64_t)total;
     return total;
 }
 
 /* Handshake and op deadlines; returns the nearest one still ahead. */
-static int64_t check_deadlines(struct server *srv, int64_t now)
+static int64_t check_deadlines(struct engine *eng, int64_t now)
 {
     int64_t next = INT64_MAX;
-    for (int i = 0; i < srv->ngroups; i++) {
-        if (!srv->groups[i].be) continue;
-        int64_t d = group_check_timeouts(&srv->groups[i], now);
+    for (int i = 0; i < eng->ngroups; i++) {
+        if (!eng->groups[i].be) continue;
+        int64_t d = group_check_timeouts(&eng->groups[i], now);
         if (d < next) next = d;
     }
-    struct session *s = srv->sessions, *nx;
+    struct session *s = eng->sessions, *nx;
     for (; s; s = nx) {
         nx = s->next;
         if (s->state != SESSION_HANDSHAKE && s->state != SESSION_CLOSING) continue;
         if (s->state == SESSION_CLOSING && s->handshake_deadline_ns <= now) {
-            drop_session(srv, s);
+            drop_session(eng, s);
         } else if (s->handshake_deadline_ns <= now) {
             log_msg(LOG_WARN, "session.handshake_timeout", "session=%llu pid=%d timeout_ms=%d",
-                    (unsigned long long)s->id, (int)s->pid, srv->cfg->agent.handshake_timeout_ms);
+                    (unsigned long long)s->id, (int)s->pid, eng->cfg->agent.handshake_timeout_ms);
             session_send_error(s, 0, COLL_ERR_TIMEOUT, "no HELLO in time");
-            drop_session(srv, s);
+            drop_session(eng, s);
         } else if (s->handshake_deadline_ns < next) {
             next = s->handshake_deadline_ns;
         }
@@ -311,127 +308,131 @@ static int64_t check_deadlines(struct server *srv, int64_t now)
 
 /* The live session that owns event tag e, or NULL. Never dereferences e: a session
  * dropped earlier in the same batch may still be named in the events. */
-static struct session *owner_of(struct server *srv, const struct session_ev *e)
+static struct session *owner_of(struct engine *eng, const struct session_ev *e)
 {
-    for (struct session *t = srv->sessions; t; t = t->next)
+    for (struct session *t = eng->sessions; t; t = t->next)
         if (e == &t->ev_sock || e == &t->ev_bell) return t;
     return NULL;
 }
 
 /* Ops and events back from the net thread. */
-static void net_results(struct server *srv)
+static void net_results(struct engine *eng)
 {
     struct net_task *done;
     struct net_event *ev;
-    net_collect(srv->net, &done, &ev);
+    net_collect(eng->net, &done, &ev);
     while (done) {
         struct net_task *next = done->next;
-        group_net_done(&srv->groups[done->group], done);
+        struct group *g = &eng->groups[done->group];
+        if (done == &g->mark)
+            group_net_mark_done(g);
+        else
+            tcp_group_done(g, done);
         done = next;
     }
     while (ev) {
         struct net_event *next = ev->next;
         if (ev->broken)
-            group_net_broken(&srv->groups[ev->group], ev->code, ev->why);
+            group_net_broken(&eng->groups[ev->group], ev->code, ev->why);
         else
-            group_net_formed(&srv->groups[ev->group], ev);
-        net_event_release(srv->net, ev);
+            nccl_group_formed(&eng->groups[ev->group], ev);
+        net_event_release(eng->net, ev);
         ev = next;
     }
 }
 
 /* Ops back from the GPU launchers. */
-static void gpu_results(struct server *srv)
+static void gpu_results(struct engine *eng)
 {
-    struct gpu_task *t = gpu_collect(srv->gpu);
+    struct gpu_task *t = gpu_collect(eng->gpu);
     while (t) {
         struct gpu_task *next = t->next;
-        group_gpu_done(&srv->groups[t->group], t);
+        nccl_group_done(&eng->groups[t->group], t);
         t = next;
     }
 }
 
-static void handle_events(struct server *srv, struct epoll_event *evs, int n)
+static void handle_events(struct engine *eng, struct epoll_event *evs, int n)
 {
     for (int i = 0; i < n; i++) {
         struct session_ev *e = evs[i].data.ptr;
         if (e == &ev_listen) {
-            on_accept(srv);
+            on_accept(eng);
         } else if (e == &ev_net) {
-            net_results(srv);
+            net_results(eng);
         } else if (e == &ev_gpu) {
-            gpu_results(srv);
+            gpu_results(eng);
         } else if (e == &ev_signal) {
             struct signalfd_siginfo si;
-            while (read(srv->sigfd, &si, sizeof(si)) == sizeof(si)) {
+            while (read(eng->sigfd, &si, sizeof(si)) == sizeof(si)) {
                 log_msg(LOG_INFO, "agent.signal", "signal=%s",
                         si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-                srv->stop = 1;
+                eng->stop = 1;
             }
         } else {
-            struct session *s = owner_of(srv, e);
+            struct session *s = owner_of(eng, e);
             if (!s) continue;
             if (e == &s->ev_bell) continue; /* edge-triggered; the rings are polled next */
             if (session_on_message(s) < 0) {
-                drop_session(srv, s);
+                drop_session(eng, s);
             }
         }
     }
 }
 
-static void set_sleeping(struct server *srv, uint32_t v)
+static void set_sleeping(struct engine *eng, uint32_t v)
 {
-    if (srv->gpu) gpu_engine_sleeping(srv->gpu, (int)v);
-    for (struct session *s = srv->sessions; s; s = s->next)
+    if (eng->gpu) gpu_engine_sleeping(eng->gpu, (int)v);
+    for (struct session *s = eng->sessions; s; s = s->next)
         if (s->state == SESSION_READY)
             atomic_store_explicit(&s->shm->agent_sleeping.v, v, memory_order_relaxed);
     ring_full_fence();
 }
 
-static int pending_submissions(struct server *srv)
+static int pending_submissions(struct engine *eng)
 {
-    if (srv->gpu && gpu_has_results(srv->gpu)) return 1;
-    for (struct session *s = srv->sessions; s; s = s->next)
+    if (eng->gpu && gpu_has_results(eng->gpu)) return 1;
+    for (struct session *s = eng->sessions; s; s = s->next)
         if (session_has_work(s)) return 1;
     return 0;
 }
 
-int server_run(struct server *srv)
+int engine_run(struct engine *eng)
 {
     struct epoll_event evs[64];
     int64_t now = now_ns();
     int64_t last_work = now, next_ctl = now, next_timer = now;
     int64_t next_deadline = INT64_MAX;
-    int64_t spin_ns = srv->spin_ns;
-    while (!srv->stop) {
-        if (poll_rings(srv) > 0) last_work = now_ns();
+    int64_t spin_ns = eng->spin_ns;
+    while (!eng->stop) {
+        if (poll_rings(eng) > 0) last_work = now_ns();
         /* ops on the net thread: a long one means sleeping (its completion rings the
          * eventfd) and leaving the CPU to the net thread and the peers; a short one
          * means yielding while spinning */
         int net_outstanding = 0, net_long = 0;
-        for (int i = 0; srv->net && i < srv->ngroups; i++)
-            for (struct net_task *t = srv->groups[i].in_net; t; t = t->engine_next) {
-                net_outstanding = 1;
-                if (t->count * coll_dtype_size((coll_dtype)t->dtype) >= NET_LONG_BYTES)
-                    net_long = 1;
-            }
-        if (srv->net && net_has_results(srv->net)) {
-            net_results(srv);
+        for (int i = 0; eng->net && i < eng->ngroups; i++) {
+            const struct group *g = &eng->groups[i];
+            int o = g->be && g->be->outstanding ? g->be->outstanding(g) : 0;
+            net_outstanding |= o > 0;
+            net_long |= o > 1;
+        }
+        if (eng->net && net_has_results(eng->net)) {
+            net_results(eng);
             last_work = now_ns();
         }
-        if (srv->gpu && gpu_has_results(srv->gpu)) {
-            gpu_results(srv);
+        if (eng->gpu && gpu_has_results(eng->gpu)) {
+            gpu_results(eng);
             last_work = now_ns();
         }
         now = now_ns();
         if (now >= next_timer || now >= next_deadline) {
-            next_deadline = check_deadlines(srv, now);
+            next_deadline = check_deadlines(eng, now);
             next_timer = now + TIMER_CHECK_NS;
         }
         if (now - last_work < spin_ns && !net_long) {
             if (now >= next_ctl) {
-                int n = epoll_wait(srv->epfd, evs, 64, 0);
-                if (n > 0) handle_events(srv, evs, n);
+                int n = epoll_wait(eng->epfd, evs, 64, 0);
+                if (n > 0) handle_events(eng, evs, n);
                 next_ctl = now + CTL_POLL_NS;
             }
             /* pause right after work (the next op of a busy client comes within a
@@ -444,71 +445,71 @@ int server_run(struct server *srv)
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */
-        set_sleeping(srv, 1);
-        if (pending_submissions(srv)) {
-            set_sleeping(srv, 0);
+        set_sleeping(eng, 1);
+        if (pending_submissions(eng)) {
+            set_sleeping(eng, 0);
             continue;
         }
-        next_deadline = check_deadlines(srv, now);
+        next_deadline = check_deadlines(eng, now);
         int timeout = -1;
         if (next_deadline != INT64_MAX) {
             int64_t left = next_deadline - now;
             timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
         }
-        srv->stats.sleeps++;
+        eng->stats.sleeps++;
         int64_t slept_from = now;
-        int n = epoll_wait(srv->epfd, evs, 64, timeout);
-        set_sleeping(srv, 0);
+        int n = epoll_wait(eng->epfd, evs, 64, timeout);
+        set_sleeping(eng, 0);
         if (n < 0 && errno != EINTR) {
             log_msg(LOG_ERROR, "agent.epoll", "error=\"%s\"", strerror(errno));
             return -1;
         }
-        if (n > 0) handle_events(srv, evs, n);
+        if (n > 0) handle_events(eng, evs, n);
         last_work = now_ns();
         next_timer = 0;
         /* After a long sleep an op is most likely a lone one: serve it and sleep again,
          * leaving the CPU to the client that waits for it. A short sleep means work is
          * flowing: spin. */
-        spin_ns = last_work - slept_from >= srv->idle_reset_ns ? 0 : srv->spin_ns;
+        spin_ns = last_work - slept_from >= eng->idle_reset_ns ? 0 : eng->spin_ns;
     }
     return 0;
 }
 
-void server_fini(struct server *srv)
+void engine_fini(struct engine *eng)
 {
     /* ops in flight fail with SHUTDOWN (completions reach the clients), then the
      * sessions are told and closed */
-    if (srv->net) {
-        net_stop(srv->net);
-        net_results(srv);
-        for (int i = 0; i < srv->ngroups; i++)
-            srv->groups[i].net = NULL;
+    if (eng->net) {
+        net_stop(eng->net);
+        net_results(eng);
+        for (int i = 0; i < eng->ngroups; i++)
+            eng->groups[i].net = NULL;
     }
-    if (srv->gpu) {
-        gpu_stop(srv->gpu);
-        gpu_results(srv);
+    if (eng->gpu) {
+        gpu_stop(eng->gpu);
+        gpu_results(eng);
     }
-    for (int i = 0; i < srv->ngroups; i++)
-        if (srv->groups[i].be) group_break(&srv->groups[i], COLL_ERR_SHUTDOWN, "agent stopping");
-    while (srv->sessions) {
-        struct session *s = srv->sessions;
+    for (int i = 0; i < eng->ngroups; i++)
+        if (eng->groups[i].be) group_break(&eng->groups[i], COLL_ERR_SHUTDOWN, "agent stopping");
+    while (eng->sessions) {
+        struct session *s = eng->sessions;
         if (s->state == SESSION_READY)
             session_send_error(s, 0, COLL_ERR_SHUTDOWN, "the agent is shutting down");
-        drop_session(srv, s);
+        drop_session(eng, s);
     }
-    for (int i = 0; i < srv->ngroups; i++)
-        group_fini(&srv->groups[i]);
-    free(srv->groups);
-    srv->groups = NULL;
-    net_free(&srv->net);
-    gpu_free(&srv->gpu);
-    if (srv->lfd >= 0) {
-        close(srv->lfd);
-        unlink(srv->cfg->agent.socket);
+    for (int i = 0; i < eng->ngroups; i++)
+        group_fini(&eng->groups[i]);
+    free(eng->groups);
+    eng->groups = NULL;
+    net_free(&eng->net);
+    gpu_free(&eng->gpu);
+    if (eng->lfd >= 0) {
+        close(eng->lfd);
+        unlink(eng->cfg->agent.socket);
     }
-    if (srv->sigfd >= 0) close(srv->sigfd);
-    if (srv->epfd >= 0) close(srv->epfd);
+    if (eng->sigfd >= 0) close(eng->sigfd);
+    if (eng->epfd >= 0) close(eng->epfd);
     log_msg(LOG_INFO, "agent.stopped", "sessions_opened=%llu ops=%llu sleeps=%llu",
-            (unsigned long long)srv->stats.sessions_opened, (unsigned long long)srv->stats.ops,
-            (unsigned long long)srv->stats.sleeps);
+            (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
+            (unsigned long long)eng->stats.sleeps);
 }

@@ -1,29 +1,30 @@
 /*
- * ipc_server.h: the agent's engine. One thread owns the listening socket, every
+ * engine.h: the agent's engine. One thread owns the listening socket, every
  * session and every group: it accepts and checks clients, answers control
  * messages, drains the submission rings and runs matched ops. It spins while work
  * flows (spin_us after the last op) and then sleeps in epoll on the doorbells,
  * sockets and signals, with a timeout set by the nearest op deadline.
  */
-#ifndef AGENT_IPC_SERVER_H
-#define AGENT_IPC_SERVER_H
+#ifndef AGENT_ENGINE_H
+#define AGENT_ENGINE_H
 
 #include <stdint.h>
 
 #include "config.h"
 #include "group.h"
 #include "log.h"
+#include "session.h"
 
 struct session;
 struct net;
 
-struct server_stats {
+struct engine_stats {
     uint64_t sleeps; /* times the engine went to sleep in epoll */
     uint64_t ops;    /* ops taken from rings */
     uint64_t sessions_opened, sessions_dropped;
 };
 
-struct server {
+struct engine {
     struct config *cfg;
     int lfd, epfd, sigfd;
     struct session *sessions;
@@ -35,21 +36,19 @@ struct server {
     volatile int stop;
     int64_t spin_ns;
     int64_t idle_reset_ns;
-    uint64_t next_session_id;
-    struct server_stats stats;
+    struct session_env senv; /* what sessions see of the engine */
+    struct engine_stats stats;
     struct net *net; /* NULL when every group lives in this pod */
     struct gpu *gpu; /* NULL when no group runs on the NCCL backend */
 };
 
 /* Bind the socket (refusing one a live agent still answers on), set up groups and
  * epoll. Returns 0, or -1 after logging why. */
-int server_init(struct server *srv, struct config *cfg);
+int engine_init(struct engine *eng, struct config *cfg);
 /* Serve until SIGTERM or SIGINT (blocked by the caller and read through a
  * signalfd). Returns 0 on a clean stop. */
-int server_run(struct server *srv);
+int engine_run(struct engine *eng);
 /* Fail what is in flight with COLL_ERR_SHUTDOWN, tell clients, close, unlink. */
-void server_fini(struct server *srv);
-
-struct group *server_find_group(struct server *srv, const char *name);
+void engine_fini(struct engine *eng);
 
 #endif
