@@ -1,10 +1,11 @@
 /*
- * config.c: the strict YAML loader. libyaml builds the node tree; one schema table
- * (below) says, for every key, its type, range, default and where it lands in struct
- * config. Errors carry file:line:column and the key path, and loading goes on past
+ * config.c: the strict YAML loader. libyaml builds the node tree; the schema
+ * (config_schema.c) says, for every key, its type, range, default and where it lands
+ * in struct config. Errors carry file:line:column and the key path, and loading goes on past
  * an error so that one run reports every problem.
  */
 #include "config.h"
+#include "config_priv.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -20,103 +21,6 @@
 #define CONFIG_MAX_DEPTH 32         /* nesting of lists and mappings */
 #define CONFIG_MAX_ALIASES 64       /* *alias references */
 #define CONFIG_MAX_ERRORS 50        /* reported; the rest are counted */
-
-enum ftype { T_STR, T_INT, T_ENUM, T_INT_LIST, T_STR_LIST, T_MAP, T_MAP_LIST };
-
-struct field {
-    const char *key;
-    enum ftype type;
-    size_t off;         /* of the value inside the enclosing struct */
-    size_t size;        /* T_STR: capacity; lists: element size */
-    long long min, max; /* T_INT and list items */
-    const char *const *enums;
-    const char *def;         /* default, parsed like a YAML value; NULL: zero */
-    const struct field *sub; /* T_MAP, T_MAP_LIST */
-    size_t count_off;        /* lists: int counter */
-    int cap;                 /* lists: capacity */
-    int required;
-};
-
-static const char *const backend_names[] = {"host", "nccl", "auto", NULL};
-static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
-static const char *const format_names[] = {"logfmt", "json", NULL};
-static const char *const discovery_names[] = {"static", NULL};
-static const char *const bool_names[] = {"false", "true", NULL};
-
-#define AG(m) offsetof(struct config, agent.m)
-#define GR(m) offsetof(struct group_config, m)
-
-static const struct field timeouts_fields[] = {
-    {"op_ms", T_INT, GR(op_timeout_ms), 0, 1, 3600000, NULL, "30000", NULL, 0, 0, 0},
-    {"join_ms", T_INT, GR(join_timeout_ms), 0, 1, 3600000, NULL, "60000", NULL, 0, 0, 0},
-    {"heartbeat_ms", T_INT, GR(heartbeat_ms), 0, 10, 600000, NULL, "1000", NULL, 0, 0, 0},
-    {0},
-};
-
-static const struct field group_fields[] = {
-    {"name", T_STR, GR(name), CONFIG_NAME_MAX, 0, 0, NULL, NULL, NULL, 0, 0, 1},
-    {"backend", T_ENUM, GR(backend), 0, 0, 0, backend_names, "auto", NULL, 0, 0, 0},
-    {"members", T_INT, GR(members), 0, 1, 4096, NULL, "1", NULL, 0, 0, 0},
-    {"local_slots", T_INT, GR(local_slots), 0, 1, 64, NULL, NULL, NULL, 0, 0, 0},
-    {"devices", T_STR_LIST, GR(devices), CONFIG_NAME_MAX, 0, 0, NULL, NULL, NULL, GR(ndevices),
-     CONFIG_MAX_DEVICES, 0},
-    {"timeouts", T_MAP, 0, 0, 0, 0, NULL, NULL, timeouts_fields, 0, 0, 0},
-    {0},
-};
-
-static const struct field agent_fields[] = {
-    {"socket", T_STR, AG(socket), CONFIG_PATH_MAX, 0, 0, NULL,
-     "${COLL_AGENT_SOCKET:-" CONFIG_DEFAULT_SOCKET "}", NULL, 0, 0, 0},
-    {"socket_mode", T_INT, AG(socket_mode), 0, 0, 0777, NULL, "0660", NULL, 0, 0, 0},
-    {"allowed_uids", T_INT_LIST, AG(allowed_uids), sizeof(long long), 0, 4294967294LL, NULL, NULL,
-     NULL, AG(nallowed_uids), CONFIG_MAX_IDS, 0},
-    {"allowed_gids", T_INT_LIST, AG(allowed_gids), sizeof(long long), 0, 4294967294LL, NULL, NULL,
-     NULL, AG(nallowed_gids), CONFIG_MAX_IDS, 0},
-    {"log_level", T_ENUM, AG(log_level), 0, 0, 0, level_names, "info", NULL, 0, 0, 0},
-    {"log_format", T_ENUM, AG(log_format), 0, 0, 0, format_names, "logfmt", NULL, 0, 0, 0},
-    {"spin_us", T_INT, AG(spin_us), 0, 0, 1000000, NULL, "200", NULL, 0, 0, 0},
-    {"max_sessions", T_INT, AG(max_sessions), 0, 1, 4096, NULL, "256", NULL, 0, 0, 0},
-    {"handshake_timeout_ms", T_INT, AG(handshake_timeout_ms), 0, 1, 600000, NULL, "5000", NULL, 0,
-     0, 0},
-    {0},
-};
-
-static const struct field node_fields[] = {
-    {"index", T_INT, offsetof(struct config, node.index), 0, 0, 65535, NULL, "0", NULL, 0, 0, 0},
-    {"name", T_STR, offsetof(struct config, node.name), CONFIG_NAME_MAX, 0, 0, NULL,
-     "${HOSTNAME:-localhost}", NULL, 0, 0, 0},
-    {"address", T_STR, offsetof(struct config, node.address), CONFIG_ADDR_MAX, 0, 0, NULL,
-     "${POD_IP:-127.0.0.1}", NULL, 0, 0, 0},
-    {"data_port", T_INT, offsetof(struct config, node.data_port), 0, 0, 65535, NULL, "0", NULL, 0,
-     0, 0},
-    {0},
-};
-
-static const struct field discovery_fields[] = {
-    {"mode", T_ENUM, offsetof(struct config, discovery.mode), 0, 0, 0, discovery_names, "static",
-     NULL, 0, 0, 0},
-    {"peers", T_STR_LIST, offsetof(struct config, discovery.peers), CONFIG_ADDR_MAX, 0, 0, NULL,
-     NULL, NULL, offsetof(struct config, discovery.npeers), CONFIG_MAX_PEERS, 0},
-    {0},
-};
-
-static const struct field security_fields[] = {
-    {"keys", T_STR, offsetof(struct config, security.keys), CONFIG_PATH_MAX, 0, 0, NULL,
-     "${COLL_KEYS_DIR:-}", NULL, 0, 0, 0},
-    {"require_keys", T_ENUM, offsetof(struct config, security.require_keys), 0, 0, 0, bool_names,
-     "false", NULL, 0, 0, 0},
-    {0},
-};
-
-static const struct field root_fields[] = {
-    {"agent", T_MAP, 0, 0, 0, 0, NULL, NULL, agent_fields, 0, 0, 0},
-    {"node", T_MAP, 0, 0, 0, 0, NULL, NULL, node_fields, 0, 0, 0},
-    {"discovery", T_MAP, 0, 0, 0, 0, NULL, NULL, discovery_fields, 0, 0, 0},
-    {"security", T_MAP, 0, 0, 0, 0, NULL, NULL, security_fields, 0, 0, 0},
-    {"groups", T_MAP_LIST, offsetof(struct config, groups), sizeof(struct group_config), 0, 0, NULL,
-     NULL, group_fields, offsetof(struct config, ngroups), CONFIG_MAX_GROUPS, 1},
-    {0},
-};
 
 /* ---- error collection ------------------------------------------------------ */
 
@@ -528,7 +432,7 @@ struct config *config_new(void)
 {
     struct config *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
-    apply_defaults(root_fields, c);
+    apply_defaults(config_root_fields, c);
     snprintf(c->source, sizeof(c->source), "<defaults>");
     return c;
 }
@@ -636,7 +540,7 @@ int config_load_string(struct config *c, const char *text, size_t len, const cha
         add_error(&ld, &root->start_mark, NULL, "the top level must be a mapping, got %s",
                   type_word(root->type));
     } else {
-        load_map(&ld, root, root_fields, c, "");
+        load_map(&ld, root, config_root_fields, c, "");
         if (ld.nerr == 0) check_semantics(&ld, c);
     }
     /* a second document would be silently ignored: refuse it */
@@ -691,95 +595,6 @@ int config_load_file(struct config *c, const char *path, char **err)
     int rc = config_load_string(c, text, len, path, err);
     free(text);
     return rc;
-}
-
-/* ---- dump -------------------------------------------------------------------- */
-
-static void dump_fields(const struct field *fields, const void *base, FILE *out, int indent)
-{
-    for (const struct field *f = fields; f->key; f++) {
-        const char *p = (const char *)base + f->off;
-        fprintf(out, "%*s%s:", indent, "", f->key);
-        switch (f->type) {
-        case T_STR:
-            fprintf(out, " \"%s\"\n", p);
-            break;
-        case T_INT:
-            if (strcmp(f->key, "socket_mode") == 0)
-                fprintf(out, " 0%o\n", *(const int *)p);
-            else
-                fprintf(out, " %d\n", *(const int *)p);
-            break;
-        case T_ENUM:
-            fprintf(out, " %s\n", f->enums[*(const int *)p]);
-            break;
-        case T_MAP:
-            fprintf(out, "\n");
-            dump_fields(f->sub, base, out, indent + 2);
-            break;
-        case T_INT_LIST:
-        case T_STR_LIST:
-        case T_MAP_LIST: {
-            int n = *(const int *)((const char *)base + f->count_off);
-            if (n == 0) {
-                fprintf(out, " []\n");
-                break;
-            }
-            fprintf(out, "\n");
-            for (int i = 0; i < n; i++) {
-                const char *e = p + (size_t)i * f->size;
-                if (f->type == T_INT_LIST)
-                    fprintf(out, "%*s- %lld\n", indent + 2, "", *(const long long *)e);
-                else if (f->type == T_STR_LIST)
-                    fprintf(out, "%*s- \"%s\"\n", indent + 2, "", e);
-                else {
-                    fprintf(out, "%*s-\n", indent + 2, "");
-                    dump_fields(f->sub, e, out, indent + 4);
-                }
-            }
-            break;
-        }
-        }
-    }
-}
-
-void config_dump(const struct config *c, FILE *out)
-{
-    fprintf(out, "# effective config from %s\n", c->source);
-    dump_fields(root_fields, c, out, 0);
-}
-
-/* ---- helpers ------------------------------------------------------------------- */
-
-static void collect_paths(const struct field *fields, const char *prefix, const char **out, int *n,
-                          char (*store)[96])
-{
-    for (const struct field *f = fields; f->key; f++) {
-        snprintf(store[*n], 96, "%s%s%s%s", prefix, *prefix ? "." : "", f->key,
-                 f->type == T_MAP_LIST ? "[]" : "");
-        out[*n] = store[*n];
-        (*n)++;
-        if (f->sub) collect_paths(f->sub, store[*n - 1], out, n, store);
-    }
-}
-
-const char *const *config_key_paths(void)
-{
-    static const char *paths[64];
-    static char store[64][96];
-    static int done;
-    if (!done) {
-        int n = 0;
-        collect_paths(root_fields, "", paths, &n, store);
-        paths[n] = NULL;
-        done = 1;
-    }
-    return paths;
-}
-
-const char *config_backend_name(int backend)
-{
-    return backend >= 0 && backend <= CONFIG_BACKEND_AUTO ? backend_names[backend] : "?";
 }
 
 struct group_config *config_find_group(struct config *c, const char *name)

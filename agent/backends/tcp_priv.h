@@ -1,0 +1,80 @@
+/*
+ * tcp_priv.h: what backends/tcp.c (transfers, ring and direct algorithms, tcp_run) and
+ * backends/tcp_tiny.c (tiny ops as resumable state) share, and nobody else.
+ */
+#ifndef AGENT_BACKENDS_TCP_PRIV_H
+#define AGENT_BACKENDS_TCP_PRIV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "../net.h" /* struct net_task only */
+#include "../rdv_wire.h"
+#include "tcp.h"
+
+struct xfer {
+    int peer;
+    int is_send;
+    struct iovec iov[3]; /* a header, then the payload in up to two pieces */
+    int niov;
+    size_t hl; /* header bytes */
+    size_t total, done;
+    /* receive with reduction: payload lands in iov[niov-1] (a scratch area) and is
+     * folded into red_dst segment by segment */
+    void *red_dst;
+    size_t red_done;
+    /* when red_dst is also being sent (by this transfer), fold only what it has sent */
+    const struct xfer *red_after;
+    /* our own operand, when it is not red_dst: red_dst = red_src op what arrives */
+    const void *red_src;
+    /* a send that relays what a receive brings in: its payload runs no further than
+     * gate_base plus what of gate's payload has arrived */
+    const struct xfer *gate;
+    size_t gate_base;
+    /* a receive whose header is checked against ours as soon as it is in */
+    int check_hdr;
+};
+
+struct opctx {
+    struct tcp_comm *c;
+    struct net_task *t;
+    size_t es;
+    int red_op; /* the reduction between pods (sum for avg) */
+    struct data_op_hdr hdr, peer_hdr[RDV_MAX_NODES];
+    char *why;
+    size_t whylen;
+};
+
+struct tcp_tiny {
+    struct tcp_comm c;
+    struct opctx o;
+    struct xfer x[2 * RDV_MAX_NODES];
+    int nx;
+    char *tmp;
+    int step, nsteps; /* doubling or halving: the step under way, and how many (0: none) */
+    size_t bytes;     /* doubling or halving: bytes per block (allreduce: of the vector) */
+    char *vec;        /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
+                       * packed (all-to-all), or the result itself (allgather, and allreduce
+                       * by doubling: its running result; NULL for a barrier) */
+    char why[160];
+};
+
+void tcp_x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n);
+void tcp_x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n);
+/* Run transfers x[0..nx) at once to completion (or the budget, TCP_AGAIN). */
+int tcp_exchange(struct opctx *o, struct xfer *x, int nx);
+int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void *tcp_scratch(struct tcp_comm *c, int k, size_t bytes);
+void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
+void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count);
+void tcp_finish_avg(struct opctx *o, void *buf, size_t count);
+void tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes);
+size_t tcp_alltoall_pair_bytes(const struct opctx *o);
+void tcp_alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx);
+void tcp_alltoall_unpack(struct opctx *o, const char *out, char *in);
+void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why,
+                  size_t whylen);
+
+#endif

@@ -1,0 +1,298 @@
+/*
+ * tcp_tiny.c: tiny ops between pods (tcp.h: TCP_TINY_BYTES and the pair and doubling
+ * limits) as resumable state, so that the engine can run one with a time budget and
+ * hand it, half done, to the net thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../reduce.h"
+#include "coll/coll.h"
+#include "tcp_priv.h"
+#include "wire.h"
+
+/* ---- tiny ops, resumable ------------------------------------------------------------ */
+
+/*
+ * An allreduce of a few KiB or a barrier is one direct exchange between the local
+ * reduction and the pod-order reduction, or, when the number of pods is a power of two
+ * of at least 4, recursive doubling: in step k each pod swaps its running result with
+ * pod (me XOR 2^k) and folds the other's into its own, so every pod sends log2(pods)
+ * messages instead of pods - 1 (on small machines each send is several microseconds of
+ * CPU). Every pod combines the same two operands at each step, and the reductions are
+ * commutative, so all pods hold the same bits. Allgather doubles the same way (swapping
+ * the 2^k blocks each side has), and reduce_scatter halves (giving away the half of its
+ * remaining blocks that the partner keeps, folding in the partner's copy of its own).
+ * Small reduces, reduce_scatters and all-to-alls are one direct exchange each. The
+ * op's state lives in struct tcp_tiny, so the engine thread can start it and, if the
+ * peers are slow, hand it to the net thread half done (tcp_tiny_progress picks up where
+ * the last call stopped).
+ */
+
+/* Set up step s->step of doubling (allreduce, allgather) or halving (reduce_scatter)
+ * with the partner of that step; what arrives is folded in as it comes. */
+static void rd_step(struct tcp_tiny *s)
+{
+    int me = s->c.me, p;
+    size_t hl = sizeof(s->o.hdr), b = s->bytes;
+    s->nx = 0;
+    if (s->o.t->kind == WIRE_OP_ALLGATHER) {
+        /* both sides hold 2^step blocks (of bytes each), aligned: swap them */
+        int w = 1 << s->step;
+        p = me ^ w;
+        char *mine = s->vec + (size_t)(me & ~(w - 1)) * b;
+        char *theirs = s->vec + (size_t)(p & ~(w - 1)) * b;
+        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? mine : NULL, (size_t)w * b);
+        tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? theirs : NULL, (size_t)w * b);
+        return;
+    }
+    if (s->o.t->kind == WIRE_OP_REDUCE_SCATTER) {
+        /* recursive halving: of the 2h blocks still ours, give the partner the half that
+         * holds its block and fold its copy of our half into ours */
+        int h = s->c.nodes >> (s->step + 1), lo = me & ~(2 * h - 1);
+        int keep = me & h ? lo + h : lo, give = me & h ? lo : lo + h;
+        p = me ^ h;
+        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? s->vec + (size_t)give * b : NULL,
+                   (size_t)h * b);
+        tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp + (size_t)keep * b : NULL,
+                   (size_t)h * b);
+        if (b) s->x[1].red_dst = s->vec + (size_t)keep * b;
+        return;
+    }
+    p = me ^ (1 << s->step);
+    if (!s->vec) b = 0;
+    tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, s->vec, b);
+    tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp : NULL, b);
+    if (b) {
+        s->x[1].red_dst = s->vec;
+        s->x[1].red_after = &s->x[0];
+    }
+}
+
+/* Recursive doubling (allreduce, allgather) or halving (reduce_scatter): for a power of
+ * two of at least 4 pods, where log2(pods) messages per pod beat pods - 1. */
+static int doubling(const struct tcp_comm *c)
+{
+    return c->nodes >= 4 && (c->nodes & (c->nodes - 1)) == 0;
+}
+
+static void start_steps(struct tcp_tiny *s, char *vec, size_t bytes)
+{
+    s->nsteps = 0;
+    while ((1 << s->nsteps) < s->c.nodes)
+        s->nsteps++;
+    s->step = 0;
+    s->vec = vec;
+    s->bytes = bytes;
+    rd_step(s);
+}
+
+size_t tcp_tiny_size(void)
+{
+    return sizeof(struct tcp_tiny);
+}
+
+static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
+{
+    size_t es = coll_dtype_size((coll_dtype)t->dtype);
+    size_t bytes = t->count * es, L = (size_t)c->nlocal;
+    /* two pods exchange no more than a ring would: the direct way serves mid sizes too;
+     * doubling and halving serve mid sizes among 4, 8, ... pods */
+    size_t ar_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
+                      : doubling(c) ? TCP_DOUBLING_ALLREDUCE_BYTES
+                                    : TCP_TINY_BYTES;
+    size_t vec_limit = doubling(c)     ? TCP_DOUBLING_BYTES
+                       : c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
+                                       : TCP_TINY_BYTES;
+    /* an allgather between two pods sends each block once: the pair limit per block */
+    if (c->nodes == 2 && t->kind == WIRE_OP_ALLGATHER) vec_limit = 2 * TCP_PAIR_INLINE_BYTES;
+    int ok =
+        t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
+        ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) && bytes <= TCP_TINY_BYTES) ||
+        ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
+         bytes * L * (size_t)c->nodes <= vec_limit) ||
+        (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
+    if (!ok) return -1;
+    s->c = *c;
+    tcp_init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
+    s->why[0] = '\0';
+    s->nx = 0;
+    s->tmp = NULL;
+    s->nsteps = 0;
+    if (t->kind == WIRE_OP_BROADCAST) {
+        int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
+        char *buf = t->recv[0];
+        /* every pod hears every pod it deals with: the root takes a bare header back from
+         * each, so pods that disagree on the root (or count) all fail with MISMATCH
+         * instead of sending past each other and reporting success */
+        if (c->me == rnode) {
+            if (t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
+            for (int p = 0; p < c->nodes; p++) {
+                if (p == c->me) continue;
+                tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
+                tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), NULL, 0);
+            }
+        } else {
+            tcp_x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), buf, bytes);
+            tcp_x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
+        }
+        return 0;
+    }
+    if (t->kind == WIRE_OP_ALLTOALL) {
+        size_t total = tcp_alltoall_pair_bytes(&s->o) * (size_t)c->nodes;
+        s->vec = tcp_scratch(&s->c, 0, total);
+        s->tmp = tcp_scratch(&s->c, 1, total);
+        if (!s->vec || !s->tmp) return -2;
+        tcp_alltoall_setup(&s->o, s->vec, s->tmp, s->x, &s->nx);
+        return 0;
+    }
+    if (t->kind == WIRE_OP_REDUCE) {
+        /* every pod sends its reduced vector to the root's pod, which reduces them in
+         * pod order */
+        int rnode = t->root / c->nlocal;
+        s->vec = tcp_scratch(&s->c, 0, bytes);
+        if (c->me == rnode) s->tmp = tcp_scratch(&s->c, 1, bytes * (size_t)c->nodes);
+        if (!s->vec || (c->me == rnode && !s->tmp)) return -2;
+        tcp_local_reduce(&s->o, s->vec, 0, t->count);
+        /* and a bare header back from the root, as for broadcast */
+        if (c->me != rnode) {
+            tcp_x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), s->vec, bytes);
+            tcp_x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), NULL, 0);
+            return 0;
+        }
+        for (int p = 0; p < c->nodes; p++)
+            if (p != c->me) {
+                tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                           s->tmp + (size_t)p * bytes, bytes);
+                tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
+            }
+        return 0;
+    }
+    if (t->kind == WIRE_OP_REDUCE_SCATTER) {
+        /* each pod sends block p of its reduced vector to pod p and reduces the blocks
+         * it gets for itself in pod order (or halves, above) */
+        size_t block = L * t->count, bb = block * s->o.es, N = (size_t)c->nodes;
+        s->vec = tcp_scratch(&s->c, 0, bb * N);
+        s->tmp = tcp_scratch(&s->c, 1, bb * N);
+        if (!s->vec || !s->tmp) return -2;
+        tcp_local_reduce(&s->o, s->vec, 0, block * N);
+        if (doubling(c)) {
+            start_steps(s, s->vec, bb);
+            return 0;
+        }
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->vec + (size_t)p * bb, bb);
+            tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                       s->tmp + (size_t)p * bb, bb);
+        }
+        return 0;
+    }
+    if (t->kind == WIRE_OP_ALLGATHER) {
+        char *buf = t->recv[0];
+        size_t bb = L * bytes; /* per pod */
+        for (size_t k = 0; bytes && k < L; k++) {
+            char *dst = buf + ((size_t)c->me * L + k) * bytes;
+            if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
+        }
+        if (doubling(c)) {
+            start_steps(s, buf, bb);
+            return 0;
+        }
+        for (int p = 0; p < c->nodes; p++) {
+            if (p == c->me) continue;
+            tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr),
+                       bb ? buf + (size_t)c->me * bb : NULL, bb);
+            tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                       bb ? buf + (size_t)p * bb : NULL, bb);
+        }
+        return 0;
+    }
+    void *buf = NULL;
+    const char *own = t->send[0];
+    /* two pods, one participant, two buffers apart: send straight from its send buffer
+     * and fold into its result, with no copy between them first */
+    int direct =
+        c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
+        (own + bytes <= (const char *)t->recv[0] || (const char *)t->recv[0] + bytes <= own);
+    if (t->kind == WIRE_OP_ALLREDUCE) {
+        buf = t->recv[0];
+        if (!direct) tcp_local_reduce(&s->o, buf, 0, t->count);
+        s->tmp = tcp_scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
+        if (!s->tmp) return -2;
+    }
+    if (doubling(c)) {
+        start_steps(s, buf, bytes);
+        return 0;
+    }
+    for (int p = 0; p < s->c.nodes; p++) {
+        if (p == s->c.me) continue;
+        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), direct ? own : buf,
+                   buf ? bytes : 0);
+        tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
+                   s->tmp ? s->tmp + (size_t)p * bytes : NULL, buf ? bytes : 0);
+    }
+    if (buf && bytes && s->c.nodes == 2) {
+        /* two pods: fold the other's vector into ours as it arrives, behind what we have
+         * sent of ours; both add the same two operands, so the results are identical */
+        s->x[1].red_dst = buf;
+        if (direct)
+            s->x[1].red_src = own;
+        else
+            s->x[1].red_after = &s->x[0];
+    }
+    return 0;
+}
+
+int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
+{
+    return tiny_setup(s, c, t);
+}
+
+int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
+{
+    /* the caller's view: budget (engine) or service (net thread) */
+    s->c.budget_until = c->budget_until;
+    s->c.service = c->service;
+    s->c.service_ctx = c->service_ctx;
+    int st = tcp_exchange(&s->o, s->x, s->nx);
+    while (st == COLL_OK && s->nsteps && ++s->step < s->nsteps) {
+        rd_step(s);
+        st = tcp_exchange(&s->o, s->x, s->nx);
+    }
+    if (st == TCP_AGAIN) return st;
+    struct net_task *t = s->o.t;
+    if (st == COLL_OK && (t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_ALLGATHER)) {
+        size_t total = t->count * s->o.es *
+                       (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
+        tcp_copy_to_locals(&s->o, t->recv[0], total);
+    }
+    if (st == COLL_OK && t->kind == WIRE_OP_ALLTOALL) tcp_alltoall_unpack(&s->o, s->vec, s->tmp);
+    if (st == COLL_OK && t->kind == WIRE_OP_REDUCE && s->c.me == t->root / s->c.nlocal) {
+        size_t bytes = t->count * s->o.es;
+        tcp_reduce_in_pod_order(&s->o, s->vec, s->tmp, bytes, t->count);
+        tcp_finish_avg(&s->o, s->vec, t->count);
+        if (t->recv[t->root % s->c.nlocal] && bytes)
+            memcpy(t->recv[t->root % s->c.nlocal], s->vec, bytes);
+    }
+    if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
+        size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
+        char *mine = s->vec + (size_t)s->c.me * bb;
+        if (!s->nsteps) /* halving folded on arrival */
+            tcp_reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
+        tcp_finish_avg(&s->o, mine, block);
+        for (size_t k = 0; k < L; k++)
+            if (t->recv[k] && t->count)
+                memcpy(t->recv[k], mine + k * t->count * s->o.es, t->count * s->o.es);
+    }
+    if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
+        size_t bytes = t->count * s->o.es;
+        if (s->c.nodes > 2 && !s->nsteps) /* two pods and doubling fold on arrival */
+            tcp_reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
+        tcp_finish_avg(&s->o, t->recv[0], t->count);
+        tcp_copy_to_locals(&s->o, t->recv[0], bytes);
+    }
+    if (st != COLL_OK) snprintf(why, whylen, "%s", s->why);
+    return st;
+}
