@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -1113,6 +1114,51 @@ static void a_silent_peer_does_not_stop_the_net_thread(void **state)
     zmq_ctx_term(ctx);
 }
 
+/* An op on group b, which cannot form (its third pod never comes): it waits for b
+ * until its deadline, and fails with TIMEOUT. */
+static int stuck_b_op(void *arg)
+{
+    const char *sock = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    if (coll_connect(&c, sock, 5000) || coll_group_open(&g, c, "b", COLL_SLOT_ANY) ||
+        coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST))
+        return 100;
+    float *x = coll_mem_ptr(b);
+    coll_request r;
+    coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    coll_disconnect(&c);
+    return e == COLL_ERR_TIMEOUT ? 0 : 103;
+}
+
+/* Two groups on the same two agents: b spans three pods and its third never comes, so
+ * b keeps joining and an op on it waits for its deadline; g forms and its ops run to
+ * completion meanwhile, however long b takes. */
+static void a_group_that_cannot_form_delays_no_other(void **state)
+{
+    (void)state;
+    const char *b = "  - name: b\n    backend: host\n    members: 3\n"
+                    "    timeouts: {op_ms: 4000, heartbeat_ms: 250, join_ms: 1000}\n";
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_member(&a[i], port, i, 2, 1, b), 0);
+    pid_t stuck = child_run(stuck_b_op, (void *)a[0].sock);
+    usleep(300 * 1000); /* its op is in, waiting for b */
+    for (int round = 0; round < 5; round++) {
+        struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+        run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    }
+    /* g ran 5 allreduces while b's op was still waiting */
+    assert_int_equal(waitpid(stuck, NULL, WNOHANG), 0);
+    assert_int_equal(child_wait(stuck, 20000), 0);
+    assert_int_equal(agent_log_count(&a[0], "group.formed group=b"), 0); /* b never formed */
+    assert_true(agent_log_count(&a[0], "group.formed group=g") >= 1);
+    stop_all(a, 2);
+}
+
 /* With CURVE keys the group forms and runs; a stranger that holds the server's public
  * key but not the deployment's client key is refused by the ZAP handler before any
  * JOIN is read, and the group never notices. */
@@ -1206,6 +1252,7 @@ int main(void)
         cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(data_connections_come_from_the_listed_address),
         cmocka_unit_test(a_silent_peer_does_not_stop_the_net_thread),
+        cmocka_unit_test(a_group_that_cannot_form_delays_no_other),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
     };
