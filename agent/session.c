@@ -364,14 +364,7 @@ int session_on_message(struct session *s)
     ssize_t n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
     if (s->state == SESSION_CLOSING) { /* refused: discard until the client hangs up */
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); n > 0 && cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < cnt; i++) {
-                int f;
-                memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
-                close(f);
-            }
-        }
+        if (n > 0) wire_take_fds(&mh, NULL, 0);
         return n > 0 ? 0 : -1;
     }
     if (n <= 0) {
@@ -379,19 +372,8 @@ int session_on_message(struct session *s)
                 (unsigned long long)s->id, (int)s->pid, s->inflight);
         return -1;
     }
-    int fds[4], nfds = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-        int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < cnt; i++) {
-            int f;
-            memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
-            if (nfds < 4)
-                fds[nfds++] = f;
-            else
-                close(f);
-        }
-    }
+    int fds[4];
+    int nfds = wire_take_fds(&mh, fds, 4);
     int rc;
     union wire_msg m;
     char err[160];

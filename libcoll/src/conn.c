@@ -98,18 +98,7 @@ static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int *nfds, int6
         ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (n < 0) return -1;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-            int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < cnt; i++) {
-                int f;
-                memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
-                if (*nfds < 3)
-                    fds[(*nfds)++] = f;
-                else
-                    close(f);
-            }
-        }
+        *nfds = wire_take_fds(&mh, fds, 3);
         if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
             errno = EMSGSIZE;
             return -1;

@@ -5,6 +5,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "coll/coll.h"
 
@@ -177,4 +179,22 @@ int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint
     if (mult && s->count > UINT64_MAX / mult) return -1;
     *elems = s->count * mult;
     return 0;
+}
+
+int wire_take_fds(struct msghdr *mh, int *fds, int max)
+{
+    int n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < cnt; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + (size_t)i * sizeof(int), sizeof(int));
+            if (n < max)
+                fds[n++] = f;
+            else
+                close(f);
+        }
+    }
+    return n;
 }

@@ -146,6 +146,11 @@ size_t wire_size(unsigned t);
  * then holds the peer's, so the caller can say so), unknown type, length field that
  * disagrees with the type or with n, unterminated string.
  */
+struct msghdr;
+/* The descriptors a received message carried (SCM_RIGHTS): the first max go to fds, any
+ * beyond are closed at once (max 0: close them all). Returns how many went to fds. */
+int wire_take_fds(struct msghdr *mh, int *fds, int max);
+
 int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *version_out, char *err,
                 size_t errlen);
 
