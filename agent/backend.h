@@ -95,6 +95,8 @@ struct net_event;
 struct gpu_task;
 void tcp_group_done(struct group *g, struct net_task *t);
 void nccl_group_formed(struct group *g, const struct net_event *ev);
+struct gpu_job;
+void nccl_group_commid(struct group *g, const struct gpu_job *j);
 void nccl_group_done(struct group *g, struct gpu_task *t);
 
 #endif

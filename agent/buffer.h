@@ -18,6 +18,8 @@ struct buffer {
     /* how the last reference lets go; NULL: munmap(map, size) */
     void (*release)(struct buffer *b);
     void *priv;
+    void *rel_ctx;   /* the releaser's context (GPU buffers: the struct gpu whose worker
+                        releases them) */
     atomic_int gone; /* session regions: the client went away (read by launchers) */
 };
 

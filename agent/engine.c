@@ -130,7 +130,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     if (start_gpu(eng) < 0) return -1;
     eng->senv = (struct session_env){.cfg = cfg,
                                      .epfd = eng->epfd,
-                                     .gpu = eng->gpu != NULL,
+                                     .gpu = eng->gpu,
                                      .groups = eng->groups,
                                      .ngroups = eng->ngroups,
                                      .lim_request = &eng->lim_request,
@@ -341,7 +341,7 @@ static void net_results(struct engine *eng)
     }
 }
 
-/* Ops back from the GPU launchers. */
+/* Ops back from the GPU launchers, jobs from its worker. */
 static void gpu_results(struct engine *eng)
 {
     struct gpu_task *t = gpu_collect(eng->gpu);
@@ -349,6 +349,20 @@ static void gpu_results(struct engine *eng)
         struct gpu_task *next = t->next;
         nccl_group_done(&eng->groups[t->group], t);
         t = next;
+    }
+    struct gpu_job *j = gpu_collect_jobs(eng->gpu);
+    while (j) {
+        struct gpu_job *next = j->next;
+        if (j->type == GPU_JOB_COMMID) {
+            nccl_group_commid(&eng->groups[j->group], j);
+        } else {
+            struct session *s = eng->sessions;
+            while (s && s->id != j->session)
+                s = s->next;
+            if (session_job_done(&eng->senv, s, j) < 0) drop_session(eng, s);
+        }
+        free(j);
+        j = next;
     }
 }
 

@@ -79,23 +79,55 @@ int gpu_has_results(struct gpu *g);
 /* Engine thread: 1 before it may sleep in epoll (then it checks gpu_has_results once
  * more), 0 after; launchers ring the notify fd only while it is 1. */
 void gpu_engine_sleeping(struct gpu *g, int v);
-/* A new NCCL unique id (the coordinator's job); 0 or -1. */
+/* A new NCCL unique id (the net thread's coordinator; one-pod groups ask the worker
+ * with GPU_JOB_COMMID); 0 or -1. */
 int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen);
 
 /* Resolve a group's device entry (a GPU UUID, or an ordinal of this agent) to an
  * ordinal; -1 with why. */
 int gpu_resolve_device(const char *spec, char *why, size_t whylen);
 
-/* Imports of client memory; each returns a buffer with one reference whose last
- * unref releases the import, or NULL with why and *code (a coll_err). */
-struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
-                                size_t whylen, int *code);
-struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
-                              const uint8_t uuid[16], char *why, size_t whylen, int *code);
-/* Register a session's shared region with CUDA (for the stream-order words); 0 or -1.
- * *dev_delta: add it to a host address in the region to get the GPU's address. The
- * registration ends with gpu_unregister_host, when the last op that used it is done. */
-int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen);
-void gpu_unregister_host(void *p);
+/*
+ * The GPU worker: what takes the CUDA driver milliseconds and would stall the engine
+ * (registering a session's region, opening a client's buffer, closing both again,
+ * minting a one-pod group's NCCL id) runs on one worker thread, in submission order.
+ * The engine submits a job and takes it back done from gpu_collect_jobs (the same
+ * doorbell as tasks); a job is the worker's in between.
+ */
+enum gpu_job_type {
+    GPU_JOB_REGISTER = 0, /* register the session region hold -> delta */
+    GPU_JOB_IMPORT_CUMEM, /* fd (the job's own, closed by the worker), size, uuid -> buf */
+    GPU_JOB_IMPORT_IPC,   /* ipc, offset, size, uuid -> buf */
+    GPU_JOB_COMMID,       /* -> commid, for group's generation gen */
+};
+
+struct gpu_job {
+    struct gpu_job *next;
+    int type;
+    uint64_t session, req_id; /* who asked (register, imports) */
+    uint32_t slot;            /* imports: the session's buffer slot it fills */
+    int group;                /* commid */
+    uint32_t gen;
+    struct buffer *hold; /* register: the region, a reference kept while the worker uses it */
+    int fd;
+    size_t size;
+    uint64_t offset;
+    uint8_t uuid[16], ipc[64];
+    /* results */
+    int status; /* COLL_OK or a coll_err, with why */
+    char why[160];
+    struct buffer *buf; /* imports: one reference; the last unref releases on the worker */
+    intptr_t delta;     /* register: add to a host address in the region for the GPU's */
+    uint8_t commid[GPU_COMMID_BYTES];
+    void *priv; /* the worker's own (releases) */
+};
+
+/* Engine thread. Never blocks. */
+void gpu_job_submit(struct gpu *g, struct gpu_job *j);
+/* Engine thread: take every finished job (in submission order). */
+struct gpu_job *gpu_collect_jobs(struct gpu *g);
+/* Engine thread: region was registered by a REGISTER job: from now on its last unref
+ * unregisters and unmaps it on the worker. */
+void gpu_region_registered(struct gpu *g, struct buffer *region, intptr_t delta);
 
 #endif

@@ -25,6 +25,10 @@
 #include "ring.h"
 #include "util.h"
 
+/* A buffer slot whose GPU import is still on the worker. */
+static struct buffer pending_marker;
+#define SESSION_BUF_PENDING (&pending_marker)
+
 struct session *session_new(struct session_env *env, int fd, pid_t pid, uid_t uid, gid_t gid)
 {
     struct session *s = calloc(1, sizeof(*s));
@@ -32,6 +36,7 @@ struct session *session_new(struct session_env *env, int fd, pid_t pid, uid_t ui
     s->env = env;
     s->fd = fd;
     s->efd_agent = s->efd_client = -1;
+    s->hello_memfd = -1;
     s->pid = pid;
     s->uid = uid;
     s->gid = gid;
@@ -58,8 +63,9 @@ void session_destroy(struct session **sp)
     for (int i = 0; i < s->env->ngroups; i++)
         group_forget_session(&s->env->groups[i], s);
     for (uint32_t i = 0; i < s->nbufs; i++)
-        buffer_unref(&s->bufs[i]);
+        if (s->bufs[i] != SESSION_BUF_PENDING) buffer_unref(&s->bufs[i]);
     free(s->bufs);
+    if (s->hello_memfd >= 0) close(s->hello_memfd);
     /* GPU ops in flight keep the region (their streams use its words) */
     if (s->shm_buf) {
         atomic_store(&s->shm_buf->gone, 1);
@@ -150,28 +156,24 @@ static int violation(struct session *s, const char *fmt, ...)
 
 /* ---- handshake ---------------------------------------------------------------- */
 
-static void release_shm(struct buffer *b)
+/* Send HELLO_OK with the region and both doorbells; memfd is closed. */
+static int hello_reply(struct session *s, uint64_t req_id, int memfd)
 {
-    if (b->priv) gpu_unregister_host(b->map);
-    munmap(b->map, b->size);
-}
-
-/* Register the session's region with CUDA once, for the stream-order words of GPU
- * ops. priv holds the host-to-device address delta + 1 (0: not registered). */
-static int shm_for_gpu(struct session *s, char *why, size_t whylen)
-{
-    if (s->shm_gpu > 0) return 0;
-    if (s->shm_gpu < 0) {
-        snprintf(why, whylen, "the session region could not be registered with CUDA");
-        return -1;
-    }
-    intptr_t delta = 0;
-    if (gpu_register_host(s->shm, s->shm_size, &delta, why, whylen) < 0) {
-        s->shm_gpu = -1;
-        return -1;
-    }
-    s->shm_buf->priv = (void *)(delta + 1);
-    s->shm_gpu = 1;
+    union wire_msg m;
+    wire_init(&m, WIRE_HELLO_OK, req_id);
+    m.hello_ok.session_id = s->id;
+    m.hello_ok.shm_size = s->shm_size;
+    m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
+    m.hello_ok.flags = s->env->gpu ? WIRE_HELLO_F_GPU : 0;
+    snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
+    int fds[3] = {memfd, s->efd_agent, s->efd_client};
+    int rc = send_reply(s, &m, fds, 3);
+    close(memfd);
+    if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
+    s->state = SESSION_READY;
+    log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\" gpu=%s",
+            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->client,
+            s->shm_gpu > 0 ? "yes" : "no");
     return 0;
 }
 
@@ -211,27 +213,28 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     s->shm_buf->device = -1;
     s->shm_buf->map = s->shm;
     s->shm_buf->size = s->shm_size;
-    s->shm_buf->release = release_shm;
     /* edge-triggered: every write is an edge, so the doorbell never needs draining */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &s->ev_bell};
     if (epoll_ctl(s->env->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
         close(memfd);
         return violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
     }
-    union wire_msg m;
-    wire_init(&m, WIRE_HELLO_OK, h->h.req_id);
-    m.hello_ok.session_id = s->id;
-    m.hello_ok.shm_size = s->shm_size;
-    m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
-    m.hello_ok.flags = s->env->gpu ? WIRE_HELLO_F_GPU : 0;
-    snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
-    int fds[3] = {memfd, s->efd_agent, s->efd_client};
-    int rc = send_reply(s, &m, fds, 3);
-    close(memfd);
-    if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
-    s->state = SESSION_READY;
-    log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\"",
-            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->client);
+    if (!s->env->gpu) return hello_reply(s, h->h.req_id, memfd);
+    /* GPU agent: the region's words are the stream order of GPU ops, so CUDA maps it
+     * before the client may submit one; the worker does that and HELLO_OK waits */
+    struct gpu_job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        close(memfd);
+        return violation(s, "agent out of memory");
+    }
+    j->type = GPU_JOB_REGISTER;
+    j->session = s->id;
+    j->req_id = h->h.req_id;
+    j->fd = -1;
+    j->hold = buffer_ref(s->shm_buf);
+    s->hello_memfd = memfd;
+    s->hello_req = h->h.req_id;
+    gpu_job_submit(s->env->gpu, j);
     return 0;
 }
 
@@ -284,6 +287,14 @@ static int on_group_close(struct session *s, const struct wire_group_close *c)
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
 }
 
+static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
+{
+    union wire_msg m;
+    wire_init(&m, WIRE_MEM_REG_OK, req_id);
+    m.mem_reg_ok.buf_id = i + 1;
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
 static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
 {
     if ((r->kind == WIRE_MEM_MEMFD) != (r->device == -1))
@@ -314,33 +325,81 @@ static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
         s->bufs = nb;
         s->nbufs = cap;
     }
-    char why[160];
-    int code = 0;
-    struct buffer *b = NULL;
-    if (r->kind != WIRE_MEM_MEMFD && shm_for_gpu(s, why, sizeof(why)) < 0)
-        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED, "%s", why);
-    if (r->kind == WIRE_MEM_MEMFD)
-        b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
-    else if (r->kind == WIRE_MEM_CUMEM_FD)
-        b = gpu_import_cumem(fd, (size_t)r->size, r->uuid, why, sizeof(why), &code);
-    else
-        b = gpu_import_ipc(r->ipc, r->offset, (size_t)r->size, r->uuid, why, sizeof(why), &code);
-    if (!b) return refuse(s, r->h.req_id, code, "%s", why);
-    if (b->device >= 0)
-        log_msg(LOG_INFO, "session.gpu_buffer", "session=%llu kind=%s device=%d bytes=%zu",
-                (unsigned long long)s->id, r->kind == WIRE_MEM_CUMEM_FD ? "cumem" : "cuda_ipc",
-                b->device, b->size);
-    s->bufs[i] = b;
-    union wire_msg m;
-    wire_init(&m, WIRE_MEM_REG_OK, r->h.req_id);
-    m.mem_reg_ok.buf_id = i + 1;
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    if (r->kind == WIRE_MEM_MEMFD) {
+        char why[160];
+        int code = 0;
+        struct buffer *b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
+        if (!b) return refuse(s, r->h.req_id, code, "%s", why);
+        s->bufs[i] = b;
+        return reply_buf(s, r->h.req_id, i);
+    }
+    /* a GPU buffer: opened on the worker, answered when it is back (session_job_done) */
+    if (s->shm_gpu <= 0)
+        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
+                      "the session region could not be registered with CUDA");
+    if (s->imports >= SESSION_MAX_IMPORTS)
+        return refuse(s, r->h.req_id, COLL_ERR_LIMIT,
+                      "a session has at most %d GPU buffer registrations pending",
+                      SESSION_MAX_IMPORTS);
+    struct gpu_job *j = calloc(1, sizeof(*j));
+    int jfd = fd >= 0 && j ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (!j || (fd >= 0 && jfd < 0)) {
+        free(j);
+        return refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory or descriptors");
+    }
+    j->type = r->kind == WIRE_MEM_CUMEM_FD ? GPU_JOB_IMPORT_CUMEM : GPU_JOB_IMPORT_IPC;
+    j->session = s->id;
+    j->req_id = r->h.req_id;
+    j->slot = i;
+    j->fd = jfd;
+    j->size = (size_t)r->size;
+    j->offset = r->offset;
+    memcpy(j->uuid, r->uuid, sizeof(j->uuid));
+    memcpy(j->ipc, r->ipc, sizeof(j->ipc));
+    s->bufs[i] = SESSION_BUF_PENDING;
+    s->imports++;
+    gpu_job_submit(s->env->gpu, j);
+    return 0;
+}
+
+/* A job is back from the worker: register (HELLO_OK waited for it) or an import. */
+int session_job_done(struct session_env *env, struct session *s, struct gpu_job *j)
+{
+    if (j->type == GPU_JOB_REGISTER) {
+        if (j->status == COLL_OK) gpu_region_registered(env->gpu, j->hold, j->delta);
+        buffer_unref(&j->hold);
+        if (!s || s->hello_memfd < 0) return 0;
+        if (j->status != COLL_OK)
+            log_msg(LOG_WARN, "session.gpu_region", "session=%llu error=\"%s\"",
+                    (unsigned long long)s->id, j->why);
+        s->shm_gpu = j->status == COLL_OK ? 1 : -1;
+        int memfd = s->hello_memfd;
+        s->hello_memfd = -1;
+        return hello_reply(s, s->hello_req, memfd);
+    }
+    if (!s || j->slot >= s->nbufs || s->bufs[j->slot] != SESSION_BUF_PENDING) {
+        buffer_unref(&j->buf); /* the session is gone: release it (on the worker) */
+        return 0;
+    }
+    s->imports--;
+    if (!j->buf) {
+        s->bufs[j->slot] = NULL;
+        return refuse(s, j->req_id, j->status ? j->status : COLL_ERR_INTERNAL, "%s", j->why);
+    }
+    struct buffer *b = j->buf;
+    j->buf = NULL;
+    s->bufs[j->slot] = b;
+    log_msg(LOG_INFO, "session.gpu_buffer", "session=%llu kind=%s device=%d bytes=%zu",
+            (unsigned long long)s->id, j->type == GPU_JOB_IMPORT_CUMEM ? "cumem" : "cuda_ipc",
+            b->device, b->size);
+    return reply_buf(s, j->req_id, j->slot);
 }
 
 static int on_mem_release(struct session *s, const struct wire_mem_release *r)
 {
     uint32_t i = r->buf_id - 1;
-    if (r->buf_id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i])
+    if (r->buf_id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i] ||
+        s->bufs[i] == SESSION_BUF_PENDING)
         return refuse(s, r->h.req_id, COLL_ERR_INVALID, "no buffer with id %u", r->buf_id);
     if (s->bufs[i]->refs > 1)
         return refuse(s, r->h.req_id, COLL_ERR_BUSY, "buffer %u is used by %u ops in flight",
@@ -385,8 +444,10 @@ int session_on_message(struct session *s)
         rc = violation(s, "%s", err);
     } else if (s->state == SESSION_HANDSHAKE && m.h.type != WIRE_HELLO) {
         rc = violation(s, "expected HELLO first, got message type %u", m.h.type);
-    } else if (s->state != SESSION_HANDSHAKE && m.h.type == WIRE_HELLO) {
+    } else if ((s->state != SESSION_HANDSHAKE || s->hello_memfd >= 0) && m.h.type == WIRE_HELLO) {
         rc = violation(s, "second HELLO");
+    } else if (s->hello_memfd >= 0) {
+        rc = violation(s, "request before HELLO_OK");
     } else if (m.h.type == WIRE_MEM_REG ? nfds > 1 : nfds != 0) {
         rc = violation(s, "message type %u carried %d descriptors", m.h.type, nfds);
     } else {
@@ -459,7 +520,7 @@ static int check_side(struct session *s, const char *what, uint32_t id, uint64_t
     out->off = 0;
     if (!used || elems == 0) return 0;
     uint32_t i = id - 1;
-    if (id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i])
+    if (id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i] || s->bufs[i] == SESSION_BUF_PENDING)
         return violation(s, "%s buffer id %u is not registered", what, id);
     struct buffer *b = s->bufs[i];
     if (elems > UINT64_MAX / es || off > b->size || elems * es > b->size - off)
@@ -528,8 +589,8 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
     int gpu_op = (op->sqe.flags & WIRE_SQE_F_GPU) != 0;
     g->be->accept(g, slot, op, why, sizeof(why));
     if (gpu_op) {
-        char w[160];
-        if (!why[0] && shm_for_gpu(s, w, sizeof(w)) < 0) snprintf(why, sizeof(why), "%s", w);
+        if (!why[0] && s->shm_gpu <= 0)
+            snprintf(why, sizeof(why), "the session region could not be registered with CUDA");
         if (s->shm_gpu > 0) op->sync = buffer_ref(s->shm_buf);
     }
     if (why[0]) {

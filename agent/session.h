@@ -15,13 +15,14 @@
 struct buffer;
 struct log_limit;
 struct config;
+struct gpu;
 
 /* What a session needs of the engine that owns it, handed in at creation: the engine's
  * memory, outliving every session. A session reaches the engine through this alone. */
 struct session_env {
     const struct config *cfg;
     int epfd;             /* the engine's epoll: a session's doorbell joins it */
-    int gpu;              /* the agent has GPUs: clients may share GPU buffers */
+    struct gpu *gpu;      /* NULL, or the agent's GPUs: clients may share GPU buffers */
     struct group *groups; /* the agent's groups, which OPEN_GROUP names */
     int ngroups;
     struct log_limit *lim_request, *lim_violation;
@@ -30,6 +31,7 @@ struct session_env {
 
 #define SESSION_MAX_HANDLES 64
 #define SESSION_MAX_BUFFERS 4096
+#define SESSION_MAX_IMPORTS 8 /* GPU buffer imports of one session on the worker at once */
 
 /* CLOSING: refused at accept; kept until the client hangs up or the handshake deadline
  * passes, so that the refusal is read before the socket resets. */
@@ -58,8 +60,11 @@ struct session {
     int fd, efd_agent, efd_client;
     struct wire_shm *shm;
     size_t shm_size;
-    struct buffer *shm_buf;    /* the region as a buffer: GPU ops in flight hold references */
-    int shm_gpu;               /* 1: registered with CUDA (first GPU buffer), -1: failed */
+    struct buffer *shm_buf; /* the region as a buffer: GPU ops in flight hold references */
+    int shm_gpu;            /* 1: registered with CUDA (GPU agents, at HELLO), -1: failed */
+    int hello_memfd;        /* >= 0: HELLO_OK waits for the worker's registration */
+    uint64_t hello_req;
+    uint32_t imports; /* GPU imports on the worker (their slots hold SESSION_BUF_PENDING) */
     uint32_t sq_head, cq_tail; /* next sq entry to take, next cq entry to fill */
     uint32_t cq_head_seen;     /* the client's cq consumption count, as last read */
     uint32_t inflight;         /* taken from the sq, completion not yet posted */
@@ -85,6 +90,10 @@ int session_on_message(struct session *s);
 int session_poll(struct session *s);
 /* Whether the next sq entry is published (no side effects). */
 int session_has_work(struct session *s);
+/* A job of a session's is back from the GPU worker (s NULL: the session is gone; what
+ * the job made is released). Returns -1 when s must be destroyed (logged). */
+struct gpu_job;
+int session_job_done(struct session_env *env, struct session *s, struct gpu_job *j);
 /* Post the completion of op (group callback). */
 void session_complete(struct op *op, int status, const char *why);
 /* Tell the client why it is being dropped (best effort, never blocks). */

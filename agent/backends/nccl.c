@@ -25,6 +25,8 @@
  */
 #include "nccl_priv.h"
 
+#include <sys/mman.h>
+
 int gpu_probe(char *why, size_t whylen)
 {
     int ndev = 0;
@@ -74,16 +76,72 @@ int gpu_resolve_device(const char *spec, char *why, size_t whylen)
  * which name buffers by address. */
 atomic_uint nccl_buf_gen;
 
-static void release_cumem(struct buffer *b)
+/* The last reference to a GPU buffer or a registered region went: the worker closes
+ * it (buffer_unref frees b itself, so the job carries what the close needs). */
+static void release_later(struct buffer *b, int kind)
 {
-    atomic_fetch_add(&nccl_buf_gen, 1);
-    struct cumem *m = b->priv;
-    cumem_free(m);
-    free(m);
+    struct gpu *g = b->rel_ctx;
+    struct gpu_job *j = calloc(1, sizeof(*j));
+    struct gpu_job local = {0};
+    if (!j) j = &local; /* no memory for a job: close it here */
+    j->type = GPU_JOB_RELEASE;
+    j->slot = (uint32_t)kind;
+    j->priv = b->priv;
+    j->hold = NULL;
+    j->buf = NULL;
+    j->offset = (uint64_t)(uintptr_t)b->map;
+    j->size = b->size;
+    if (j == &local) {
+        nccl_release_run(j);
+        return;
+    }
+    nccl_worker_queue(g, j);
 }
 
-struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
-                                size_t whylen, int *code)
+static void release_cumem(struct buffer *b)
+{
+    release_later(b, RELEASE_CUMEM);
+}
+
+static void release_ipc(struct buffer *b)
+{
+    release_later(b, RELEASE_IPC);
+}
+
+static void release_region(struct buffer *b)
+{
+    release_later(b, RELEASE_REGION);
+}
+
+void nccl_release_run(struct gpu_job *j)
+{
+    void *map = (void *)(uintptr_t)j->offset;
+    switch (j->slot) {
+    case RELEASE_CUMEM:
+        atomic_fetch_add(&nccl_buf_gen, 1);
+        cumem_free(j->priv);
+        free(j->priv);
+        break;
+    case RELEASE_IPC:
+        atomic_fetch_add(&nccl_buf_gen, 1);
+        cudaIpcCloseMemHandle(j->priv);
+        break;
+    case RELEASE_REGION:
+        cudaHostUnregister(map);
+        munmap(map, j->size);
+        break;
+    }
+}
+
+void gpu_region_registered(struct gpu *g, struct buffer *region, intptr_t delta)
+{
+    region->priv = (void *)(delta + 1);
+    region->rel_ctx = g;
+    region->release = release_region;
+}
+
+struct buffer *gpu_import_cumem(struct gpu *g, int fd, size_t size, const uint8_t uuid[16],
+                                char *why, size_t whylen, int *code)
 {
     char us[48];
     cudrv_uuid_str(uuid, us, sizeof(us));
@@ -112,16 +170,11 @@ struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], cha
     b->size = size;
     b->release = release_cumem;
     b->priv = m;
+    b->rel_ctx = g;
     return b;
 }
 
-static void release_ipc(struct buffer *b)
-{
-    atomic_fetch_add(&nccl_buf_gen, 1);
-    cudaIpcCloseMemHandle(b->priv);
-}
-
-struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
+struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t offset, size_t size,
                               const uint8_t uuid[16], char *why, size_t whylen, int *code)
 {
     char us[48];
@@ -168,17 +221,14 @@ struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t 
     b->size = size;
     b->release = release_ipc;
     b->priv = p;
+    b->rel_ctx = g;
+    *code = COLL_OK;
     return b;
 }
 
 int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
 {
     return lcgpu_register(p, size, dev_delta, why, whylen);
-}
-
-void gpu_unregister_host(void *p)
-{
-    cudaHostUnregister(p);
 }
 
 int gpu_new_commid(uint8_t id[GPU_COMMID_BYTES], char *why, size_t whylen)

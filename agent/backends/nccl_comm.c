@@ -14,6 +14,8 @@ struct reap {
     void *scratch, *tmp; /* may wait for the kernels the aborts end */
     ncclComm_t *slot;    /* the split's result slot, read after the root's abort */
     int split_pending;
+    int finalize; /* one rank, nothing in flight: finalize and destroy root, abort if that
+                     does not finish within a second */
     int device, group;
     uint32_t gen;
 };
@@ -24,6 +26,20 @@ atomic_int nccl_reapers_live; /* gpu_stop waits (bounded) for these */
 static void reap_run(struct reap *r)
 {
     cudaSetDevice(r->device);
+    if (r->finalize && r->root) {
+        ncclCommFinalize(r->root); /* non-blocking communicator: polled */
+        int64_t end = now_ns() + 1000000000LL;
+        ncclResult_t st = ncclInProgress;
+        while (now_ns() < end && ncclCommGetAsyncError(r->root, &st) == ncclSuccess &&
+               st == ncclInProgress) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+        if (st == ncclSuccess) {
+            ncclCommDestroy(r->root);
+            r->root = NULL;
+        }
+    }
     int64_t t0 = now_ns();
     if (r->child) ncclCommAbort(r->child);
     int64_t t1 = now_ns();
@@ -53,10 +69,18 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
+static void retire(struct launcher *l, struct comm *c, int finalize);
+
 /* Abort c's communicators, off the launcher thread (the child first: it holds the
  * kernels; then the root, which also stops a split in progress). Local: never waits
  * on peers. */
 void nccl_comm_abort(struct launcher *l, struct comm *c)
+{
+    retire(l, c, 0);
+}
+
+/* Hand what c holds to a reaper thread: finalized (one rank, idle) or aborted. */
+static void retire(struct launcher *l, struct comm *c, int finalize)
 {
     nccl_graph_flush(c); /* before the abort, which waits for graphs that use c's communicator */
     if (!c->root && !c->child && !c->stream && !c->scratch && !c->tmp) return;
@@ -64,6 +88,7 @@ void nccl_comm_abort(struct launcher *l, struct comm *c)
                      .slot = c->child,
                      .child = c->child && c->state != COMM_SPLIT ? *c->child : NULL,
                      .split_pending = c->state == COMM_SPLIT,
+                     .finalize = finalize,
                      .device = l->device,
                      .group = c->group,
                      .gen = c->gen,
@@ -98,6 +123,8 @@ void nccl_comm_break(struct launcher *l, struct comm *c, int code, const char *w
      * abort from finishing */
     for (struct gpu_task *t = c->fly_head; t; t = t->next)
         ring_store_max64(t->ready, t->tag);
+    for (int i = 0; l->settle_c == c && i < l->nsettle; i++)
+        ring_store_max64(l->settle[i]->ready, l->settle[i]->tag);
     if (c->state != COMM_BROKEN) {
         log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
                 l->device, c->group, c->gen, c->rank, c->nranks, why);
@@ -112,27 +139,22 @@ void nccl_comm_break(struct launcher *l, struct comm *c, int code, const char *w
         nccl_fail_task(l->g, t, code, 1, why);
     }
     c->fly_tail = NULL;
+    if (l->settle_c == c) { /* its launch never settled: those ops fail with it */
+        for (int i = 0; i < l->nsettle; i++)
+            nccl_fail_task(l->g, l->settle[i], code, 1, why);
+        l->settle_c = NULL;
+        l->nsettle = 0;
+    }
 }
 
 void nccl_comm_destroy(struct launcher *l, struct comm *c)
 {
-    nccl_graph_flush(c); /* before NCCL's destroy, which waits for graphs that use c */
-    if (c->state == COMM_READY && c->c == c->root && c->root) {
-        /* one rank, nothing in flight: finalize (non-blocking, polled briefly) */
-        ncclCommFinalize(c->root);
-        int64_t end = now_ns() + 1000000000LL;
-        ncclResult_t r = ncclInProgress;
-        while (now_ns() < end && ncclCommGetAsyncError(c->root, &r) == ncclSuccess &&
-               r == ncclInProgress)
-            sched_yield();
-        if (r == ncclSuccess) {
-            ncclCommDestroy(c->root);
-            c->root = c->c = NULL;
-        }
-    }
-    /* a blocking child's destroy waits for the other ranks on this host: abort, which
-     * is local (nothing is in flight when a communicator is destroyed) */
-    nccl_comm_abort(l, c); /* takes the stream and buffers too */
+    /* one rank with nothing in flight is finalized cleanly; a blocking child's destroy
+     * would wait for the other ranks on this host, so everything else is aborted,
+     * which is local (nothing is in flight when a communicator is destroyed). Either
+     * way on a reaper: the launcher never waits for NCCL's teardown. */
+    int finalize = c->state == COMM_READY && c->c == c->root && c->root;
+    retire(l, c, finalize); /* takes the stream and buffers too; graphs first */
     nccl_fences_free(c);
     free(c);
 }

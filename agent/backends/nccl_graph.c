@@ -38,10 +38,11 @@ void nccl_graph_flush(struct comm *c)
     }
 }
 
-/* Wait out a call NCCL left in progress (non-blocking communicator). */
-ncclResult_t nccl_settle(ncclComm_t comm, ncclResult_t r)
+/* Wait out a call NCCL left in progress (non-blocking communicator), up to wait_ns;
+ * ncclInProgress if it is still not done. */
+ncclResult_t nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t wait_ns)
 {
-    int64_t end = now_ns() + ISSUE_WAIT_NS;
+    int64_t end = now_ns() + wait_ns;
     while (r == ncclInProgress && now_ns() < end) {
         if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
     }

@@ -36,6 +36,7 @@ struct nccl_group {
     int formed;        /* several pods: the net epoch is formed, commid is valid */
     struct gtask *wait_head, *wait_tail; /* matched before the epoch formed */
     uint32_t commid_gen;                 /* generation commid belongs to (0: none yet) */
+    uint32_t commid_asked;               /* one pod: the generation the worker makes an id for */
     uint8_t commid[GPU_COMMID_BYTES];
     uint64_t inflight, comms_created;
 };
@@ -114,15 +115,21 @@ static void to_gpu(struct group *g, struct op *op)
                    !gt ? "too many GPU ops in flight in this group" : "no GPU launcher");
         return;
     }
-    if (x->commid_gen != x->comm_gen && g->nodes == 1) {
-        /* this pod is the whole group: it makes the generation's id itself */
-        char why[160];
-        if (gpu_new_commid(x->commid, why, sizeof(why)) < 0) {
-            log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, why);
-            g->op_done(g, op, COLL_ERR_INTERNAL, why);
+    int need_id = g->nodes == 1 && x->commid_gen != x->comm_gen;
+    if (need_id && x->commid_asked != x->comm_gen) {
+        /* this pod is the whole group: it makes the generation's id itself, on the GPU
+         * worker (ncclGetUniqueId opens sockets); ops wait here for it */
+        struct gpu_job *j = calloc(1, sizeof(*j));
+        if (!j) {
+            g->op_done(g, op, COLL_ERR_NOMEM, "out of memory");
             return;
         }
-        x->commid_gen = x->comm_gen;
+        j->type = GPU_JOB_COMMID;
+        j->group = g->index;
+        j->gen = x->comm_gen;
+        j->fd = -1;
+        x->commid_asked = x->comm_gen;
+        gpu_job_submit(g->gpu, j);
     }
     x->free = gt->free_next;
     gt->live = 1;
@@ -158,8 +165,9 @@ static void to_gpu(struct group *g, struct op *op)
     t->deadline_ns = op->deadline_ns;
     t->init_ms = g->cfg->join_timeout_ms;
     x->inflight++;
-    if (g->nodes > 1 && !x->formed) {
-        /* the pods have not agreed on the epoch (and its id) yet: hold it here */
+    if ((g->nodes > 1 && !x->formed) || need_id) {
+        /* the pods have not agreed on the epoch (and its id) yet, or the worker has not
+         * made this pod's: hold it here */
         gt->free_next = NULL;
         if (x->wait_tail)
             x->wait_tail->free_next = gt;
@@ -190,6 +198,19 @@ static int nccl_pair(struct group *g, struct op *snd, struct op *rcv)
     return COLL_ERR_INTERNAL; /* never called: nccl_p2p takes every op */
 }
 
+/* Submit what waited for the generation's id. */
+static void release_waiting(struct group *g, struct nccl_group *x)
+{
+    while (x->wait_head) {
+        struct gtask *gt = x->wait_head;
+        x->wait_head = gt->free_next;
+        gt->t.gen = x->comm_gen;
+        memcpy(gt->t.commid, x->commid, sizeof(gt->t.commid));
+        gpu_submit(g->gpu, &gt->t);
+    }
+    x->wait_tail = NULL;
+}
+
 void nccl_group_formed(struct group *g, const struct net_event *ev)
 {
     struct nccl_group *x = g->be_ctx;
@@ -204,22 +225,38 @@ void nccl_group_formed(struct group *g, const struct net_event *ev)
     x->comm_gen = x->commid_gen = ev->epoch;
     memcpy(x->commid, ev->commid, sizeof(x->commid));
     x->formed = 1;
-    while (x->wait_head) {
-        struct gtask *gt = x->wait_head;
-        x->wait_head = gt->free_next;
-        gt->t.gen = x->comm_gen;
-        memcpy(gt->t.commid, x->commid, sizeof(gt->t.commid));
-        gpu_submit(g->gpu, &gt->t);
-    }
-    x->wait_tail = NULL;
+    release_waiting(g, x);
 }
 
-/* Several pods: the epoch is over. Ops held for it fail; the launchers abort its
+/* One pod: the worker made an id (job) for generation j->gen. */
+void nccl_group_commid(struct group *g, const struct gpu_job *j)
+{
+    struct nccl_group *x = g->be_ctx;
+    if (g->be != &backend_nccl || !x || j->gen != x->comm_gen) return; /* a stale one */
+    if (j->status != COLL_OK) {
+        log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, j->why);
+        x->commid_asked = 0; /* the next op asks again */
+        while (x->wait_head) {
+            struct gtask *gt = x->wait_head;
+            x->wait_head = gt->free_next;
+            x->inflight--;
+            g->op_done(g, &gt->op, COLL_ERR_INTERNAL, j->why);
+            recycle(x, gt);
+        }
+        x->wait_tail = NULL;
+        return;
+    }
+    memcpy(x->commid, j->commid, sizeof(x->commid));
+    x->commid_gen = x->comm_gen;
+    release_waiting(g, x);
+}
+
+/* The epoch is over: ops held for an id fail. Several pods: the launchers abort its
  * communicators at once (a peer may be gone: NCCL would wait for it forever). */
 static void nccl_epoch_over(struct group *g, int err, const char *why)
 {
     struct nccl_group *x = g->be_ctx;
-    if (!g->gpu || g->nodes == 1) return;
+    if (!g->gpu) return;
     while (x->wait_head) {
         struct gtask *gt = x->wait_head;
         x->wait_head = gt->free_next;
@@ -228,7 +265,7 @@ static void nccl_epoch_over(struct group *g, int err, const char *why)
         recycle(x, gt);
     }
     x->wait_tail = NULL;
-    if (!x->formed) return;
+    if (g->nodes == 1 || !x->formed) return;
     x->formed = 0;
     for (int k = 0; k < g->nslots; k++) {
         struct gtask *gt = x->free;

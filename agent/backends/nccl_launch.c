@@ -96,10 +96,12 @@ static int p2p(const struct gpu_task *t)
     return t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV;
 }
 
-/* Enqueue ts[0..n) on c's stream: wait for each op's ready word, the NCCL calls (in one
- * group when n > 1: sends and receives that wait for each other must be issued
- * together), then each op's done word. */
-static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n)
+/* Enqueue ts[0..n) on c's stream: wait for each op's ready word, then the NCCL calls
+ * (in one group when n > 1: sends and receives that wait for each other must be issued
+ * together). COLL_OK with NCCL's result in *nr (ncclInProgress: not settled yet), or
+ * an error with t0->why. */
+static int issue_calls(struct launcher *l, struct comm *c, struct gpu_task **ts, int n,
+                       ncclResult_t *nr)
 {
     const struct cudrv *d = l->g->drv;
     struct gpu_task *t0 = ts[0];
@@ -124,10 +126,23 @@ static int issue(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
         ncclResult_t e = ncclGroupEnd();
         if (r == ncclSuccess || r == ncclInProgress) r = e;
     }
-    r = nccl_settle(c->c, r);
+    *nr = r;
+    return COLL_OK;
+}
+
+/* NCCL settled the calls with r: then each op's done word and the fence. */
+static int issue_finish(struct launcher *l, struct comm *c, struct gpu_task **ts, int n,
+                        ncclResult_t r)
+{
+    const struct cudrv *d = l->g->drv;
+    struct gpu_task *t0 = ts[0];
     if (r != ncclSuccess) {
         snprintf(t0->why, sizeof(t0->why), "NCCL %s%s: %s", wire_kind_name(t0->kind),
                  n > 1 ? " (grouped)" : "", ncclGetErrorString(r));
+        if (r == ncclInProgress)
+            snprintf(t0->why, sizeof(t0->why), "NCCL %s%s did not finish launching in %lld ms",
+                     wire_kind_name(t0->kind), n > 1 ? " (grouped)" : "",
+                     (long long)(ISSUE_WAIT_NS / 1000000));
         return r == ncclInvalidArgument || r == ncclInvalidUsage ? COLL_ERR_INVALID
                                                                  : COLL_ERR_INTERNAL;
     }
@@ -171,10 +186,55 @@ static int pull(struct launcher *l)
     return any;
 }
 
+/* ts[0..n) were issued with result rc: in flight on c, or failed. */
+static void land(struct launcher *l, struct comm *c, struct gpu_task **ts, int n, int rc)
+{
+    struct gpu_task *t = ts[0];
+    if (rc == COLL_ERR_INVALID) {
+        /* refused before anything ran: the communicator is fine */
+        char w[160];
+        snprintf(w, sizeof(w), "%s", t->why);
+        for (int i = 0; i < n; i++)
+            nccl_fail_task(l->g, ts[i], rc, 0, w);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        ts[i]->next = NULL;
+        if (c->fly_tail)
+            c->fly_tail->next = ts[i];
+        else
+            c->fly_head = ts[i];
+        c->fly_tail = ts[i];
+    }
+    if (rc != COLL_OK) {
+        char w[160];
+        snprintf(w, sizeof(w), "%s", t->why);
+        nccl_comm_break(l, c, rc, w);
+    }
+}
+
+/* A launch NCCL left in progress: finish it once settled (or past its deadline).
+ * Returns 1 when it is over. */
+static int poll_settle(struct launcher *l, int64_t now)
+{
+    struct comm *c = l->settle_c;
+    ncclResult_t r = ncclInProgress;
+    if (ncclCommGetAsyncError(c->c, &r) != ncclSuccess) r = ncclInternalError;
+    if (r == ncclInProgress && now < l->settle_deadline) return 0;
+    int n = l->nsettle;
+    struct gpu_task *ts[64];
+    memcpy(ts, l->settle, (size_t)n * sizeof(ts[0]));
+    l->settle_c = NULL;
+    l->nsettle = 0;
+    land(l, c, ts, n, issue_finish(l, c, ts, n, r));
+    return 1;
+}
+
 /* Issue what is pending, in order. Returns 1 if anything moved. */
 static int issue_pending(struct launcher *l)
 {
     int moved = 0;
+    if (l->nsettle && !poll_settle(l, now_ns())) return 0;
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
         if (t->type == GPU_TASK_DROP) {
@@ -221,28 +281,21 @@ static int issue_pending(struct launcher *l)
             l->pend_head = l->pend_head->next;
             if (!l->pend_head) l->pend_tail = NULL;
         }
-        int rc = issue(l, c, batch, n);
-        if (rc == COLL_ERR_INVALID) {
-            /* refused before anything ran: the communicator is fine */
-            char w[160];
-            snprintf(w, sizeof(w), "%s", t->why);
-            for (int i = 0; i < n; i++)
-                nccl_fail_task(l->g, batch[i], rc, 0, w);
-            continue;
+        ncclResult_t nr = ncclSuccess;
+        int rc = issue_calls(l, c, batch, n, &nr);
+        if (rc == COLL_OK) {
+            nr = nccl_settle(c->c, nr, SPIN_NS); /* most launches settle at once */
+            if (nr == ncclInProgress) {
+                /* not yet: the loop polls it; this device's later ops wait behind */
+                memcpy(l->settle, batch, (size_t)n * sizeof(batch[0]));
+                l->nsettle = n;
+                l->settle_c = c;
+                l->settle_deadline = now_ns() + ISSUE_WAIT_NS;
+                break;
+            }
+            rc = issue_finish(l, c, batch, n, nr);
         }
-        for (int i = 0; i < n; i++) {
-            batch[i]->next = NULL;
-            if (c->fly_tail)
-                c->fly_tail->next = batch[i];
-            else
-                c->fly_head = batch[i];
-            c->fly_tail = batch[i];
-        }
-        if (rc != COLL_OK) {
-            char w[160];
-            snprintf(w, sizeof(w), "%s", t->why);
-            nccl_comm_break(l, c, rc, w);
-        }
+        land(l, c, batch, n, rc);
     }
     if (!l->pend_head) l->pend_tail = NULL;
     return moved;
@@ -321,7 +374,7 @@ static void *launcher_main(void *arg)
             last = now;
             continue;
         }
-        int busy = l->pend_head || flying(l);
+        int busy = l->pend_head || flying(l) || l->nsettle;
         if (now - last < SPIN_NS) {
             ring_cpu_relax();
             continue;
@@ -349,6 +402,7 @@ static void *launcher_main(void *arg)
         last = now_ns();
     }
     /* stopping: fail what is queued, abort what is in flight */
+    if (l->nsettle) nccl_comm_break(l, l->settle_c, COLL_ERR_SHUTDOWN, "the agent is stopping");
     pull(l);
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
@@ -406,7 +460,7 @@ struct gpu_task *gpu_collect(struct gpu *g)
     pthread_mutex_lock(&g->out_lock);
     struct gpu_task *h = g->out_head;
     g->out_head = g->out_tail = NULL;
-    atomic_store_explicit(&g->has_out, 0, memory_order_relaxed);
+    atomic_store_explicit(&g->has_out, g->jout_head != NULL, memory_order_relaxed);
     pthread_mutex_unlock(&g->out_lock);
     return h;
 }
@@ -447,6 +501,8 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         return NULL;
     }
     pthread_mutex_init(&g->out_lock, NULL);
+    pthread_mutex_init(&g->wk_lock, NULL);
+    pthread_cond_init(&g->wk_cond, NULL);
     for (int d = 0; d < maxdev; d++)
         g->by_device[d] = -1;
     for (int d = 0; d < maxdev; d++) {
@@ -457,6 +513,11 @@ struct gpu *gpu_start(const int *devices, int ndevices, char *why, size_t whylen
         pthread_mutex_init(&l->lock, NULL);
         pthread_cond_init(&l->cond, NULL);
         g->by_device[d] = g->nl++;
+    }
+    if (nccl_worker_start(g, why, whylen) < 0) {
+        gpu_stop(g);
+        gpu_free(&g);
+        return NULL;
     }
     for (int i = 0; i < g->nl; i++) {
         if (pthread_create(&g->l[i].thread, NULL, launcher_main, &g->l[i]) != 0) {
@@ -494,6 +555,9 @@ void gpu_stop(struct gpu *g)
         usleep(1000);
     if (atomic_load(&nccl_reapers_live) > 0)
         log_msg(LOG_WARN, "gpu.abort_unfinished", "count=%d", atomic_load(&nccl_reapers_live));
+    /* after the launchers: what the worker has queued is finished, later releases run
+     * on the thread that lets the buffer go */
+    nccl_worker_stop(g);
 }
 
 void gpu_free(struct gpu **gp)
@@ -501,11 +565,20 @@ void gpu_free(struct gpu **gp)
     if (!gp || !*gp) return;
     struct gpu *g = *gp;
     *gp = NULL;
+    while (g->jout_head) { /* never collected */
+        struct gpu_job *j = g->jout_head;
+        g->jout_head = j->next;
+        if (j->buf) buffer_unref(&j->buf);
+        if (j->hold) buffer_unref(&j->hold);
+        free(j);
+    }
     for (int i = 0; i < g->nl; i++) {
         pthread_mutex_destroy(&g->l[i].lock);
         pthread_cond_destroy(&g->l[i].cond);
     }
     pthread_mutex_destroy(&g->out_lock);
+    pthread_mutex_destroy(&g->wk_lock);
+    pthread_cond_destroy(&g->wk_cond);
     close(g->out_efd);
     free(g->l);
     free(g);

@@ -67,29 +67,17 @@ int gpu_resolve_device(const char *spec, char *why, size_t whylen)
     snprintf(why, whylen, "built without CUDA");
     return -1;
 }
-struct buffer *gpu_import_cumem(int fd, size_t size, const uint8_t uuid[16], char *why,
-                                size_t whylen, int *code)
+/* gpu_start never succeeds here, so the engine has no struct gpu to submit to */
+void gpu_job_submit(struct gpu *g, struct gpu_job *j)
 {
-    (void)fd, (void)size, (void)uuid;
-    snprintf(why, whylen, "this agent was built without CUDA");
-    *code = COLL_ERR_UNSUPPORTED;
+    (void)g, (void)j;
+}
+struct gpu_job *gpu_collect_jobs(struct gpu *g)
+{
+    (void)g;
     return NULL;
 }
-struct buffer *gpu_import_ipc(const uint8_t handle[64], uint64_t offset, size_t size,
-                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
+void gpu_region_registered(struct gpu *g, struct buffer *region, intptr_t delta)
 {
-    (void)handle, (void)offset, (void)size, (void)uuid;
-    snprintf(why, whylen, "this agent was built without CUDA");
-    *code = COLL_ERR_UNSUPPORTED;
-    return NULL;
-}
-int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
-{
-    (void)p, (void)size, (void)dev_delta;
-    snprintf(why, whylen, "built without CUDA");
-    return -1;
-}
-void gpu_unregister_host(void *p)
-{
-    (void)p;
+    (void)g, (void)region, (void)delta;
 }

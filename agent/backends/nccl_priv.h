@@ -4,7 +4,8 @@
  * imports of client memory; nccl_comm.c: the communicator cache, its creation, aborts
  * (on reaper threads) and generations; nccl_graph.c: eager and replayed (CUDA graph)
  * launches; nccl_launch.c: the launcher thread per GPU, issuing, completion by event,
- * and the engine-facing API of gpu.h.
+ * and the engine-facing API of gpu.h; nccl_worker.c: the worker thread for imports,
+ * registrations, releases and one-pod NCCL ids.
  */
 #ifndef AGENT_BACKENDS_NCCL_PRIV_H
 #define AGENT_BACKENDS_NCCL_PRIV_H
@@ -89,6 +90,12 @@ struct launcher {
     int sleeping;                           /* guarded by lock */
     struct gpu_task *pend_head, *pend_tail; /* taken, not yet issued */
     struct comm *comms;
+    /* a launch NCCL left in progress (non-blocking communicator): its ops wait here,
+     * polled by the loop, and the device's later ops wait behind them */
+    struct comm *settle_c;
+    struct gpu_task *settle[64];
+    int nsettle;
+    int64_t settle_deadline;
     uint64_t created, issued, graphs_made, replayed;
 };
 
@@ -103,18 +110,37 @@ struct gpu {
     atomic_int has_out;
     atomic_int engine_sleeping;
     int out_efd;
+    struct gpu_job *jout_head, *jout_tail; /* finished jobs, guarded by out_lock */
+    /* the worker (nccl_worker.c) */
+    pthread_t wk;
+    int wk_started, wk_stop; /* guarded by wk_lock */
+    pthread_mutex_t wk_lock;
+    pthread_cond_t wk_cond;
+    struct gpu_job *wk_head, *wk_tail;
 };
 
-#define SPIN_NS 200000LL   /* keep polling this long after the last progress */
-#define CHECK_NS 1000000LL /* async-error poll interval per communicator */
-#define ISSUE_WAIT_NS 5000000000LL
-#define P2P_GATHER_NS                                                                              \
-    20000LL /* a lone send or receive waits this long for partners */ /* an enqueue NCCL leaves in \
-                                                                         progress gets this long   \
-                                                                       */
+/* A job the worker makes for itself (never returned): release what a buffer held. */
+#define GPU_JOB_RELEASE 100
+enum { RELEASE_CUMEM = 1, RELEASE_IPC, RELEASE_REGION };
 
-/* nccl.c */
+#define SPIN_NS 200000LL           /* keep polling this long after the last progress */
+#define CHECK_NS 1000000LL         /* async-error poll interval per communicator */
+#define ISSUE_WAIT_NS 5000000000LL /* a launch NCCL leaves in progress gets this long */
+#define P2P_GATHER_NS 20000LL      /* a lone send or receive waits this long for partners */
+
+/* nccl.c: imports and releases, on the worker */
 extern atomic_uint nccl_buf_gen; /* bumped when an import goes away: graphs are dropped */
+struct buffer *gpu_import_cumem(struct gpu *g, int fd, size_t size, const uint8_t uuid[16],
+                                char *why, size_t whylen, int *code);
+struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t offset, size_t size,
+                              const uint8_t uuid[16], char *why, size_t whylen, int *code);
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen);
+void nccl_release_run(struct gpu_job *j);
+
+/* nccl_worker.c */
+int nccl_worker_start(struct gpu *g, char *why, size_t whylen);
+void nccl_worker_stop(struct gpu *g);
+void nccl_worker_queue(struct gpu *g, struct gpu_job *j); /* any thread */
 
 /* nccl_comm.c: launcher thread only */
 extern atomic_int nccl_reapers_live; /* aborts still running on reaper threads */
@@ -129,7 +155,7 @@ int nccl_comm_progress(struct launcher *l, struct comm *c);
 /* nccl_graph.c: launcher thread only */
 extern int nccl_graphs_on; /* 0 off, 1 one-rank communicators, 2 all (COLL_NCCL_GRAPHS) */
 void nccl_graph_flush(struct comm *c);
-ncclResult_t nccl_settle(ncclComm_t comm, ncclResult_t r);
+ncclResult_t nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t wait_ns);
 ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t);
 ncclResult_t nccl_graph_launch(struct launcher *l, struct comm *c, const struct gpu_task *t);
 
