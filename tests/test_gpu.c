@@ -109,7 +109,7 @@ static int small_main(void *arg)
     coll_conn *c;
     coll_group *g;
     CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
-    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(coll_group_open(&g, c, j->group ? j->group : "g", 0) == COLL_OK, 3);
     int rc = small_allreduce(c, g, 0, 1);
     coll_disconnect(&c);
     return rc;
@@ -694,6 +694,82 @@ static void two_pods_one_gpu_each(void **state)
         assert_int_equal(agent_stop(&a[i]), 0);
 }
 
+/* ---- a communicator that cannot form holds up no other group on its GPU --------------- */
+
+/* Open the two-pod group g, submit an allreduce that pod 1 never joins (its NCCL
+ * communicator waits for rank 1 until join_ms), say so, then wait for its failure. */
+static int stuck_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(0) == cudaSuccess, 4);
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 4096, 0) == COLL_OK, 5);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 6);
+    coll_request r;
+    CHECK(coll_allreduce(g, coll_mem_ptr(b), coll_mem_ptr(b), 1024, COLL_FLOAT32, COLL_SUM, st,
+                         &r) == COLL_OK,
+          7);
+    CHECK(write(j->hold_fd, "x", 1) == 1, 8);
+    coll_err e = coll_wait(c, r, 60000);
+    fprintf(stderr, "the stuck op ended with %s: %s\n", coll_strerror(e), coll_last_error());
+    CHECK(e != COLL_OK && coll_err_retryable(e), 9);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void stuck_communicator_delays_no_other_group(void **state)
+{
+    (void)state;
+    /* pod 0 has the two-pod group g and the one-pod group h, both on GPU 0; pod 1 (on
+     * the same GPU: it never creates its communicator) forms g and has no client */
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++) {
+        char body[1024];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n  - name: g\n    backend: nccl\n    members: 2\n    devices: [\"0\"]\n"
+                 "    timeouts: {op_ms: 30000, heartbeat_ms: 250, join_ms: 8000}\n%s",
+                 i, i, port,
+                 i == 0 ? "  - name: h\n    backend: nccl\n    devices: [\"0\"]\n" : "");
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_true(agent_log_wait(&a[i], "group.formed", 1, 15000));
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    struct job js = {.sock = a[0].sock, .hold_fd = p[1]};
+    pid_t stuck = child_run(stuck_main, &js);
+    close(p[1]);
+    char x;
+    assert_int_equal(read(p[0], &x, 1), 1);
+    close(p[0]);
+    assert_true(agent_log_wait(&a[0], "gpu.comm_init", 1, 5000)); /* g's, waiting for rank 1 */
+    /* h's ops run on GPU 0 while g's communicator waits */
+    struct job jh = {.sock = a[0].sock, .group = "h"};
+    double t0 = now_ms();
+    assert_int_equal(child_wait(child_run(small_main, &jh), 60000), 0);
+    double took = now_ms() - t0;
+    int status;
+    int stuck_running = waitpid(stuck, &status, WNOHANG) == 0;
+    int aborts = agent_log_count(&a[0], "gpu.comm_abort");
+    printf("h's client took %.0f ms; g's op still waiting: %s; aborts so far: %d\n", took,
+           stuck_running ? "yes" : "no", aborts);
+    assert_true(stuck_running);
+    assert_int_equal(aborts, 0);
+    assert_int_equal(agent_log_count(&a[0], "gpu.comm_init"), 2);
+    /* g's op fails at its communicator's deadline, with a retryable error */
+    assert_int_equal(child_wait(stuck, 60000), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(agent_stop(&a[i]), 0);
+}
+
 /* Pod 0's application: an allreduce with pod 1, then one that pod 1 never joins (its
  * agent is killed): it must fail with a retryable error well inside op_ms; then, when
  * the parent says pod 1 is back, reopen and run again. */
@@ -837,6 +913,7 @@ int main(void)
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),
         cmocka_unit_test(ops_legacy_ipc_buffers),
+        cmocka_unit_test(stuck_communicator_delays_no_other_group),
         cmocka_unit_test(two_pods_one_gpu_each),
         cmocka_unit_test(killed_pod_fails_survivor_then_reforms),
     };

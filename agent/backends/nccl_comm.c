@@ -123,8 +123,8 @@ void nccl_comm_break(struct launcher *l, struct comm *c, int code, const char *w
      * abort from finishing */
     for (struct gpu_task *t = c->fly_head; t; t = t->next)
         ring_store_max64(t->ready, t->tag);
-    for (int i = 0; l->settle_c == c && i < l->nsettle; i++)
-        ring_store_max64(l->settle[i]->ready, l->settle[i]->tag);
+    for (int i = 0; i < c->nsettle; i++)
+        ring_store_max64(c->settle[i]->ready, c->settle[i]->tag);
     if (c->state != COMM_BROKEN) {
         log_msg(LOG_WARN, "gpu.comm_abort", "device=%d group=%d gen=%u rank=%d/%d reason=\"%s\"",
                 l->device, c->group, c->gen, c->rank, c->nranks, why);
@@ -139,12 +139,9 @@ void nccl_comm_break(struct launcher *l, struct comm *c, int code, const char *w
         nccl_fail_task(l->g, t, code, 1, why);
     }
     c->fly_tail = NULL;
-    if (l->settle_c == c) { /* its launch never settled: those ops fail with it */
-        for (int i = 0; i < l->nsettle; i++)
-            nccl_fail_task(l->g, l->settle[i], code, 1, why);
-        l->settle_c = NULL;
-        l->nsettle = 0;
-    }
+    for (int i = 0; i < c->nsettle; i++) /* its launch never settled: they fail with it */
+        nccl_fail_task(l->g, c->settle[i], code, 1, why);
+    c->nsettle = 0;
 }
 
 void nccl_comm_destroy(struct launcher *l, struct comm *c)
@@ -174,7 +171,7 @@ struct comm *nccl_comm_get(struct launcher *l, struct gpu_task *t)
     /* a newer generation of the group makes older ones useless */
     for (struct comm **pp = &l->comms; *pp;) {
         struct comm *o = *pp;
-        if (o->group == t->group && !o->fly_head) {
+        if (o->group == t->group && !o->fly_head && !o->nsettle) {
             *pp = o->next;
             nccl_comm_destroy(l, o);
         } else {

@@ -213,33 +213,72 @@ static void land(struct launcher *l, struct comm *c, struct gpu_task **ts, int n
     }
 }
 
-/* A launch NCCL left in progress: finish it once settled (or past its deadline).
+/* c's launch NCCL left in progress: finish it once settled (or past its deadline).
  * Returns 1 when it is over. */
-static int poll_settle(struct launcher *l, int64_t now)
+static int poll_settle(struct launcher *l, struct comm *c, int64_t now)
 {
-    struct comm *c = l->settle_c;
     ncclResult_t r = ncclInProgress;
     if (ncclCommGetAsyncError(c->c, &r) != ncclSuccess) r = ncclInternalError;
-    if (r == ncclInProgress && now < l->settle_deadline) return 0;
-    int n = l->nsettle;
+    if (r == ncclInProgress && now < c->settle_deadline) return 0;
+    int n = c->nsettle;
     struct gpu_task *ts[64];
-    memcpy(ts, l->settle, (size_t)n * sizeof(ts[0]));
-    l->settle_c = NULL;
-    l->nsettle = 0;
+    memcpy(ts, c->settle, (size_t)n * sizeof(ts[0]));
+    c->nsettle = 0;
     land(l, c, ts, n, issue_finish(l, c, ts, n, r));
     return 1;
 }
 
-/* Issue what is pending, in order. Returns 1 if anything moved. */
+/* Unlink *pp (prev before it) from the pending list. */
+static struct gpu_task *unlink_pending(struct launcher *l, struct gpu_task **pp,
+                                       struct gpu_task *prev)
+{
+    struct gpu_task *t = *pp;
+    *pp = t->next;
+    if (l->pend_tail == t) l->pend_tail = prev;
+    t->next = NULL;
+    return t;
+}
+
+/* A DROP for (group, gen) at *pp: ops of that generation still pending before it
+ * (their communicator was being created) fail with the epoch, not on a new one. */
+static void fail_dropped(struct launcher *l, const struct gpu_task *d)
+{
+    struct gpu_task *prev = NULL;
+    for (struct gpu_task **pp = &l->pend_head; *pp && *pp != d;) {
+        struct gpu_task *t = *pp;
+        if (t->type == GPU_TASK_OP && t->group == d->group && (int32_t)(t->gen - d->gen) <= 0) {
+            nccl_fail_task(l->g, unlink_pending(l, pp, prev), COLL_ERR_PEER_LOST, 1,
+                           "the group's epoch ended");
+            continue;
+        }
+        prev = t;
+        pp = &t->next;
+    }
+}
+
+/* Issue what is pending, in order per communicator. An op whose communicator is being
+ * created, or whose previous launch NCCL has not settled, stays pending with every
+ * later op of that communicator; other groups' ops go past it, so one communicator
+ * that is slow to form never holds up another group on this GPU. Returns 1 if
+ * anything moved. */
 static int issue_pending(struct launcher *l)
 {
     int moved = 0;
-    if (l->nsettle && !poll_settle(l, now_ns())) return 0;
-    while (l->pend_head) {
-        struct gpu_task *t = l->pend_head;
+    int64_t now = now_ns();
+    uint64_t pass = ++l->pass;
+    for (struct comm *c = l->comms; c; c = c->next)
+        if (c->nsettle) moved |= poll_settle(l, c, now);
+    struct gpu_task *prev = NULL;
+    struct gpu_task **pp = &l->pend_head;
+    while (*pp) {
+        struct gpu_task *t = *pp;
         if (t->type == GPU_TASK_DROP) {
-            l->pend_head = t->next;
-            if (!l->pend_head) l->pend_tail = NULL;
+            fail_dropped(l, t);
+            /* the list before t may have changed: find t again */
+            prev = NULL;
+            for (pp = &l->pend_head; *pp != t; pp = &(*pp)->next)
+                prev = *pp;
+            unlink_pending(l, pp, prev);
             nccl_drop_generation(l, t->group, t->gen);
             t->status = COLL_OK;
             nccl_post(l->g, t);
@@ -248,16 +287,20 @@ static int issue_pending(struct launcher *l)
         }
         struct comm *c = nccl_comm_get(l, t);
         if (!c) {
-            l->pend_head = t->next;
-            if (!l->pend_head) l->pend_tail = NULL;
-            nccl_fail_task(l->g, t, COLL_ERR_NOMEM, 0, "out of memory");
+            nccl_fail_task(l->g, unlink_pending(l, pp, prev), COLL_ERR_NOMEM, 0, "out of memory");
             moved = 1;
             continue;
         }
-        if ((c->state == COMM_INIT || c->state == COMM_SPLIT) && nccl_comm_progress(l, c))
-            break; /* later ops of this device wait: one order per device */
-        l->pend_head = t->next;
-        if (!l->pend_head) l->pend_tail = NULL;
+        if (c->held_pass == pass || c->nsettle ||
+            ((c->state == COMM_INIT || c->state == COMM_SPLIT) && nccl_comm_progress(l, c))) {
+            /* stays, in its place; so does every later op of c in this pass, even if c
+             * becomes ready meanwhile */
+            c->held_pass = pass;
+            prev = t;
+            pp = &t->next;
+            continue;
+        }
+        unlink_pending(l, pp, prev);
         moved = 1;
         if (c->state == COMM_BROKEN) {
             nccl_fail_task(l->g, t, COLL_ERR_PEER_LOST, 1, c->why);
@@ -266,7 +309,7 @@ static int issue_pending(struct launcher *l)
         /* sends and receives queued together go out in one NCCL group; a lone one
          * waits a few microseconds for its partners (a send and a receive submitted
          * back to back would otherwise wait for each other on the stream) */
-        if (p2p(t) && !l->pend_head) {
+        if (p2p(t) && !*pp) {
             int64_t until = now_ns() + P2P_GATHER_NS;
             while (!pull(l) && now_ns() < until)
                 ring_cpu_relax();
@@ -274,30 +317,24 @@ static int issue_pending(struct launcher *l)
         struct gpu_task *batch[64];
         int n = 0;
         batch[n++] = t;
-        while (p2p(t) && n < 64 && l->pend_head && l->pend_head->type == GPU_TASK_OP &&
-               p2p(l->pend_head) && l->pend_head->group == t->group &&
-               l->pend_head->gen == t->gen) {
-            batch[n++] = l->pend_head;
-            l->pend_head = l->pend_head->next;
-            if (!l->pend_head) l->pend_tail = NULL;
-        }
+        while (p2p(t) && n < 64 && *pp && (*pp)->type == GPU_TASK_OP && p2p(*pp) &&
+               (*pp)->group == t->group && (*pp)->gen == t->gen)
+            batch[n++] = unlink_pending(l, pp, prev);
         ncclResult_t nr = ncclSuccess;
         int rc = issue_calls(l, c, batch, n, &nr);
         if (rc == COLL_OK) {
             nr = nccl_settle(c->c, nr, SPIN_NS); /* most launches settle at once */
             if (nr == ncclInProgress) {
-                /* not yet: the loop polls it; this device's later ops wait behind */
-                memcpy(l->settle, batch, (size_t)n * sizeof(batch[0]));
-                l->nsettle = n;
-                l->settle_c = c;
-                l->settle_deadline = now_ns() + ISSUE_WAIT_NS;
-                break;
+                /* not yet: polled above on later passes; its later ops wait behind */
+                memcpy(c->settle, batch, (size_t)n * sizeof(batch[0]));
+                c->nsettle = n;
+                c->settle_deadline = now_ns() + ISSUE_WAIT_NS;
+                continue;
             }
             rc = issue_finish(l, c, batch, n, nr);
         }
         land(l, c, batch, n, rc);
     }
-    if (!l->pend_head) l->pend_tail = NULL;
     return moved;
 }
 
@@ -352,7 +389,7 @@ static int poll_flying(struct launcher *l, int64_t now)
 static int flying(const struct launcher *l)
 {
     for (const struct comm *c = l->comms; c; c = c->next)
-        if (c->fly_head) return 1;
+        if (c->fly_head || c->nsettle) return 1;
     return 0;
 }
 
@@ -374,7 +411,7 @@ static void *launcher_main(void *arg)
             last = now;
             continue;
         }
-        int busy = l->pend_head || flying(l) || l->nsettle;
+        int busy = l->pend_head || flying(l);
         if (now - last < SPIN_NS) {
             ring_cpu_relax();
             continue;
@@ -402,7 +439,6 @@ static void *launcher_main(void *arg)
         last = now_ns();
     }
     /* stopping: fail what is queued, abort what is in flight */
-    if (l->nsettle) nccl_comm_break(l, l->settle_c, COLL_ERR_SHUTDOWN, "the agent is stopping");
     pull(l);
     while (l->pend_head) {
         struct gpu_task *t = l->pend_head;
@@ -412,7 +448,8 @@ static void *launcher_main(void *arg)
     while (l->comms) {
         struct comm *c = l->comms;
         l->comms = c->next;
-        if (c->fly_head) nccl_comm_break(l, c, COLL_ERR_SHUTDOWN, "the agent is stopping");
+        if (c->fly_head || c->nsettle)
+            nccl_comm_break(l, c, COLL_ERR_SHUTDOWN, "the agent is stopping");
         nccl_comm_destroy(l, c);
     }
     log_msg(LOG_INFO, "gpu.launcher_stopped",

@@ -77,6 +77,12 @@ struct comm {
     struct cgraph graphs[GRAPH_SLOTS];
     uint64_t graph_tick;
     unsigned graph_bufgen;
+    /* a launch NCCL left in progress (non-blocking communicator): its ops wait here,
+     * polled by the launcher's loop, and c's later ops wait behind them */
+    struct gpu_task *settle[64];
+    int nsettle;
+    int64_t settle_deadline;
+    uint64_t held_pass; /* the launcher's pass that left an op of c pending */
 };
 
 struct launcher {
@@ -90,12 +96,7 @@ struct launcher {
     int sleeping;                           /* guarded by lock */
     struct gpu_task *pend_head, *pend_tail; /* taken, not yet issued */
     struct comm *comms;
-    /* a launch NCCL left in progress (non-blocking communicator): its ops wait here,
-     * polled by the loop, and the device's later ops wait behind them */
-    struct comm *settle_c;
-    struct gpu_task *settle[64];
-    int nsettle;
-    int64_t settle_deadline;
+    uint64_t pass; /* issue_pending's passes */
     uint64_t created, issued, graphs_made, replayed;
 };
 
