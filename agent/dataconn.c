@@ -75,14 +75,14 @@ static int connect_to(const char *self, const char *addr, char *why, size_t whyl
     if (inet_pton(AF_INET, self, &src.sin_addr) == 1 &&
         bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0) {
         snprintf(why, whylen, "binding to node.address %s: %s", self, strerror(errno));
-        goto fail;
+        goto close_socket;
     }
     if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) < 0 && errno != EINPROGRESS) {
         snprintf(why, whylen, "connecting to %s: %s", addr, strerror(errno));
-        goto fail;
+        goto close_socket;
     }
     return fd;
-fail:
+close_socket:
     close(fd);
     return -1;
 }

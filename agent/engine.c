@@ -43,9 +43,9 @@ static int bind_socket(struct engine *eng)
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) goto fail;
+    if (fd < 0) goto close_socket;
     if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        if (errno != EADDRINUSE) goto fail;
+        if (errno != EADDRINUSE) goto close_socket;
         int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         int live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
         if (probe >= 0) close(probe);
@@ -56,13 +56,13 @@ static int bind_socket(struct engine *eng)
             return -1;
         }
         unlink(path); /* stale, from an agent that died */
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) goto fail;
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) goto close_socket;
     }
-    if (chmod(path, (mode_t)eng->cfg->agent.socket_mode) < 0) goto fail;
-    if (listen(fd, 128) < 0) goto fail;
+    if (chmod(path, (mode_t)eng->cfg->agent.socket_mode) < 0) goto close_socket;
+    if (listen(fd, 128) < 0) goto close_socket;
     eng->lfd = fd;
     return 0;
-fail:
+close_socket:
     log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"%s\"", path, strerror(errno));
     if (fd >= 0) close(fd);
     return -1;

@@ -510,14 +510,14 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
     n->out_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!n->groups || n->in_efd < 0 || n->out_efd < 0) {
         snprintf(why, whylen, "setting up the net thread: %s", strerror(errno));
-        goto fail;
+        goto free_net;
     }
-    if (dataconn_bind(n, why, whylen) < 0) goto fail;
+    if (dataconn_bind(n, why, whylen) < 0) goto free_net;
     for (int i = 0; i < cfg->ngroups; i++) {
         const struct group_config *gc = &cfg->groups[i];
         if (gc->members <= 1) continue;
         struct ngroup *g = calloc(1, sizeof(*g));
-        if (!g) goto fail;
+        if (!g) goto free_net;
         g->cfg = gc;
         g->index = i;
         g->nodes = gc->members;
@@ -527,7 +527,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         g->tiny = malloc(tcp_tiny_size());
         if (!g->tiny) {
             free(g);
-            goto fail;
+            goto free_net;
         }
         g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
         for (int k = 0; k < EV_POOL; k++) {
@@ -539,28 +539,28 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         n->groups[i] = g;
         net_epoch_group_init(n, g);
     }
-    if (sodium_ready(why, whylen) < 0) goto fail;
+    if (sodium_ready(why, whylen) < 0) goto free_net;
     if (cfg->security.keys[0]) {
-        if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto fail;
+        if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto free_net;
     } else if (cfg->security.require_keys) {
         snprintf(why, whylen,
                  "security.require_keys is true but security.keys names no key "
                  "directory");
-        goto fail;
+        goto free_net;
     } else {
         log_msg(LOG_WARN, "security.unauthenticated",
                 "detail=\"no CURVE keys (security.keys): anyone who reaches the rendezvous port "
                 "can join, and COMMIT with each epoch's data-plane secret travels in clear; "
                 "for development only\"");
     }
-    if (net_epoch_open(n, why, whylen) < 0) goto fail;
+    if (net_epoch_open(n, why, whylen) < 0) goto free_net;
     if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
         snprintf(why, whylen, "cannot start the net thread");
-        goto fail;
+        goto free_net;
     }
     n->started = 1;
     return n;
-fail:
+free_net:
     net_free(&n);
     if (!why[0]) snprintf(why, whylen, "out of memory");
     return NULL;

@@ -124,10 +124,10 @@ void nccl_release_run(struct gpu_job *j)
         break;
     case RELEASE_IPC:
         atomic_fetch_add(&nccl_buf_gen, 1);
-        cudaIpcCloseMemHandle(j->priv);
+        CUDA_WARN(cudaIpcCloseMemHandle(j->priv), "gpu.release");
         break;
     case RELEASE_REGION:
-        cudaHostUnregister(map);
+        CUDA_WARN(cudaHostUnregister(map), "gpu.release");
         munmap(map, j->size);
         break;
     }
@@ -189,31 +189,23 @@ struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t 
     cudaIpcMemHandle_t h;
     memcpy(&h, handle, sizeof(h));
     void *p = NULL;
-    cudaSetDevice(dev);
-    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-        /* a sticky-free error: clear it so later calls on this thread are unaffected */
-        cudaGetLastError();
-        snprintf(why, whylen,
-                 "opening a CUDA IPC handle on %s: %s (legacy IPC needs a shared PID namespace)",
-                 us, cudaGetErrorString(e));
-        return NULL;
-    }
+    struct buffer *b = NULL;
+    CUDA_TRY(cudaSetDevice(dev), "cudaSetDevice", failed);
+    CUDA_TRY(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+             "opening a CUDA IPC handle (legacy IPC needs a shared PID namespace)", failed);
     CUdeviceptr base = 0;
     size_t asize = 0;
     if (d->addr_range(&base, &asize, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS || offset > asize ||
         size > asize - offset) {
-        cudaIpcCloseMemHandle(p);
         snprintf(why, whylen, "buffer of %zu bytes at offset %llu exceeds its %zu-byte allocation",
                  size, (unsigned long long)offset, asize);
-        return NULL;
+        goto close_handle;
     }
-    struct buffer *b = calloc(1, sizeof(*b));
+    b = calloc(1, sizeof(*b));
     if (!b) {
-        cudaIpcCloseMemHandle(p);
         snprintf(why, whylen, "out of memory");
         *code = COLL_ERR_NOMEM;
-        return NULL;
+        goto close_handle;
     }
     b->refs = 1;
     b->device = dev;
@@ -224,6 +216,10 @@ struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t 
     b->rel_ctx = g;
     *code = COLL_OK;
     return b;
+close_handle:
+    CUDA_WARN(cudaIpcCloseMemHandle(p), "gpu.release");
+failed:
+    return NULL;
 }
 
 int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)

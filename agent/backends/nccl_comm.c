@@ -25,7 +25,7 @@ atomic_int nccl_reapers_live; /* gpu_stop waits (bounded) for these */
 /* Abort and free what r holds (on whichever thread calls it). */
 static void reap_run(struct reap *r)
 {
-    cudaSetDevice(r->device);
+    CUDA_WARN(cudaSetDevice(r->device), "gpu.reaper");
     if (r->finalize && r->root) {
         ncclCommFinalize(r->root); /* non-blocking communicator: polled */
         int64_t end = now_ns() + 1000000000LL;
@@ -188,29 +188,25 @@ struct comm *nccl_comm_get(struct launcher *l, struct gpu_task *t)
     c->init_deadline = c->created_ns + t->init_ms * 1000000LL;
     c->next = l->comms;
     l->comms = c;
-    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaMalloc(&c->scratch, 16);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        snprintf(c->why, sizeof(c->why), "CUDA stream or scratch: %s", cudaGetErrorString(e));
-        c->state = COMM_BROKEN;
-        return c;
-    }
+    char *why = c->why;
+    size_t whylen = sizeof(c->why);
+    CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "CUDA stream", broken);
+    CUDA_TRY(cudaMalloc(&c->scratch, 16), "CUDA scratch", abort_comm);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* polled against its deadline */
     ncclUniqueId id;
     memcpy(&id, t->commid, sizeof(id));
-    ncclResult_t r = ncclCommInitRankConfig(&c->root, t->nranks, id, t->rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        snprintf(c->why, sizeof(c->why), "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
-        nccl_comm_abort(l, c);
-        c->state = COMM_BROKEN;
-        return c;
-    }
+    NCCL_TRY(ncclCommInitRankConfig(&c->root, t->nranks, id, t->rank, &cfg),
+             "ncclCommInitRankConfig", abort_comm);
     l->created++;
     t->created_comm = 1;
     log_msg(LOG_INFO, "gpu.comm_init", "device=%d group=%d gen=%u rank=%d/%d", l->device, t->group,
             t->gen, t->rank, t->nranks);
+    return c;
+abort_comm:
+    nccl_comm_abort(l, c); /* frees what was made, on a reaper */
+broken:
+    c->state = COMM_BROKEN;
     return c;
 }
 

@@ -36,6 +36,40 @@
 #include "lcgpu.h"
 #include "util.h"
 
+/*
+ * The GPU side's error-path convention. A CUDA or NCCL call whose failure ends the
+ * step goes through CUDA_TRY / NCCL_TRY: why (whylen bytes, both in scope, as
+ * libcoll's cudrv.c TRY) gets what was being done and the library's words, CUDA's sticky-free error
+ * is cleared, and control jumps to label, named after what must be undone (labels fall through in
+ * reverse order of the steps). A cleanup call whose failure changes nothing goes through CUDA_WARN,
+ * which logs it: no result is dropped silently.
+ */
+#define CUDA_TRY(call, what, label)                                                                \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            cudaGetLastError();                                                                    \
+            snprintf(why, whylen, "%s: %s", what, cudaGetErrorString(e_));                         \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+#define NCCL_TRY(call, what, label)                                                                \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                           \
+            snprintf(why, whylen, "%s: %s", what, ncclGetErrorString(r_));                         \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+#define CUDA_WARN(call, event)                                                                     \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            cudaGetLastError();                                                                    \
+            log_msg(LOG_WARN, event, "call=\"%s\" error=\"%s\"", #call, cudaGetErrorString(e_));   \
+        }                                                                                          \
+    } while (0)
+
 /* An op's launch captured as a CUDA graph, keyed by everything the launch reads. */
 #define GRAPH_SLOTS 32
 struct cgraph {

@@ -39,18 +39,18 @@ static int tcp_init(struct group *g)
      * receives with other pods, each its own task */
     size_t ntasks = (size_t)WIRE_RING_ENTRIES * (size_t)g->nslots;
     struct tcp_group *x = calloc(1, sizeof(*x));
-    if (!x) goto fail;
+    if (!x) goto no_memory;
     g->be_ctx = x;
     x->pool = calloc(ntasks, sizeof(struct net_task));
     x->pool_ops = calloc(ntasks * (size_t)g->nslots, sizeof(struct op));
-    if (!x->pool || !x->pool_ops) goto fail;
+    if (!x->pool || !x->pool_ops) goto no_memory;
     for (size_t i = 0; i < ntasks; i++) {
         x->pool[i].ops = x->pool_ops + i * (size_t)g->nslots;
         x->pool[i].engine_next = x->free;
         x->free = &x->pool[i];
     }
     return 0;
-fail:
+no_memory:
     snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");
     return -1;
 }

@@ -81,12 +81,15 @@ static void prop_for(CUmemAllocationProp *p, int device)
     p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
-#define TRY(call, what)                                                                            \
+/* A driver call whose failure ends the function: why gets the call's name and the
+ * driver's words, then control jumps to label, named after what must be undone (the
+ * labels fall through in reverse order of the steps). */
+#define TRY(call, what, label)                                                                     \
     do {                                                                                           \
         CUresult r_ = (call);                                                                      \
         if (r_ != CUDA_SUCCESS) {                                                                  \
             snprintf(why, whylen, "%s: %s", what, cudrv_str(r_));                                  \
-            goto fail;                                                                             \
+            goto label;                                                                            \
         }                                                                                          \
     } while (0)
 
@@ -94,18 +97,17 @@ static void prop_for(CUmemAllocationProp *p, int device)
 static int map_for(struct cumem *m, int device, char *why, size_t whylen)
 {
     const struct cudrv *d = &table;
-    int reserved = 0, mapped = 0;
-    TRY(d->addr_reserve(&m->ptr, m->size, 0, 0, 0), "cuMemAddressReserve");
-    reserved = 1;
-    TRY(d->mem_map(m->ptr, m->size, 0, m->handle, 0), "cuMemMap");
-    mapped = 1;
+    TRY(d->addr_reserve(&m->ptr, m->size, 0, 0, 0), "cuMemAddressReserve", failed);
+    TRY(d->mem_map(m->ptr, m->size, 0, m->handle, 0), "cuMemMap", free_range);
     CUmemAccessDesc a = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
                          .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    TRY(d->mem_set_access(m->ptr, m->size, &a, 1), "cuMemSetAccess");
+    TRY(d->mem_set_access(m->ptr, m->size, &a, 1), "cuMemSetAccess", unmap);
     return 0;
-fail:
-    if (mapped) d->mem_unmap(m->ptr, m->size);
-    if (reserved) d->addr_free(m->ptr, m->size);
+unmap:
+    d->mem_unmap(m->ptr, m->size);
+free_range:
+    d->addr_free(m->ptr, m->size);
+failed:
     m->ptr = 0;
     return -1;
 }
@@ -118,17 +120,16 @@ int cumem_alloc(struct cumem *m, int device, size_t size, char *why, size_t whyl
     CUmemAllocationProp p;
     prop_for(&p, device);
     size_t gran = 0;
-    int created = 0;
     TRY(d->mem_granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
-        "cuMemGetAllocationGranularity");
+        "cuMemGetAllocationGranularity", failed);
     if (gran == 0) gran = 2u << 20;
     m->size = (size + gran - 1) / gran * gran;
-    TRY(d->mem_create(&m->handle, m->size, &p, 0), "cuMemCreate");
-    created = 1;
-    if (map_for(m, device, why, whylen) < 0) goto fail;
+    TRY(d->mem_create(&m->handle, m->size, &p, 0), "cuMemCreate", failed);
+    if (map_for(m, device, why, whylen) < 0) goto release;
     return 0;
-fail:
-    if (created) d->mem_release(m->handle);
+release:
+    d->mem_release(m->handle);
+failed:
     memset(m, 0, sizeof(*m));
     return -1;
 }
@@ -137,9 +138,9 @@ int cumem_export_fd(const struct cumem *m, char *why, size_t whylen)
 {
     int fd = -1;
     TRY(table.mem_export(&fd, m->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-        "cuMemExportToShareableHandle");
+        "cuMemExportToShareableHandle", failed);
     return fd;
-fail:
+failed:
     return -1;
 }
 
@@ -148,15 +149,14 @@ int cumem_import_fd(struct cumem *m, int fd, size_t size, int device, char *why,
     memset(m, 0, sizeof(*m));
     const struct cudrv *d = cudrv_get(why, whylen);
     if (!d) return -1;
-    int imported = 0;
     TRY(d->mem_import(&m->handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        "cuMemImportFromShareableHandle");
-    imported = 1;
+        "cuMemImportFromShareableHandle", failed);
     m->size = size;
-    if (map_for(m, device, why, whylen) < 0) goto fail;
+    if (map_for(m, device, why, whylen) < 0) goto release;
     return 0;
-fail:
-    if (imported) d->mem_release(m->handle);
+release:
+    d->mem_release(m->handle);
+failed:
     memset(m, 0, sizeof(*m));
     return -1;
 }
