@@ -239,6 +239,8 @@ static void set_default(const struct field *f, void *base)
         break;
     case T_INT:
         if (f->def) *(int *)p = (int)strtol(f->def, NULL, 0);
+        for (int i = 0; f->def && f->enums && f->enums[i]; i++)
+            if (strcmp(f->enums[i], f->def) == 0) *(int *)p = -1 - i;
         break;
     case T_ENUM:
         if (f->def)
@@ -274,6 +276,18 @@ static void load_field(struct loader *ld, const struct field *f, yaml_node_t *v,
         parse_str(ld, v, path, p, f->size);
         break;
     case T_INT:
+        if (f->enums && v->type == YAML_SCALAR_NODE) { /* a keyword instead of a number */
+            char buf[64];
+            const char *w = scalar_text(ld, v, path, "an integer", buf, sizeof(buf));
+            if (!w) break;
+            int k = -1;
+            for (int i = 0; f->enums[i]; i++)
+                if (strcmp(f->enums[i], w) == 0) k = i;
+            if (k >= 0) {
+                *(int *)p = -1 - k;
+                break;
+            }
+        }
         if (parse_int(ld, v, path, f->min, f->max, &iv) == 0) *(int *)p = (int)iv;
         break;
     case T_ENUM:
@@ -374,6 +388,15 @@ static void load_map(struct loader *ld, yaml_node_t *map, const struct field *fi
 
 /* ---- checks across keys ------------------------------------------------------ */
 
+/* "host:port" with a port in 1..65535 and a non-empty host. */
+static int host_port(const char *a)
+{
+    const char *colon = strrchr(a, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    return colon && colon != a && end && !*end && port >= 1 && port <= 65535;
+}
+
 static void check_semantics(struct loader *ld, struct config *c)
 {
     for (int i = 0; i < c->ngroups; i++) {
@@ -401,24 +424,29 @@ static void check_semantics(struct loader *ld, struct config *c)
             add_error(ld, &m, path, "local_slots is %d but devices lists %d entries",
                       g->local_slots, g->ndevices);
         if (!g->local_slots) g->local_slots = g->ndevices ? g->ndevices : 1;
-        if (g->members > 1 && c->discovery.npeers == 0)
+        if (g->members > 1 && !config_coordinator(c)[0])
             add_error(ld, &m, path,
-                      "members is %d, so discovery.peers must list the rendezvous address of "
-                      "node 0 (at least)",
+                      "members is %d, so discovery.coordinator (or discovery.peers[0]) must be "
+                      "node 0's rendezvous address",
                       g->members);
         if (g->members > CONFIG_MAX_PEERS)
             add_error(ld, &m, path, "members is %d; at most %d are supported", g->members,
                       CONFIG_MAX_PEERS);
-        if (c->node.index >= g->members)
+        if (c->node.index >= 0 && g->members > 1 && c->node.index >= g->members)
             add_error(ld, &m, path, "node.index %d is not a member (members: %d)", c->node.index,
                       g->members);
     }
     if (!c->agent.socket[0]) add_error(ld, NULL, "agent.socket", "must not be empty");
+    if (c->discovery.coordinator[0] && !host_port(c->discovery.coordinator))
+        add_error(ld, NULL, "discovery.coordinator", "'%s' is not host:port",
+                  c->discovery.coordinator);
+    if (c->discovery.mode == CONFIG_DISCOVERY_KUBERNETES && config_multi_pod(c) &&
+        !c->discovery.coordinator[0])
+        add_error(ld, NULL, "discovery.coordinator",
+                  "discovery.mode is kubernetes: name node 0's rendezvous address (its pod's DNS "
+                  "name through the headless service, with the port)");
     for (int i = 0; i < c->discovery.npeers; i++) {
-        const char *colon = strrchr(c->discovery.peers[i], ':');
-        char *end = NULL;
-        long port = colon ? strtol(colon + 1, &end, 10) : 0;
-        if (!colon || colon == c->discovery.peers[i] || !end || *end || port < 1 || port > 65535) {
+        if (!host_port(c->discovery.peers[i])) {
             char path[64];
             snprintf(path, sizeof(path), "discovery.peers[%d]", i);
             add_error(ld, NULL, path, "'%s' is not host:port", c->discovery.peers[i]);
@@ -427,6 +455,19 @@ static void check_semantics(struct loader *ld, struct config *c)
 }
 
 /* ---- entry points ------------------------------------------------------------ */
+
+const char *config_coordinator(const struct config *c)
+{
+    if (c->discovery.coordinator[0]) return c->discovery.coordinator;
+    return c->discovery.npeers ? c->discovery.peers[0] : "";
+}
+
+int config_multi_pod(const struct config *c)
+{
+    for (int i = 0; i < c->ngroups; i++)
+        if (c->groups[i].members > 1) return 1;
+    return 0;
+}
 
 struct config *config_new(void)
 {

@@ -19,7 +19,8 @@
 #define CONFIG_DEFAULT_SOCKET "/tmp/coll-agent.sock"
 
 enum config_backend { CONFIG_BACKEND_HOST = 0, CONFIG_BACKEND_NCCL, CONFIG_BACKEND_AUTO };
-enum config_discovery { CONFIG_DISCOVERY_STATIC = 0 };
+enum config_discovery { CONFIG_DISCOVERY_STATIC = 0, CONFIG_DISCOVERY_KUBERNETES };
+#define CONFIG_INDEX_AUTO (-1) /* node.index: auto (identity.c resolves it) */
 
 struct group_config {
     char name[CONFIG_NAME_MAX];
@@ -50,13 +51,19 @@ struct config {
         int handshake_timeout_ms;
     } agent;
     struct {
-        int index;
+        int index; /* CONFIG_INDEX_AUTO until identity_resolve */
         char name[CONFIG_NAME_MAX];
+        char uid[CONFIG_NAME_MAX];          /* the pod's UID (downward API), "" if unknown */
+        char labels_file[CONFIG_PATH_MAX];  /* the pod's labels (downward API) */
+        int pods_per_job;                   /* JobSet: pods of each child Job */
         char address[CONFIG_ADDR_MAX]; /* advertised for the data plane */
         int data_port;                 /* 0: any free port */
     } node;
     struct {
         int mode;
+        char coordinator[CONFIG_ADDR_MAX]; /* host:port of node 0's rendezvous; "": peers[0] */
+        char service[CONFIG_ADDR_MAX];     /* kubernetes: the headless service's name */
+        int resolve_ms;                    /* how long DNS may say NXDOMAIN before a warning */
         char peers[CONFIG_MAX_PEERS][CONFIG_ADDR_MAX];
         int npeers;
     } discovery;
@@ -92,6 +99,10 @@ extern const char config_default_yaml[];
 const char *const *config_key_paths(void);
 
 const char *config_backend_name(int backend);
+/* node 0's rendezvous address: discovery.coordinator, else discovery.peers[0], else "". */
+const char *config_coordinator(const struct config *c);
+/* Whether some group spans several pods (then the node index matters). */
+int config_multi_pod(const struct config *c);
 struct group_config *config_find_group(struct config *c, const char *name);
 
 #endif

@@ -14,7 +14,8 @@
 static const char *const backend_names[] = {"host", "nccl", "auto", NULL};
 static const char *const level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const format_names[] = {"logfmt", "json", NULL};
-static const char *const discovery_names[] = {"static", NULL};
+static const char *const discovery_names[] = {"static", "kubernetes", NULL};
+static const char *const index_words[] = {"auto", NULL}; /* -1, -2, ... */
 static const char *const bool_names[] = {"false", "true", NULL};
 
 #define AG(m) offsetof(struct config, agent.m)
@@ -56,19 +57,32 @@ static const struct field agent_fields[] = {
 };
 
 static const struct field node_fields[] = {
-    {"index", T_INT, offsetof(struct config, node.index), 0, 0, 65535, NULL, "0", NULL, 0, 0, 0},
+    {"index", T_INT, offsetof(struct config, node.index), 0, 0, 65535, index_words, "auto", NULL, 0,
+     0, 0},
     {"name", T_STR, offsetof(struct config, node.name), CONFIG_NAME_MAX, 0, 0, NULL,
      "${HOSTNAME:-localhost}", NULL, 0, 0, 0},
     {"address", T_STR, offsetof(struct config, node.address), CONFIG_ADDR_MAX, 0, 0, NULL,
      "${POD_IP:-127.0.0.1}", NULL, 0, 0, 0},
     {"data_port", T_INT, offsetof(struct config, node.data_port), 0, 0, 65535, NULL, "0", NULL, 0,
      0, 0},
+    {"uid", T_STR, offsetof(struct config, node.uid), CONFIG_NAME_MAX, 0, 0, NULL, "${POD_UID:-}",
+     NULL, 0, 0, 0},
+    {"labels_file", T_STR, offsetof(struct config, node.labels_file), CONFIG_PATH_MAX, 0, 0, NULL,
+     "${COLL_LABELS_FILE:-/etc/podinfo/labels}", NULL, 0, 0, 0},
+    {"pods_per_job", T_INT, offsetof(struct config, node.pods_per_job), 0, 1, 65535, NULL, "1", NULL,
+     0, 0, 0},
     {0},
 };
 
 static const struct field discovery_fields[] = {
     {"mode", T_ENUM, offsetof(struct config, discovery.mode), 0, 0, 0, discovery_names, "static",
      NULL, 0, 0, 0},
+    {"coordinator", T_STR, offsetof(struct config, discovery.coordinator), CONFIG_ADDR_MAX, 0, 0,
+     NULL, NULL, NULL, 0, 0, 0},
+    {"service", T_STR, offsetof(struct config, discovery.service), CONFIG_ADDR_MAX, 0, 0, NULL, NULL,
+     NULL, 0, 0, 0},
+    {"resolve_ms", T_INT, offsetof(struct config, discovery.resolve_ms), 0, 1, 3600000, NULL,
+     "60000", NULL, 0, 0, 0},
     {"peers", T_STR_LIST, offsetof(struct config, discovery.peers), CONFIG_ADDR_MAX, 0, 0, NULL,
      NULL, NULL, offsetof(struct config, discovery.npeers), CONFIG_MAX_PEERS, 0},
     {0},
@@ -104,7 +118,9 @@ static void dump_fields(const struct field *fields, const void *base, FILE *out,
             fprintf(out, " \"%s\"\n", p);
             break;
         case T_INT:
-            if (strcmp(f->key, "socket_mode") == 0)
+            if (f->enums && *(const int *)p < 0)
+                fprintf(out, " %s\n", f->enums[-1 - *(const int *)p]);
+            else if (strcmp(f->key, "socket_mode") == 0)
                 fprintf(out, " 0%o\n", *(const int *)p);
             else
                 fprintf(out, " %d\n", *(const int *)p);

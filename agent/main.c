@@ -11,6 +11,7 @@
 
 #include "coll/coll.h"
 #include "config.h"
+#include "identity.h"
 #include "engine.h"
 #include "log.h"
 #include "security.h"
@@ -104,9 +105,17 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    struct identity id;
+    char why[512];
     if (check_path) {
         struct config *c = load(check_path);
         if (!c) return 2;
+        if (identity_resolve(c, NULL, &id, why, sizeof(why)) < 0) {
+            fprintf(stderr, "%s: %s\n", check_path, why);
+            config_free(&c);
+            return 2;
+        }
+        printf("# node.index %d, from %s\n", id.index, id.source);
         config_dump(c, stdout);
         config_free(&c);
         return 0;
@@ -114,6 +123,11 @@ int main(int argc, char **argv)
     struct config *cfg = load(config_path);
     if (!cfg) return 2;
     log_setup((enum log_level)cfg->agent.log_level, (enum log_format)cfg->agent.log_format);
+    if (identity_resolve(cfg, NULL, &id, why, sizeof(why)) < 0) {
+        log_msg(LOG_ERROR, "agent.identity", "config=\"%s\" error=\"%s\"", cfg->source, why);
+        config_free(&cfg);
+        return 2;
+    }
 
     /* signals arrive through the server's signalfd */
     sigset_t set;
@@ -123,8 +137,10 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    log_msg(LOG_INFO, "agent.start", "version=%s config=\"%s\" pid=%d", coll_version(), cfg->source,
-            (int)getpid());
+    log_msg(LOG_INFO, "agent.start",
+            "version=%s config=\"%s\" pid=%d node=%d index_from=\"%s\" uid=%s", coll_version(),
+            cfg->source, (int)getpid(), cfg->node.index, id.source,
+            cfg->node.uid[0] ? cfg->node.uid : "-");
     struct engine eng;
     int rc = engine_init(&eng, cfg);
     if (rc == 0) rc = engine_run(&eng);

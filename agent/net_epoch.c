@@ -254,7 +254,7 @@ int net_epoch_open(struct net *n, char *why, size_t whylen)
     int linger = 0;
     int64_t maxmsg = RDV_FRAME_MAX;
     char ep[CONFIG_ADDR_MAX + 16];
-    const char *coord = cfg->discovery.peers[0];
+    const char *coord = config_coordinator(cfg);
     if (cfg->node.index == 0) {
         if (n->keys.loaded && !(n->zap = sec_zap_open(n->zctx, why, whylen))) return -1;
         n->router = zmq_socket(n->zctx, ZMQ_ROUTER);

@@ -70,6 +70,13 @@ static void check_config_prints_the_effective_config(void **state)
     char *a[] = {COLL_AGENT_PATH, "--check-config", path, NULL};
     assert_int_equal(run_capture(a, out, sizeof(out)), 0);
     assert_non_null(strstr(out, "local_slots: 3"));
+    assert_non_null(strstr(out, "# node.index 0, from none needed (no group spans pods)"));
+    write_file(path, "node:\n  index: auto\ndiscovery:\n  coordinator: \"c.:7\"\n"
+                     "groups:\n  - name: g\n    members: 8\n");
+    setenv("LWS_WORKER_INDEX", "5", 1);
+    assert_int_equal(run_capture(a, out, sizeof(out)), 0);
+    unsetenv("LWS_WORKER_INDEX");
+    assert_non_null(strstr(out, "# node.index 5, from LWS_WORKER_INDEX=5"));
     assert_non_null(strstr(out, "op_ms: 30000"));
     write_file(path, "groups:\n  - name: g\n    local_slots: many\n");
     assert_int_equal(run_capture(a, out, sizeof(out)), 2);
@@ -96,6 +103,19 @@ static void default_config_serves_the_demo_group(void **state)
     char port[16];
     snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
     setenv("COLL_RDV_PORT", port, 1);
+    /* no index source anywhere: refused at start (never a silent second node 0), with
+     * what it looked for */
+    const char *kube[] = {"LWS_WORKER_INDEX", "JOB_COMPLETION_INDEX", "JOB_GLOBAL_INDEX",
+                          "POD_NAME", "COLL_NODE_INDEX"};
+    for (size_t i = 0; i < sizeof(kube) / sizeof(kube[0]); i++)
+        unsetenv(kube[i]);
+    setenv("HOSTNAME", "laptop", 1);
+    setenv("COLL_LABELS_FILE", "/nonexistent/labels", 1);
+    char out0[4096];
+    char *bare[] = {COLL_AGENT_PATH, NULL};
+    assert_int_equal(run_capture(bare, out0, sizeof(out0)), 2);
+    assert_non_null(strstr(out0, "node.index: auto found no source"));
+    setenv("COLL_NODE_INDEX", "0", 1);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *f = freopen(log, "w", stderr);
@@ -126,6 +146,7 @@ static void default_config_serves_the_demo_group(void **state)
     struct stat st;
     assert_int_equal(stat(sock, &st), -1);
     unsetenv("COLL_AGENT_SOCKET");
+    unsetenv("COLL_NODE_INDEX");
     unlink(log);
 }
 

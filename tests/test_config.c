@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "identity.h"
 #include "harness.h"
 
 static struct config *load_ok(const char *yaml)
@@ -172,7 +173,8 @@ static void missing_and_inconsistent_values_are_reported(void **state)
     load_bad("groups:\n  - name: g\n    local_slots: 3\n    devices: [a, b]\n",
              "groups[0]: local_slots is 3 but devices lists 2 entries");
     load_bad("groups:\n  - name: bad/name\n", "may hold only letters");
-    load_bad("groups:\n  - name: g\n    members: 2\n", "discovery.peers must list");
+    load_bad("groups:\n  - name: g\n    members: 2\n",
+             "discovery.coordinator (or discovery.peers[0])");
     load_bad("discovery:\n  peers: [\"nohost\"]\ngroups:\n  - name: g\n",
              "discovery.peers[0]: 'nohost' is not host:port");
     load_bad("", "the document is empty");
@@ -200,7 +202,8 @@ static void environment_is_expanded(void **state)
              "t.yaml:2:9: node.name: environment variable COLL_T_UNSET is not set");
     load_bad("node:\n  name: ${COLL_T_NS\ngroups:\n  - name: g\n", "unterminated ${");
     setenv("COLL_T_IDX", "3", 1);
-    load_bad("node:\n  index: ${COLL_T_IDX}\ngroups:\n  - name: g\n",
+    load_bad("node:\n  index: ${COLL_T_IDX}\ndiscovery:\n  peers: [\"a:1\"]\n"
+             "groups:\n  - name: g\n    members: 2\n",
              "node.index 3 is not a member");
 }
 
@@ -348,6 +351,98 @@ static void oversized_and_odd_files_are_refused(void **state)
     config_free(&c);
 }
 
+/* ---- node.index: auto ---------------------------------------------------------------- */
+
+/* A fake environment: NAME=value pairs, NULL-terminated. */
+static const char *fake_get(void *ctx, const char *name)
+{
+    const char *const *kv = ctx;
+    size_t n = strlen(name);
+    for (; kv && *kv; kv++)
+        if (strncmp(*kv, name, n) == 0 && (*kv)[n] == '=') return *kv + n + 1;
+    return NULL;
+}
+
+/* Resolve node.index: auto for a config of members pods; returns the index or -1 with
+ * why in err. */
+static int resolve(int members, const char *const *env, const char *labels, char *src, char *err)
+{
+    char yaml[256];
+    snprintf(yaml, sizeof(yaml),
+             "node:\n  pods_per_job: 4\ndiscovery:\n  coordinator: \"c.:7\"\n"
+             "groups:\n  - name: g\n    members: %d\n",
+             members);
+    struct config *c = load_ok(yaml);
+    char lpath[128] = "";
+    if (labels) {
+        tmp_path(lpath, sizeof(lpath), "labels", 0);
+        write_file(lpath, labels, 0, "");
+    }
+    struct identity_env e = {.get = fake_get, .ctx = (void *)env, .labels_file = lpath};
+    struct identity id;
+    err[0] = src[0] = 0;
+    int rc = identity_resolve(c, &e, &id, err, 512);
+    if (rc == 0) {
+        assert_int_equal(c->node.index, id.index);
+        strcpy(src, id.source);
+    }
+    config_free(&c);
+    if (labels) unlink(lpath);
+    return rc == 0 ? id.index : -1;
+}
+
+static void node_index_auto_takes_the_first_source(void **state)
+{
+    (void)state;
+    char src[160], err[512];
+    const char *lws[] = {"LWS_WORKER_INDEX=3", "JOB_COMPLETION_INDEX=1", "POD_NAME=x-2", NULL};
+    assert_int_equal(resolve(16, lws, NULL, src, err), 3);
+    assert_string_equal(src, "LWS_WORKER_INDEX=3");
+    /* JobSet: job 2 of pods_per_job 4, completion index 1 */
+    const char *js[] = {"JOB_COMPLETION_INDEX=1", "POD_NAME=js-w-2-1-abcde", NULL};
+    assert_int_equal(resolve(16, js, "jobset.sigs.k8s.io/job-global-index=\"2\"\n", src, err), 9);
+    assert_non_null(strstr(src, "JobSet"));
+    const char *job[] = {"JOB_COMPLETION_INDEX=5", NULL};
+    assert_int_equal(resolve(16, job, "batch.kubernetes.io/job-completion-index=\"5\"\n", src, err),
+                     5);
+    const char *sts[] = {"POD_NAME=train-4", NULL};
+    assert_int_equal(
+        resolve(16, sts, "app=\"train\"\napps.kubernetes.io/pod-index=\"4\"\n", src, err), 4);
+    assert_non_null(strstr(src, "apps.kubernetes.io/pod-index"));
+    const char *name[] = {"HOSTNAME=train-7", NULL};
+    assert_int_equal(resolve(16, name, NULL, src, err), 7);
+    assert_string_equal(src, "the ordinal of pod name 'train-7'");
+}
+
+static void node_index_auto_refuses_conflicts_and_absence(void **state)
+{
+    (void)state;
+    char src[160], err[512];
+    const char *job[] = {"JOB_COMPLETION_INDEX=5", NULL};
+    assert_int_equal(resolve(16, job, "batch.kubernetes.io/job-completion-index=\"6\"\n", src, err),
+                     -1);
+    assert_non_null(strstr(err, "JOB_COMPLETION_INDEX=5"));
+    assert_non_null(strstr(err, "job-completion-index is \"6\""));
+    const char *sts[] = {"POD_NAME=train-5", NULL};
+    assert_int_equal(resolve(16, sts, "apps.kubernetes.io/pod-index=\"4\"\n", src, err), -1);
+    assert_non_null(strstr(err, "pod-index is 4"));
+    assert_non_null(strstr(err, "'train-5' ends in 5"));
+    /* nothing at all: an error, never index 0 */
+    const char *none[] = {"HOSTNAME=laptop", NULL};
+    assert_int_equal(resolve(16, none, NULL, src, err), -1);
+    assert_non_null(strstr(err, "found no source"));
+    /* ... unless no group spans pods */
+    assert_int_equal(resolve(1, none, NULL, src, err), 0);
+    const char *bad[] = {"LWS_WORKER_INDEX=two", NULL};
+    assert_int_equal(resolve(16, bad, NULL, src, err), -1);
+    assert_non_null(strstr(err, "'two' is not an index"));
+    const char *big[] = {"LWS_WORKER_INDEX=16", NULL};
+    assert_int_equal(resolve(16, big, NULL, src, err), -1);
+    assert_non_null(strstr(err, "is not a member of group 'g' (16 pods)"));
+    /* the keyword and numbers only */
+    load_bad("node:\n  index: sometimes\ngroups:\n  - name: g\n", "expected an integer");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +463,8 @@ int main(void)
         cmocka_unit_test(deep_nesting_is_refused),
         cmocka_unit_test(alias_bombs_are_refused),
         cmocka_unit_test(oversized_and_odd_files_are_refused),
+        cmocka_unit_test(node_index_auto_takes_the_first_source),
+        cmocka_unit_test(node_index_auto_refuses_conflicts_and_absence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
