@@ -53,11 +53,11 @@ struct config {
     struct {
         int index; /* CONFIG_INDEX_AUTO until identity_resolve */
         char name[CONFIG_NAME_MAX];
-        char uid[CONFIG_NAME_MAX];          /* the pod's UID (downward API), "" if unknown */
-        char labels_file[CONFIG_PATH_MAX];  /* the pod's labels (downward API) */
-        int pods_per_job;                   /* JobSet: pods of each child Job */
-        char address[CONFIG_ADDR_MAX]; /* advertised for the data plane */
-        int data_port;                 /* 0: any free port */
+        char uid[CONFIG_NAME_MAX];         /* the pod's UID (downward API), "" if unknown */
+        char labels_file[CONFIG_PATH_MAX]; /* the pod's labels (downward API) */
+        int pods_per_job;                  /* JobSet: pods of each child Job */
+        char address[CONFIG_ADDR_MAX];     /* advertised for the data plane */
+        int data_port;                     /* 0: any free port */
     } node;
     struct {
         int mode;

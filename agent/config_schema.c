@@ -69,8 +69,8 @@ static const struct field node_fields[] = {
      NULL, 0, 0, 0},
     {"labels_file", T_STR, offsetof(struct config, node.labels_file), CONFIG_PATH_MAX, 0, 0, NULL,
      "${COLL_LABELS_FILE:-/etc/podinfo/labels}", NULL, 0, 0, 0},
-    {"pods_per_job", T_INT, offsetof(struct config, node.pods_per_job), 0, 1, 65535, NULL, "1", NULL,
-     0, 0, 0},
+    {"pods_per_job", T_INT, offsetof(struct config, node.pods_per_job), 0, 1, 65535, NULL, "1",
+     NULL, 0, 0, 0},
     {0},
 };
 
@@ -79,8 +79,8 @@ static const struct field discovery_fields[] = {
      NULL, 0, 0, 0},
     {"coordinator", T_STR, offsetof(struct config, discovery.coordinator), CONFIG_ADDR_MAX, 0, 0,
      NULL, NULL, NULL, 0, 0, 0},
-    {"service", T_STR, offsetof(struct config, discovery.service), CONFIG_ADDR_MAX, 0, 0, NULL, NULL,
-     NULL, 0, 0, 0},
+    {"service", T_STR, offsetof(struct config, discovery.service), CONFIG_ADDR_MAX, 0, 0, NULL,
+     NULL, NULL, 0, 0, 0},
     {"resolve_ms", T_INT, offsetof(struct config, discovery.resolve_ms), 0, 1, 3600000, NULL,
      "60000", NULL, 0, 0, 0},
     {"peers", T_STR_LIST, offsetof(struct config, discovery.peers), CONFIG_ADDR_MAX, 0, 0, NULL,

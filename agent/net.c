@@ -462,6 +462,10 @@ static void *net_main(void *arg)
         }
         pthread_mutex_unlock(&n->coll_lock);
     }
+    /* stopping: say goodbye (LEAVE, or the coordinator's ABORT), so that peers move on at
+     * once instead of waiting for silence; the sockets linger briefly to send it */
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i]) rendezvous_leave(&n->groups[i]->rdv);
     /* stopping: hand back everything */
     pthread_mutex_lock(&n->coll_lock);
     take_engine_tasks(n);
@@ -488,6 +492,16 @@ static int sodium_ready(char *why, size_t whylen)
 struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_commid_fn commid,
                       char *why, size_t whylen)
 {
+    /* JOIN's identity: the pod's UID, else one of this process (a restart is a new pod) */
+    char uid_buf[RDV_NAME_MAX];
+    if (cfg->node.uid[0]) {
+        snprintf(uid_buf, sizeof(uid_buf), "%s", cfg->node.uid);
+    } else {
+        uint8_t r[8];
+        sec_random(r, sizeof(r));
+        snprintf(uid_buf, sizeof(uid_buf), "process-%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1],
+                 r[2], r[3], r[4], r[5], r[6], r[7]);
+    }
     why[0] = '\0';
     int any = 0;
     for (int i = 0; i < cfg->ngroups; i++)
@@ -537,6 +551,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         for (int k = 0; k < RDV_MAX_NODES; k++)
             g->fds[k] = g->rfds[k] = g->pfds[k] = -1;
         n->groups[i] = g;
+        if (!n->uid[0]) snprintf(n->uid, sizeof(n->uid), "%s", uid_buf);
         net_epoch_group_init(n, g);
     }
     if (sodium_ready(why, whylen) < 0) goto free_net;

@@ -97,6 +97,7 @@ void net_epoch_group_init(struct net *n, struct ngroup *g)
     struct rendezvous_settings st = {.group = g->cfg->name,
                                      .pod = n->cfg->node.name,
                                      .data_addr = n->data_addr,
+                                     .uid = n->uid,
                                      .nodes = g->nodes,
                                      .me = g->me,
                                      .nlocal = g->nlocal,
@@ -255,11 +256,22 @@ int net_epoch_open(struct net *n, char *why, size_t whylen)
     int64_t maxmsg = RDV_FRAME_MAX;
     char ep[CONFIG_ADDR_MAX + 16];
     const char *coord = config_coordinator(cfg);
+    /* ZeroMQ's own heartbeats on the control connection, both ends: a coordinator whose
+     * node vanished without a reset is dropped after 3 intervals, and the member's
+     * reconnect looks its name up again (a new pod, a new IP) */
+    n->hb_ms = 600000;
+    for (int i = 0; i < cfg->ngroups; i++)
+        if (cfg->groups[i].members > 1 && cfg->groups[i].heartbeat_ms < n->hb_ms)
+            n->hb_ms = cfg->groups[i].heartbeat_ms;
+    int hb = n->hb_ms, hb_timeout = 3 * n->hb_ms;
     if (cfg->node.index == 0) {
         if (n->keys.loaded && !(n->zap = sec_zap_open(n->zctx, why, whylen))) return -1;
         n->router = zmq_socket(n->zctx, ZMQ_ROUTER);
         zmq_setsockopt(n->router, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_setsockopt(n->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        zmq_setsockopt(n->router, ZMQ_HEARTBEAT_IVL, &hb, sizeof(hb));
+        zmq_setsockopt(n->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof(hb_timeout));
+        zmq_setsockopt(n->router, ZMQ_HEARTBEAT_TTL, &hb_timeout, sizeof(hb_timeout));
         if (n->keys.loaded && sec_curve_server(n->router, &n->keys, why, whylen) < 0) return -1;
         snprintf(ep, sizeof(ep), "tcp://%s:%s", cfg->node.address, strrchr(coord, ':') + 1);
         if (zmq_bind(n->router, ep) < 0) {
@@ -270,6 +282,9 @@ int net_epoch_open(struct net *n, char *why, size_t whylen)
         n->dealer = zmq_socket(n->zctx, ZMQ_DEALER);
         zmq_setsockopt(n->dealer, ZMQ_LINGER, &linger, sizeof(linger));
         zmq_setsockopt(n->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        zmq_setsockopt(n->dealer, ZMQ_HEARTBEAT_IVL, &hb, sizeof(hb));
+        zmq_setsockopt(n->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof(hb_timeout));
+        zmq_setsockopt(n->dealer, ZMQ_HEARTBEAT_TTL, &hb_timeout, sizeof(hb_timeout));
         if (n->keys.loaded && sec_curve_client(n->dealer, &n->keys, why, whylen) < 0) return -1;
         int ivl = 100, max = 1000;
         zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
@@ -288,6 +303,9 @@ int net_epoch_open(struct net *n, char *why, size_t whylen)
 
 void net_epoch_close(struct net *n)
 {
+    int linger = 200; /* LEAVE and the coordinator's ABORT get this long to go out */
+    if (n->router) zmq_setsockopt(n->router, ZMQ_LINGER, &linger, sizeof(linger));
+    if (n->dealer) zmq_setsockopt(n->dealer, ZMQ_LINGER, &linger, sizeof(linger));
     if (n->router) zmq_close(n->router);
     if (n->dealer) zmq_close(n->dealer);
     if (n->zap) zmq_close(n->zap);

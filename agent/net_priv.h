@@ -151,6 +151,8 @@ struct net {
     void *zctx, *router, *dealer;
     int lfd;
     char data_addr[RDV_ADDR_MAX];
+    int hb_ms;              /* the shortest heartbeat_ms of the groups (sockets' keepalive) */
+    char uid[RDV_NAME_MAX]; /* node.uid, else a random id of this process: JOIN's identity */
     struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
     int ngroups;
     /* engine -> net, guarded by in_lock */

@@ -29,6 +29,8 @@ static size_t fixed_size(unsigned t)
         return sizeof(struct rdv_heartbeat);
     case RDV_ABORT:
         return sizeof(struct rdv_abort);
+    case RDV_LEAVE:
+        return sizeof(struct rdv_leave);
     default:
         return 0;
     }
@@ -111,8 +113,13 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
     switch (h.type) {
     case RDV_JOIN:
         if (!terminated(out->join.pod, RDV_NAME_MAX) ||
-            !terminated(out->join.data_addr, RDV_ADDR_MAX))
+            !terminated(out->join.data_addr, RDV_ADDR_MAX) ||
+            !terminated(out->join.uid, RDV_NAME_MAX))
             goto unterminated;
+        if (!out->join.uid[0]) {
+            snprintf(why, whylen, "JOIN from index %u without a pod UID", out->join.node_index);
+            return -1;
+        }
         if (rdv_addr_parse(out->join.data_addr, NULL) < 0) {
             snprintf(why, whylen, "JOIN: data address '%.64s' is not ipv4:port",
                      out->join.data_addr);

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 4
+#define RDV_VERSION 5
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 64
@@ -27,6 +27,7 @@ enum rdv_type {
     RDV_REJECT,    /* coordinator -> member: the JOIN cannot be accepted (why) */
     RDV_HEARTBEAT, /* both ways */
     RDV_ABORT,     /* both ways: this epoch is over (why) */
+    RDV_LEAVE,     /* member -> coordinator: this pod is stopping (node_index) */
     RDV_TYPE_END
 };
 
@@ -48,6 +49,7 @@ struct rdv_join {
     uint32_t last_epoch; /* the last epoch this member committed, 0 if none */
     char pod[RDV_NAME_MAX];
     char data_addr[RDV_ADDR_MAX]; /* "ip:port" of its data-plane listener */
+    char uid[RDV_NAME_MAX];       /* the pod's UID, else a random id per agent process */
 };
 
 struct rdv_member {
@@ -82,8 +84,15 @@ struct rdv_abort {
     char why[RDV_MSG_MAX];
 };
 
+struct rdv_leave {
+    struct rdv_hdr h;
+    uint32_t node_index;
+    uint32_t pad;
+};
+
 union rdv_msg {
     struct rdv_hdr h;
+    struct rdv_leave leave;
     struct rdv_join join;
     struct rdv_commit commit;
     struct rdv_reject reject;

@@ -19,6 +19,7 @@ void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
     snprintf(s->group, sizeof(s->group), "%s", st->group);
     snprintf(s->pod, sizeof(s->pod), "%s", st->pod);
     snprintf(s->data_addr, sizeof(s->data_addr), "%s", st->data_addr);
+    snprintf(s->uid, sizeof(s->uid), "%s", st->uid ? st->uid : "");
     s->nodes = st->nodes;
     s->me = st->me;
     s->nlocal = st->nlocal;
@@ -46,8 +47,10 @@ static void send_join(struct rendezvous *s, int64_t now)
     m.join.last_epoch = s->epoch;
     snprintf(m.join.pod, sizeof(m.join.pod), "%s", s->pod);
     snprintf(m.join.data_addr, sizeof(m.join.data_addr), "%s", s->data_addr);
+    snprintf(m.join.uid, sizeof(m.join.uid), "%s", s->uid);
     send_to(s, NULL, &m);
     s->next_join = now + s->hb_ns;
+    s->join_unanswered = 1;
 }
 
 /* Tell the other pods that this epoch is over: the coordinator tells every member, a
@@ -76,6 +79,18 @@ void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, 
     s->io.end(s->io.ctx, code, why, drain);
 }
 
+/* Members: wait before the next JOIN, doubling up to RDV_BACKOFF_MAX_NS, with jitter
+ * (half the backoff plus a random part of it). */
+static void back_off(struct rendezvous *s, int64_t now)
+{
+    s->join_backoff = s->join_backoff ? s->join_backoff * 2 : RDV_BACKOFF_MIN_NS;
+    if (s->join_backoff > RDV_BACKOFF_MAX_NS) s->join_backoff = RDV_BACKOFF_MAX_NS;
+    uint32_t r = 0;
+    s->io.random(s->io.ctx, &r, sizeof(r));
+    s->next_join = now + s->join_backoff / 2 +
+                   (int64_t)(r % (uint32_t)(s->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
+}
+
 void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, int64_t now)
 {
     int had = s->committed, was_formed = s->formed;
@@ -92,12 +107,7 @@ void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, i
     } else {
         /* the epoch never formed (or we were refused): back off with jitter, so that a
          * group that cannot form does not commit and abort in a tight loop */
-        s->join_backoff = s->join_backoff ? s->join_backoff * 2 : RDV_BACKOFF_MIN_NS;
-        if (s->join_backoff > RDV_BACKOFF_MAX_NS) s->join_backoff = RDV_BACKOFF_MAX_NS;
-        uint32_t r = 0;
-        s->io.random(s->io.ctx, &r, sizeof(r));
-        s->next_join = now + s->join_backoff / 2 +
-                       (int64_t)(r % (uint32_t)(s->join_backoff / NS_PER_MS + 1)) * NS_PER_MS;
+        back_off(s, now);
     }
 }
 
@@ -194,15 +204,35 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
     }
     if (idlen > RDV_ID_MAX) idlen = RDV_ID_MAX;
     struct rdv_peer *p = &s->peers[j->node_index];
-    int same = p->present && p->idlen == idlen && memcmp(p->id, id, idlen) == 0;
+    int same_pod = p->present && strcmp(p->join.uid, j->uid) == 0;
+    if (p->present && !same_pod && strcmp(p->displaced, j->uid) == 0) {
+        /* the pod this index's holder replaced: it stays out while the new one holds */
+        int n = snprintf(r.reject.why, sizeof(r.reject.why),
+                         "two pods claim node index %u: pod %.40s (uid %.36s) replaced this one "
+                         "(uid %.36s)",
+                         j->node_index, p->join.pod, p->join.uid, j->uid);
+        (void)n;
+        refuse(&s->io, id, idlen, j, &r, s->limit);
+        return;
+    }
+    int same = same_pod && p->idlen == idlen && memcmp(p->id, id, idlen) == 0;
     if (s->committed && same && j->last_epoch < s->epoch) {
         /* sent before our COMMIT reached it: nothing new */
         p->last_heard = now;
         return;
     }
+    if (p->present && !same_pod) {
+        log_msg(LOG_WARN, "rendezvous.replaced",
+                "group=%s node=%u old_pod=\"%s\" old_uid=%s new_pod=\"%s\" new_uid=%s", s->group,
+                j->node_index, p->join.pod, p->join.uid, j->pod, j->uid);
+        memcpy(p->displaced, p->join.uid, sizeof(p->displaced));
+    } else if (!p->present && strcmp(p->displaced, j->uid) == 0) {
+        p->displaced[0] = '\0'; /* the index is free again: whoever comes takes it */
+    }
     if (s->committed) {
         char why[160];
-        snprintf(why, sizeof(why), "node %u (%s) joined again", j->node_index, j->pod);
+        snprintf(why, sizeof(why), "node %u (%s) joined again%s", j->node_index, j->pod,
+                 p->present && !same_pod ? " as a new pod" : "");
         rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
     }
     p->present = 1;
@@ -238,6 +268,14 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
         s->peers[from].last_heard = now;
         if (m->h.type == RDV_ABORT && s->committed && m->h.epoch == s->epoch)
             rendezvous_fail(s, m->abort.code, m->abort.why, 1, 1);
+        if (m->h.type == RDV_LEAVE) {
+            char why[160];
+            snprintf(why, sizeof(why), "node %d (%s) left", from, s->peers[from].join.pod);
+            log_msg(LOG_INFO, "rendezvous.leave", "group=%s node=%d pod=\"%s\"", s->group, from,
+                    s->peers[from].join.pod);
+            s->peers[from].present = 0;
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
+        }
         return;
     }
     /* member side: from the coordinator */
@@ -256,11 +294,14 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
         apply_commit(s, &m->commit, now);
         break;
     case RDV_REJECT:
+        if (s->committed) break; /* a refusal of a JOIN that crossed our COMMIT */
         if (strcmp(s->last_reject, m->reject.why) != 0) {
             log_msg(LOG_ERROR, "rendezvous.rejected", "group=%s reason=\"%s\"", s->group,
                     m->reject.why);
             snprintf(s->last_reject, sizeof(s->last_reject), "%s", m->reject.why);
         }
+        if (s->join_unanswered) back_off(s, now); /* once per JOIN, not per refusal */
+        s->join_unanswered = 0;
         break;
     case RDV_ABORT:
         if (s->committed && m->h.epoch == s->epoch)
@@ -268,6 +309,18 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
         break;
     default:
         break;
+    }
+}
+
+void rendezvous_leave(struct rendezvous *s)
+{
+    if (s->me == 0) {
+        send_abort(s, COLL_ERR_PEER_LOST, "the coordinator is stopping");
+    } else {
+        union rdv_msg m;
+        rdv_init(&m, RDV_LEAVE, s->group, s->epoch);
+        m.leave.node_index = (uint32_t)s->me;
+        send_to(s, NULL, &m);
     }
 }
 

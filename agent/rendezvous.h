@@ -8,7 +8,13 @@
  * an epoch. Node 0 is the coordinator: members send JOIN until they get COMMIT; when
  * every index is present the coordinator commits epoch max(seen) + 1 with the member
  * table and a fresh secret. Heartbeats go both ways; silence for 3 intervals, a member
- * that joins again, or an ABORT end the epoch, and everybody joins again.
+ * that joins again or leaves, or an ABORT end the epoch, and everybody joins again.
+ *
+ * Identity: JOIN carries the pod's UID. The same index with the same UID is a rejoin;
+ * a different UID replaces the pod on record once, and the replaced UID is refused
+ * (with the reason) while the new pod holds the index, so two pods that claim one index
+ * cost one epoch, not a storm. A refused member backs off with jitter before it asks
+ * again.
  *
  * The owner (the net thread) calls in from one thread. A callback may call back in
  * (rendezvous_end from io.end, say); the machine reads its state again after each call.
@@ -44,7 +50,7 @@ struct rendezvous_io {
 };
 
 struct rendezvous_settings {
-    const char *group, *pod, *data_addr; /* copied */
+    const char *group, *pod, *data_addr, *uid; /* copied; uid: the pod's UID (never empty) */
     int nodes, me, nlocal;
     uint64_t config_hash;
     int heartbeat_ms, join_ms;
@@ -58,11 +64,12 @@ struct rdv_peer {
     size_t idlen;
     int64_t last_heard;
     struct rdv_join join;
+    char displaced[RDV_NAME_MAX]; /* the UID this index's pod replaced: refused while it holds */
 };
 
 struct rendezvous {
     /* settings */
-    char group[RDV_NAME_MAX], pod[RDV_NAME_MAX], data_addr[RDV_ADDR_MAX];
+    char group[RDV_NAME_MAX], pod[RDV_NAME_MAX], data_addr[RDV_ADDR_MAX], uid[RDV_NAME_MAX];
     int nodes, me, nlocal, gpu;
     uint64_t config_hash;
     int64_t hb_ns, join_ns;
@@ -74,6 +81,7 @@ struct rendezvous {
     int formed;           /* ... and they are up */
     int ending;           /* io.end was called, rendezvous_end not yet */
     int64_t join_backoff; /* members: wait before the next JOIN after a failed epoch */
+    int join_unanswered;  /* members: a JOIN went out since the last refusal */
     int64_t next_join, next_hb, coord_heard, form_deadline;
     struct rdv_peer peers[RDV_MAX_NODES]; /* coordinator: who has joined */
     char last_reject[RDV_MSG_MAX];        /* members: the last refusal, logged once */
@@ -99,6 +107,9 @@ void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, 
  * other pods (tell), forget who joined (coordinator) or join again (members: at once
  * after a formed epoch, with backoff and jitter after one that never formed). */
 void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, int64_t now);
+/* This pod is stopping: a member tells the coordinator (LEAVE), the coordinator tells
+ * every member (ABORT), so nobody waits for silence. */
+void rendezvous_leave(struct rendezvous *s);
 /* Coordinator: answer a JOIN for a group it does not have. */
 void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned char *id,
                                size_t idlen, const struct rdv_join *j, struct log_limit *limit);

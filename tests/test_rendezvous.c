@@ -24,7 +24,8 @@
 
 struct node {
     struct rendezvous sm;
-    int index, gen; /* gen: restarts, part of the routing id */
+    int index, gen; /* index: slot in nodes[] (routing); gen: restarts, part of the routing id */
+    int me;         /* the node index it claims (its slot, unless a test says otherwise) */
     int up;         /* 0: its frames are lost (a dead or partitioned pod) */
     int auto_form;  /* its data connections come up as soon as it commits */
     int commits, ends;
@@ -108,23 +109,27 @@ static void io_random(void *ctx, void *buf, size_t n)
     }
 }
 
-static void start_node(int i, int nodes_total, uint64_t hash)
+/* Start the node in slot i claiming node index me (a pod's UID follows slot and gen). */
+static void start_node_as(int i, int me, int nodes_total, uint64_t hash)
 {
     struct node *x = &nodes[i];
     int gen = x->gen;
     memset(x, 0, sizeof(*x));
     x->index = i;
+    x->me = me;
     x->gen = gen;
     x->up = 1;
     x->auto_form = 1;
-    char pod[32], addr[32];
+    char pod[32], addr[32], uid[32];
     snprintf(pod, sizeof(pod), "pod-%d", i);
     snprintf(addr, sizeof(addr), "10.0.0.%d:7000", i + 1);
+    snprintf(uid, sizeof(uid), "uid-%d-%d", i, gen);
     struct rendezvous_settings st = {.group = "g",
                                      .pod = pod,
                                      .data_addr = addr,
+                                     .uid = uid,
                                      .nodes = nodes_total,
-                                     .me = i,
+                                     .me = me,
                                      .nlocal = 1,
                                      .config_hash = hash,
                                      .heartbeat_ms = HB_MS,
@@ -132,6 +137,11 @@ static void start_node(int i, int nodes_total, uint64_t hash)
     struct rendezvous_io io = {
         .ctx = x, .send = io_send, .commit = io_commit, .end = io_end, .random = io_random};
     rendezvous_init(&x->sm, &st, &io);
+}
+
+static void start_node(int i, int nodes_total, uint64_t hash)
+{
+    start_node_as(i, i, nodes_total, hash);
 }
 
 static void cluster(int n)
@@ -175,15 +185,20 @@ static void run_for(int ms)
     }
 }
 
-static void assert_formed(uint32_t epoch)
+static void assert_formed_n(uint32_t epoch, int n)
 {
-    for (int i = 0; i < nnodes; i++) {
+    for (int i = 0; i < n; i++) {
         assert_true(nodes[i].sm.committed);
         assert_true(nodes[i].sm.formed);
         assert_int_equal(nodes[i].sm.epoch, epoch);
         assert_int_equal(nodes[i].commit_epoch, epoch);
         assert_memory_equal(nodes[i].secret, nodes[0].secret, RDV_SECRET_BYTES);
     }
+}
+
+static void assert_formed(uint32_t epoch)
+{
+    assert_formed_n(epoch, nnodes);
 }
 
 /* Three pods: members join, the coordinator commits epoch 1 with one member table and
@@ -301,6 +316,7 @@ static void a_member_that_joins_again_ends_the_epoch(void **state)
     m.join.last_epoch = 1;
     snprintf(m.join.pod, sizeof(m.join.pod), "pod-2");
     snprintf(m.join.data_addr, sizeof(m.join.data_addr), "10.0.0.3:7000");
+    snprintf(m.join.uid, sizeof(m.join.uid), "uid-2-0");
     char id[64];
     id_of(&nodes[2], id, sizeof(id));
     rendezvous_frame(&nodes[0].sm, (const unsigned char *)id, strlen(id), &m, now);
@@ -394,6 +410,72 @@ static void an_epoch_that_does_not_form_ends_and_backs_off(void **state)
     assert_int_equal(nodes[1].sm.join_backoff, 0);
 }
 
+/* Two pods claim node index 1 (a stale pod and its replacement, or a misconfiguration):
+ * the later one replaces the first once; the first is refused with a reason that names
+ * both and backs off, and the group stays formed: a handful of epochs, not a storm. */
+static void two_pods_with_one_index_cost_one_epoch(void **state)
+{
+    (void)state;
+    cluster(3); /* slots 0, 1, 2: a group of 2 pods (indices 0 and 1) plus the intruder */
+    nnodes = 3;
+    start_node_as(0, 0, 2, config_hash);
+    start_node_as(1, 1, 2, config_hash);
+    nodes[2].up = 0;
+    run_for(50);
+    assert_formed_n(1, 2);
+    start_node_as(2, 1, 2, config_hash); /* a second pod with index 1 and its own UID */
+    run_for(10000);                      /* 100 heartbeat intervals */
+    /* the newcomer holds index 1; the first was replaced once and then kept out */
+    assert_true(nodes[0].sm.committed && nodes[0].sm.formed);
+    assert_true(nodes[2].sm.committed && nodes[2].sm.formed);
+    assert_int_equal(nodes[2].sm.epoch, nodes[0].sm.epoch);
+    assert_false(nodes[1].sm.committed);
+    assert_true(nodes[0].commits <= 3);
+    assert_non_null(strstr(nodes[1].sm.last_reject, "two pods claim node index 1"));
+    assert_non_null(strstr(nodes[1].sm.last_reject, "uid-1-0"));
+    assert_non_null(strstr(nodes[1].sm.last_reject, "uid-2-0"));
+    /* refused JOINs come with backoff: far fewer than one per interval */
+    printf("the replaced pod sent %d JOINs in 100 intervals; coordinator commits %d\n", nodes[1].sent[RDV_JOIN], nodes[0].commits);
+    assert_true(nodes[1].sent[RDV_JOIN] < 20);
+    assert_true(nodes[1].sm.join_backoff >= RDV_BACKOFF_MAX_NS / 2);
+    /* when the newcomer is gone (silent), the first may hold the index again */
+    nodes[2].up = 0;
+    run_for(3 * HB_MS + 2 * 2000 + 500);
+    assert_true(nodes[1].sm.committed && nodes[1].sm.formed);
+    assert_int_equal(nodes[1].sm.epoch, nodes[0].sm.epoch);
+}
+
+/* A member that stops cleanly says so: the epoch ends at once everywhere, naming it,
+ * without waiting 3 heartbeat intervals; a stopping coordinator tells every member. */
+static void a_leaving_pod_ends_the_epoch_at_once(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    rendezvous_leave(&nodes[2].sm);
+    nodes[2].up = 1;
+    deliver();
+    nodes[2].up = 0;
+    run_for(10); /* one step, far below 3 intervals */
+    assert_int_equal(nodes[0].ends, 1);
+    assert_non_null(strstr(nodes[0].end_why, "node 2 (pod-2) left"));
+    assert_int_equal(nodes[1].ends, 1);
+    assert_false(nodes[0].sm.peers[2].present);
+    /* the coordinator leaves */
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    rendezvous_leave(&nodes[0].sm);
+    deliver();
+    nodes[0].up = 0;
+    run_for(10);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(nodes[i].ends, 1);
+        assert_non_null(strstr(nodes[i].end_why, "the coordinator is stopping"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -405,6 +487,8 @@ int main(void)
         cmocka_unit_test(a_restarted_coordinator_commits_past_the_old_epochs),
         cmocka_unit_test(stale_frames_are_ignored),
         cmocka_unit_test(an_epoch_that_does_not_form_ends_and_backs_off),
+        cmocka_unit_test(two_pods_with_one_index_cost_one_epoch),
+        cmocka_unit_test(a_leaving_pod_ends_the_epoch_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
