@@ -435,7 +435,8 @@ static void two_pods_with_one_index_cost_one_epoch(void **state)
     assert_non_null(strstr(nodes[1].sm.last_reject, "uid-1-0"));
     assert_non_null(strstr(nodes[1].sm.last_reject, "uid-2-0"));
     /* refused JOINs come with backoff: far fewer than one per interval */
-    printf("the replaced pod sent %d JOINs in 100 intervals; coordinator commits %d\n", nodes[1].sent[RDV_JOIN], nodes[0].commits);
+    printf("the replaced pod sent %d JOINs in 100 intervals; coordinator commits %d\n",
+           nodes[1].sent[RDV_JOIN], nodes[0].commits);
     assert_true(nodes[1].sent[RDV_JOIN] < 20);
     assert_true(nodes[1].sm.join_backoff >= RDV_BACKOFF_MAX_NS / 2);
     /* when the newcomer is gone (silent), the first may hold the index again */
