@@ -332,10 +332,15 @@ static void net_results(struct engine *eng)
     }
     while (ev) {
         struct net_event *next = ev->next;
-        if (ev->broken)
-            group_net_broken(&eng->groups[ev->group], ev->code, ev->why);
-        else
-            nccl_group_formed(&eng->groups[ev->group], ev);
+        struct group *g = &eng->groups[ev->group];
+        if (ev->broken) {
+            g->net_formed = 0;
+            group_net_broken(g, ev->code, ev->why);
+        } else {
+            g->net_formed = 1;
+            g->net_epoch = ev->epoch;
+            nccl_group_formed(g, ev);
+        }
         net_event_release(eng->net, ev);
         ev = next;
     }

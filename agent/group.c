@@ -384,3 +384,16 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     if (held < next) next = held;
     return next;
 }
+
+void group_state(const struct group *g, int *formed, uint32_t *epoch, char *detail, size_t cap)
+{
+    if (g->nodes <= 1 || !g->net) {
+        *formed = 1;
+        *epoch = g->epoch;
+        snprintf(detail, cap, "one pod");
+        return;
+    }
+    *formed = g->net_formed;
+    *epoch = g->net_epoch;
+    net_group_detail(g->net, g->index, detail, cap);
+}

@@ -78,6 +78,11 @@ struct group {
     struct net_task mark; /* the epoch mark; at most one in flight */
     int mark_busy, mark_pending_abort, mark_pending, mark_code;
     struct gpu *gpu; /* groups on the NCCL backend: the launchers */
+    /* the group as its pods see it (engine thread; from the net thread's events): the
+     * rendezvous epoch last formed, and whether it still stands. One pod: always formed,
+     * the local epoch. */
+    uint32_t net_epoch;
+    int net_formed;
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -86,6 +91,10 @@ struct group {
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
                group_complete_fn complete);
 void group_fini(struct group *g);
+
+/* Whether the group stands across its pods, its epoch (the rendezvous epoch; one pod:
+ * the local one) and what formation waits for. */
+void group_state(const struct group *g, int *formed, uint32_t *epoch, char *detail, size_t cap);
 
 /* The group of that name among n, or NULL. */
 struct group *group_find(struct group *groups, int n, const char *name);

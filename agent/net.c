@@ -24,6 +24,8 @@
 
 #include "coll/coll.h"
 #include "net_priv.h"
+
+#include "dns.h"
 #include "wire.h"
 
 #define NET_SPIN_NS 200000LL     /* keep looking for ops this long after the last one */
@@ -454,6 +456,7 @@ static void *net_main(void *arg)
             p2p_progress(n, n->groups[i]);
         }
         if (run_ready_ops(n)) last_work = now_ns();
+        net_discovery_tick(n, t);
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
             if (g && g->abort_pending && !g->handoff &&
@@ -569,6 +572,10 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
                 "for development only\"");
     }
     if (net_epoch_open(n, why, whylen) < 0) goto free_net;
+    if (cfg->discovery.service[0] &&
+        !(n->dns = dns_watch_start(cfg->discovery.service, cfg->discovery.resolve_ms, 2000, why,
+                                   whylen)))
+        goto free_net;
     if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
         snprintf(why, whylen, "cannot start the net thread");
         goto free_net;
@@ -596,6 +603,7 @@ void net_free(struct net **np)
     struct net *n = *np;
     *np = NULL;
     net_stop(n);
+    dns_watch_stop(&n->dns);
     /* events the engine did not collect (pool ones live in their groups) */
     struct net_event *e = n->ev_head;
     while (e) {

@@ -96,6 +96,9 @@ int net_notify_fd(const struct net *n);
 void net_collect(struct net *n, struct net_task **done, struct net_event **events);
 /* Engine thread: give back an event that net_collect handed over. */
 void net_event_release(struct net *n, struct net_event *e);
+/* Any thread: what group index's formation waits for, as the net thread last
+ * summarised it ("waiting for node indexes 2,3; DNS shows 3 of 4 pods"). */
+void net_group_detail(struct net *n, int index, char *out, size_t cap);
 /* Cheap check, without locking, for the engine's spin loop. */
 int net_has_results(struct net *n);
 

@@ -89,6 +89,7 @@ struct ngroup {
     /* the rendezvous: rdv.epoch is the net epoch (committed, or the last one), which
      * the engine's group epoch follows but does not equal */
     struct rendezvous rdv;
+    char discovery[256];      /* net_discovery.c: what formation waits for; out_lock to read */
     int ready;                /* rdv.committed and every data connection is up */
     int awaiting_mark;        /* aborted by the net: hold ops until the engine's mark */
     int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
@@ -178,7 +179,12 @@ struct net {
     void *zap; /* coordinator with keys: the ZAP handler */
     struct log_limit lim_hello, lim_claim, lim_frame, lim_reject;
     int64_t last_service;
+    struct dns_watch *dns; /* discovery.service, watched on its own thread; NULL: none */
+    int64_t next_report;   /* net_discovery_tick */
 };
+
+/* net_discovery.c: the waiting-for / DNS summary of each group, on change */
+void net_discovery_tick(struct net *n, int64_t now);
 
 /* net.c */
 void net_return_task(struct net *n, struct net_task *t, int status, const char *why);

@@ -264,7 +264,7 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_OPEN_OK, o->h.req_id);
     m.group_open_ok.handle = (uint32_t)h;
-    m.group_open_ok.epoch = g->epoch;
+    m.group_open_ok.epoch = g->epoch; /* the agent's own: ring entries carry it */
     m.group_open_ok.rank = (uint32_t)(g->node_index * g->nslots + slot);
     m.group_open_ok.size = (uint32_t)g->size;
     m.group_open_ok.local_slot = (uint32_t)slot;
@@ -292,6 +292,20 @@ static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
     union wire_msg m;
     wire_init(&m, WIRE_MEM_REG_OK, req_id);
     m.mem_reg_ok.buf_id = i + 1;
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+static int on_group_state(struct session *s, const struct wire_group_state *q)
+{
+    if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
+        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+    struct group *g = s->handles[q->handle].g;
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_STATE_OK, q->h.req_id);
+    int formed = 0;
+    group_state(g, &formed, &m.group_state_ok.epoch, m.group_state_ok.detail,
+                sizeof(m.group_state_ok.detail));
+    m.group_state_ok.formed = (uint32_t)formed;
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
 }
 
@@ -460,6 +474,9 @@ int session_on_message(struct session *s)
             break;
         case WIRE_GROUP_CLOSE:
             rc = on_group_close(s, &m.group_close);
+            break;
+        case WIRE_GROUP_STATE:
+            rc = on_group_state(s, &m.group_state);
             break;
         case WIRE_MEM_REG:
             rc = on_mem_reg(s, &m.mem_reg, nfds ? fds[0] : -1);

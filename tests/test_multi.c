@@ -1227,6 +1227,57 @@ static void required_keys_must_be_there(void **state)
     assert_true(agent_log_count(&a, "require_keys is true") >= 1);
 }
 
+/* coll_group_wait: with one pod of three missing it times out and says which index
+ * formation waits for; once the pod is there it returns, and every pod reports the
+ * same group epoch (the rendezvous epoch, not each agent's own). */
+static int wait_main(void *arg)
+{
+    const struct agent *a = arg;
+    coll_conn *c;
+    coll_group *g;
+    if (coll_connect(&c, a->sock, 5000) != COLL_OK) return 2;
+    if (coll_group_open(&g, c, "g", COLL_SLOT_ANY) != COLL_OK) return 3;
+    coll_err e = coll_group_wait(g, 30000);
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    coll_disconnect(&c);
+    return e != COLL_OK ? 4 : (int)info.epoch + 10; /* the epoch, through the exit status */
+}
+
+static void group_wait_says_what_formation_waits_for(void **state)
+{
+    (void)state;
+    struct agent a[3];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_member(&a[i], port, i, 3, 1, NULL), 0);
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, a[0].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "g", COLL_SLOT_ANY), COLL_OK);
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    assert_int_equal(info.epoch, 0); /* never formed */
+    usleep(700 * 1000);              /* the net thread's summary has caught up */
+    double t0 = now_ms();
+    assert_int_equal(coll_group_wait(g, 300), COLL_ERR_TIMEOUT);
+    double took = now_ms() - t0;
+    printf("wait timed out after %.0f ms: %s\n", took, coll_last_error());
+    assert_true(took >= 290 && took < 3000);
+    assert_non_null(strstr(coll_last_error(), "waiting for node indexes 2"));
+    assert_int_equal(start_member(&a[2], port, 2, 3, 1, NULL), 0);
+    assert_int_equal(coll_group_wait(g, 30000), COLL_OK);
+    coll_group_info_get(g, &info);
+    assert_true(info.epoch >= 1);
+    /* pod 1's application sees the same epoch (it leaves afterwards, which ends it) */
+    assert_int_equal(child_wait(child_run(wait_main, &a[1]), 30000), (int)info.epoch + 10);
+    assert_int_equal(coll_group_wait(NULL, 1), COLL_ERR_INVALID);
+    assert_int_equal(coll_group_wait(g, -2), COLL_ERR_INVALID);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    stop_all(a, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1255,6 +1306,7 @@ int main(void)
         cmocka_unit_test(a_group_that_cannot_form_delays_no_other),
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
+        cmocka_unit_test(group_wait_says_what_formation_waits_for),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

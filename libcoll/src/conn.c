@@ -361,6 +361,23 @@ void coll_disconnect(coll_conn **conn)
 
 /* ---- groups ------------------------------------------------------------------ */
 
+/* Ask the agent whether g stands across its pods; updates info.epoch when it does. */
+static coll_err query_state(coll_group *g, int *formed, char *detail, size_t cap)
+{
+    coll_conn *c = g->conn;
+    union wire_msg m, r;
+    wire_init(&m, WIRE_GROUP_STATE, 0);
+    m.group_state.handle = g->handle;
+    pthread_mutex_lock(&c->lock);
+    coll_err rc = lc_rpc(c, &m, -1, WIRE_GROUP_STATE_OK, &r, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+    if (rc != COLL_OK) return rc;
+    snprintf(detail, cap, "%s", r.group_state_ok.detail);
+    *formed = r.group_state_ok.formed != 0;
+    if (*formed) g->info.epoch = r.group_state_ok.epoch;
+    return COLL_OK;
+}
+
 coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int slot)
 {
     if (!out || !c || !name) return lc_fail(COLL_ERR_INVALID, "NULL argument");
@@ -401,10 +418,17 @@ coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int s
     g->info.local_slots = (int)o->local_slots;
     g->info.node_index = (int)o->node_index;
     g->info.nodes = (int)o->nodes;
-    g->info.epoch = o->epoch;
+    g->epoch = o->epoch;
     snprintf(g->info.backend, sizeof(g->info.backend), "%s", o->backend);
     g->gpu = strcmp(g->info.backend, "nccl") == 0;
     snprintf(g->info.name, sizeof(g->info.name), "%s", name);
+    int formed = 0;
+    char detail[WIRE_ERRMSG_MAX];
+    coll_err qe = query_state(g, &formed, detail, sizeof(detail)); /* the group's epoch */
+    if (qe != COLL_OK) {
+        coll_group_close(&g);
+        return qe;
+    }
     *out = g;
     return COLL_OK;
 }
@@ -414,6 +438,29 @@ coll_err coll_group_info_get(const coll_group *g, coll_group_info *out)
     if (!g || !out) return lc_fail(COLL_ERR_INVALID, "NULL argument");
     *out = g->info;
     return COLL_OK;
+}
+
+coll_err coll_group_wait(coll_group *g, int timeout_ms)
+{
+    if (!g) return lc_fail(COLL_ERR_INVALID, "NULL group");
+    if (timeout_ms < -1) return lc_fail(COLL_ERR_INVALID, "timeout %d ms", timeout_ms);
+    int64_t end = timeout_ms < 0 ? INT64_MAX : now_ns() + timeout_ms * NS_PER_MS;
+    int64_t nap_us = 500;
+    char detail[WIRE_ERRMSG_MAX] = "";
+    for (;;) {
+        int formed = 0;
+        coll_err rc = query_state(g, &formed, detail, sizeof(detail));
+        if (rc != COLL_OK) return rc;
+        if (formed) return COLL_OK;
+        int64_t now = now_ns();
+        if (now >= end)
+            return lc_fail(COLL_ERR_TIMEOUT, "group '%s' not formed after %d ms: %s", g->info.name,
+                           timeout_ms, detail[0] ? detail : "no detail");
+        int64_t left_us = (end - now) / 1000;
+        struct timespec ts = {0, (long)((nap_us < left_us ? nap_us : left_us) * 1000)};
+        nanosleep(&ts, NULL);
+        if (nap_us < 50000) nap_us *= 2;
+    }
 }
 
 void coll_group_close(coll_group **group)

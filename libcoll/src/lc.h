@@ -60,7 +60,8 @@ struct coll_buffer {
 struct coll_group {
     coll_conn *conn;
     uint32_t handle;
-    int gpu; /* the group runs on NCCL: its ops take GPU buffers and a stream */
+    int gpu;        /* the group runs on NCCL: its ops take GPU buffers and a stream */
+    uint32_t epoch; /* the agent's own epoch of the group when opened: ring entries carry it */
     coll_group_info info;
     coll_group *next;
 };

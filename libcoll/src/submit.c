@@ -54,7 +54,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     coll_conn *c = g->conn;
     struct wire_sqe s = {.count = a->count,
                          .group = g->handle,
-                         .epoch = g->info.epoch,
+                         .epoch = g->epoch,
                          .kind = a->kind,
                          .dtype = (uint8_t)a->dtype,
                          .redop = (uint8_t)a->redop,

@@ -28,6 +28,8 @@ static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_MEM_REG_OK] = sizeof(struct wire_mem_reg_ok),
     [WIRE_MEM_RELEASE] = sizeof(struct wire_mem_release),
     [WIRE_MEM_RELEASE_OK] = sizeof(struct wire_hdr),
+    [WIRE_GROUP_STATE] = sizeof(struct wire_group_state),
+    [WIRE_GROUP_STATE_OK] = sizeof(struct wire_group_state_ok),
 };
 
 size_t wire_size(unsigned t)
@@ -105,6 +107,10 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
         break;
     case WIRE_GROUP_OPEN_OK:
         if (!terminated(out->group_open_ok.backend, sizeof(out->group_open_ok.backend)))
+            goto unterminated;
+        break;
+    case WIRE_GROUP_STATE_OK:
+        if (!terminated(out->group_state_ok.detail, sizeof(out->group_state_ok.detail)))
             goto unterminated;
         break;
     default:

@@ -35,6 +35,8 @@ enum wire_type {
     WIRE_MEM_REG_OK,     /* agent -> client */
     WIRE_MEM_RELEASE,    /* client -> agent */
     WIRE_MEM_RELEASE_OK, /* agent -> client */
+    WIRE_GROUP_STATE,    /* client -> agent */
+    WIRE_GROUP_STATE_OK, /* agent -> client */
     WIRE_TYPE_END
 };
 
@@ -92,6 +94,21 @@ struct wire_group_close {
     uint32_t pad;
 };
 
+struct wire_group_state {
+    struct wire_hdr h;
+    uint32_t handle;
+    uint32_t pad;
+};
+
+/* Whether the group stands across its pods (formed), its epoch, and what formation
+ * waits for when it does not ("waiting for node indexes 2,3; DNS shows 3 of 4 pods"). */
+struct wire_group_state_ok {
+    struct wire_hdr h;
+    uint32_t formed;
+    uint32_t epoch;
+    char detail[WIRE_ERRMSG_MAX];
+};
+
 /* How a shared buffer travels. */
 enum wire_mem_kind {
     WIRE_MEM_MEMFD = 0, /* host memory: a sealed memfd (the fd) */
@@ -131,6 +148,8 @@ union wire_msg {
     struct wire_group_open group_open;
     struct wire_group_open_ok group_open_ok;
     struct wire_group_close group_close;
+    struct wire_group_state group_state;
+    struct wire_group_state_ok group_state_ok;
     struct wire_mem_reg mem_reg;
     struct wire_mem_reg_ok mem_reg_ok;
     struct wire_mem_release mem_release;

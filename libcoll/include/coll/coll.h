@@ -145,7 +145,9 @@ typedef struct coll_group_info {
     int local_slots;  /* slots per node */
     int node_index;   /* index of this pod in the group */
     int nodes;        /* pods in the group */
-    uint32_t epoch;   /* bumped every time the group re-forms */
+    uint32_t epoch;   /* the group's epoch across its pods (the rendezvous epoch, the same
+                         on every pod; 0 before it first formed), as of coll_group_open or
+                         the last coll_group_wait; one pod: the agent's own epoch */
     char backend[16]; /* "host" or "nccl": what the agent chose */
     char name[64];    /* the group's name */
 } coll_group_info;
@@ -157,6 +159,14 @@ typedef struct coll_group_info {
 COLL_API coll_err coll_group_open(coll_group **out, coll_conn *conn, const char *name, int slot);
 /* Copy the group's description into *out. Does not block. */
 COLL_API coll_err coll_group_info_get(const coll_group *group, coll_group_info *out);
+/* Wait until the group stands on every one of its pods (always at once for a group of
+ * one pod), at most timeout_ms (-1: no limit), asking the agent every few milliseconds.
+ * Updates the epoch that coll_group_info_get reports. Not needed before ops (an op
+ * submitted earlier waits for formation within the group's op timeout), but it says
+ * why when formation is late.
+ * Errors: TIMEOUT (the message says what formation waits for, e.g. "waiting for node
+ * indexes 2,3; DNS shows 3 of 4 pods"), AGENT_LOST, INVALID. */
+COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
 /* Give the slot back and free the handle; sets *group to NULL. The group's other
  * participants see COLL_ERR_PEER_LOST for ops in flight and must reopen. Blocks for
  * one round trip at most. */
