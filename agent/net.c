@@ -221,6 +221,9 @@ static int service(void *ctx, char *why, size_t whylen)
         snprintf(why, whylen, "the group's epoch ended during the op");
         return COLL_ERR_PEER_LOST;
     }
+    /* a pod whose node vanished without a reset sends nothing: stop waiting for its
+     * bytes after 3 heartbeat intervals (its epoch then ends on the next tick) */
+    if (rendezvous_silent(&g->rdv, t, why, whylen)) return COLL_ERR_PEER_LOST;
     return 0;
 }
 

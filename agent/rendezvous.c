@@ -343,6 +343,23 @@ void rendezvous_heartbeat(struct rendezvous *s, int64_t now)
     s->next_hb = now + s->hb_ns;
 }
 
+int rendezvous_silent(const struct rendezvous *s, int64_t now, char *why, size_t whylen)
+{
+    if (!s->committed) return 0;
+    if (s->me != 0) {
+        if (now - s->coord_heard <= 3 * s->hb_ns) return 0;
+        snprintf(why, whylen, "the coordinator is silent");
+        return 1;
+    }
+    for (int i = 1; i < s->nodes; i++)
+        if (s->peers[i].present && now - s->peers[i].last_heard >= 3 * s->hb_ns) {
+            snprintf(why, whylen, "node %d (%s) silent for %lld ms", i, s->peers[i].join.pod,
+                     (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
+            return 1;
+        }
+    return 0;
+}
+
 void rendezvous_tick(struct rendezvous *s, int64_t now)
 {
     rendezvous_heartbeat(s, now);

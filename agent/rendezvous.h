@@ -98,6 +98,10 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
 void rendezvous_tick(struct rendezvous *s, int64_t now);
 /* Heartbeats only (called while a long op of this group runs). */
 void rendezvous_heartbeat(struct rendezvous *s, int64_t now);
+/* Whether a pod this one hears from has been silent for 3 heartbeat intervals (the
+ * coordinator, for a member; any member, for the coordinator): 1 with why. For the
+ * owner's long ops, which only send heartbeats meanwhile (rendezvous_heartbeat). */
+int rendezvous_silent(const struct rendezvous *s, int64_t now, char *why, size_t whylen);
 /* The committed epoch's data connections are up. */
 void rendezvous_formed(struct rendezvous *s);
 /* Something the owner saw (a broken data connection) ends the committed epoch: as if

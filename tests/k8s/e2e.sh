@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# Kubernetes discovery end to end, with real parts: pods are network namespaces on a
+# bridge, each with its own IP; dnsmasq (in a namespace of its own) answers the headless
+# service's name with one A record per ready pod, each pod's own name, and NXDOMAIN for
+# anything else under cluster.local; in every pod an agent (node.index: auto, from the
+# environment a workload sets) and an application (k8s_app) that waits for the group and
+# runs checked allreduces. Each scenario prints its timings.
+#
+# Usage: e2e.sh AGENT APP [SCENARIO...]   (as root; exit 77 where namespaces cannot be made)
+# Scenarios: form late restart coordinator cutoff duplicate noindex (default: all)
+set -uo pipefail
+AGENT=$1 APP=$2
+shift 2
+SCENARIOS=${*:-form late restart coordinator cutoff duplicate noindex}
+LATE_S=${COLL_E2E_LATE_S:-20}
+HB_MS=250
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "the Kubernetes end-to-end test needs root (network namespaces)"
+command -v ip >/dev/null || skip "no ip(8) (iproute2)"
+command -v dnsmasq >/dev/null || skip "no dnsmasq (dnsmasq-base)"
+TAG=c$$
+ip netns add "$TAG-probe" 2>/dev/null || skip "cannot create network namespaces here"
+ip netns del "$TAG-probe"
+
+# a /24 of 10.0.0.0/8 that this run alone uses
+NET=10.$((200 + $$ % 50)).$(($$ % 250))
+DIR=$(mktemp -d /tmp/coll-e2e-XXXX)
+chmod 755 "$DIR" # dnsmasq reads the hosts file after dropping root
+BR=${TAG}br
+DNS_NS=$TAG-dns
+DOMAIN=ns.svc.cluster.local
+SVC=train.$DOMAIN
+FAILED=0
+declare -A NS_OF IP_OF AGENT_PID APP_PID
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+log() { echo "[$(date +%H:%M:%S.%3N)] $*"; }
+fail() { log "FAIL: $*"; FAILED=1; }
+
+cleanup() {
+    for p in "${AGENT_PID[@]}" "${APP_PID[@]}"; do kill -9 "$p" 2>/dev/null; done
+    [ -f "$DIR/dnsmasq.pid" ] && kill "$(cat "$DIR/dnsmasq.pid")" 2>/dev/null
+    for ns in $(ip netns list | awk '{print $1}' | grep "^$TAG-"); do ip netns del "$ns"; done
+    ip link del "$BR" 2>/dev/null
+    rm -rf "/etc/netns/$TAG-"*
+    wait 2>/dev/null
+    if [ "$FAILED" = 0 ]; then rm -rf "$DIR"; else log "logs kept in $DIR"; fi
+}
+trap cleanup EXIT
+
+ip link add "$BR" type bridge
+ip addr add "$NET.1/24" dev "$BR"
+ip link set "$BR" up
+
+# a namespace NAME with address IP on the bridge, resolving through our dnsmasq
+make_ns() {
+    local ns=$1 ip=$2 n=$((RANDOM % 100000))
+    ip netns add "$ns"
+    ip link add "v$n" type veth peer name "e$n"
+    ip link set "v$n" master "$BR" up
+    ip link set "e$n" netns "$ns"
+    ip -n "$ns" link set "e$n" name eth0
+    ip -n "$ns" addr add "$ip/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    mkdir -p "/etc/netns/$ns"
+    printf 'nameserver %s.2\nsearch %s svc.cluster.local cluster.local\noptions ndots:5 timeout:1 attempts:2\n' \
+        "$NET" "$DOMAIN" >"/etc/netns/$ns/resolv.conf"
+}
+
+make_ns "$DNS_NS" "$NET.2"
+: >"$DIR/hosts"
+ip netns exec "$DNS_NS" dnsmasq --no-hosts --no-resolv --addn-hosts="$DIR/hosts" \
+    --local=/cluster.local/ --local-ttl=0 --neg-ttl=1 --cache-size=0 \
+    --listen-address="$NET.2" --bind-interfaces --pid-file="$DIR/dnsmasq.pid" \
+    --log-facility="$DIR/dnsmasq.log" || { fail "dnsmasq did not start"; exit 1; }
+
+# the DNS view: a record per ready pod for the service and each pod's own name
+publish() {
+    local q
+    : >"$DIR/hosts.new"
+    for q in "${!IP_OF[@]}"; do
+        [ -n "${IP_OF[$q]}" ] || continue
+        printf '%s %s %s.%s\n' "${IP_OF[$q]}" "$SVC" "$q" "$SVC" >>"$DIR/hosts.new"
+    done
+    mv "$DIR/hosts.new" "$DIR/hosts"
+    kill -HUP "$(cat "$DIR/dnsmasq.pid")"
+}
+
+# start pod NAME (ip, index env) with ENV... as the workload would set it
+CFG="$DIR/agent.yaml"
+cat >"$CFG" <<EOF
+agent:
+  socket: \${COLL_AGENT_SOCKET}
+  log_level: debug
+node:
+  index: auto
+  name: \${POD_NAME:-unnamed}
+  address: \${POD_IP}
+discovery:
+  mode: kubernetes
+  coordinator: "train-0.$SVC.:7100"
+  service: "$SVC."
+  resolve_ms: 30000
+groups:
+  - name: g
+    backend: host
+    members: 4
+    timeouts: {op_ms: 10000, heartbeat_ms: $HB_MS, join_ms: 5000}
+EOF
+start_pod() { # POD IP ENV...
+    local pod=$1 ip=$2
+    shift 2
+    local ns=$TAG-$pod-$RANDOM
+    make_ns "$ns" "$ip"
+    NS_OF[$pod]=$ns
+    IP_OF[$pod]=$ip
+    publish
+    rm -f "$DIR/$pod.sock" "$DIR/$pod.stop"
+    ip netns exec "$ns" env -i PATH=/usr/bin:/bin HOSTNAME="$pod" POD_NAME="$pod" POD_IP="$ip" \
+        POD_UID="uid-$pod-$RANDOM" COLL_AGENT_SOCKET="$DIR/$pod.sock" \
+        COLL_LABELS_FILE="$DIR/$pod.labels" "$@" \
+        "$AGENT" --config "$CFG" >>"$DIR/$pod.agent.log" 2>&1 &
+    AGENT_PID[$pod]=$!
+    echo "$(now_ms) start" >>"$DIR/$pod.marks"
+    ip netns exec "$ns" "$APP" "$DIR/$pod.sock" g 600 "$DIR/$pod.stop" >>"$DIR/$pod.app.log" 2>&1 &
+    APP_PID[$pod]=$!
+}
+kill_pod() { # POD: the node goes away (agent and application killed, no goodbye)
+    local pod=$1
+    kill -9 "${AGENT_PID[$pod]}" "${APP_PID[$pod]}" 2>/dev/null
+    wait "${AGENT_PID[$pod]}" "${APP_PID[$pod]}" 2>/dev/null
+    ip netns del "${NS_OF[$pod]}"
+    IP_OF[$pod]=
+    publish
+}
+# wait until FILE holds COUNT lines matching PATTERN, at most MS; prints the time waited
+wait_for() { # FILE PATTERN COUNT MS
+    local t=$(now_ms) end=$(( $(now_ms) + $4 ))
+    while [ "$(grep -c -- "$2" "$1" 2>/dev/null || true)" -lt "$3" ]; do
+        [ "$(now_ms)" -lt "$end" ] || return 1
+        sleep 0.02
+    done
+    echo $(( $(now_ms) - t ))
+}
+ok_count() { # checked allreduces POD's application has completed so far
+    local v
+    v=$(grep -o 'ok n=[0-9]*' "$DIR/$1.app.log" 2>/dev/null | tail -1 | cut -d= -f2)
+    echo "${v:-0}"
+}
+# every application completes at least N more allreduces within MS
+progress() { # N MS PODS...
+    local n=$1 ms=$2 p
+    shift 2
+    declare -A base
+    for p in "$@"; do base[$p]=$(ok_count "$p"); done
+    local end=$(( $(now_ms) + ms ))
+    for p in "$@"; do
+        while [ "$(ok_count "$p")" -lt $(( ${base[$p]} + n )) ]; do
+            [ "$(now_ms)" -lt "$end" ] || { fail "$p made no progress in $ms ms"; return 1; }
+            sleep 0.05
+        done
+    done
+}
+stop_all() {
+    local p
+    for p in "${!APP_PID[@]}"; do touch "$DIR/$p.stop"; done
+    sleep 0.3 # applications between ops stop on their own; the others are waiting: kill
+    for p in "${!APP_PID[@]}"; do kill "${APP_PID[$p]}" 2>/dev/null; done
+    for p in "${!APP_PID[@]}"; do wait "${APP_PID[$p]}" 2>/dev/null; done
+    for p in "${!AGENT_PID[@]}"; do kill "${AGENT_PID[$p]}" 2>/dev/null; done
+    for p in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$p]}" 2>/dev/null; done
+    for p in "${!NS_OF[@]}"; do ip netns del "${NS_OF[$p]}" 2>/dev/null; done
+    grep -l '^[0-9]* fatal' "$DIR"/*.app.log 2>/dev/null | while read -r f; do
+        fail "fatal error in $f: $(grep fatal "$f" | head -1)"
+    done
+    mkdir -p "$DIR/done-$1"
+    mv "$DIR"/*.log "$DIR"/*.marks "$DIR/done-$1/" 2>/dev/null
+    mv "$DIR/done-$1/dnsmasq.log" "$DIR/" 2>/dev/null
+    AGENT_PID=() APP_PID=() NS_OF=() IP_OF=()
+    publish
+}
+labels() { printf 'app="train"\napps.kubernetes.io/pod-index="%s"\n' "$2" >"$DIR/$1.labels"; }
+four() { # a StatefulSet of 4: names train-0..3, the pod-index label
+    local i
+    for i in 0 1 2 3; do labels "train-$i" "$i"; start_pod "train-$i" "$NET.$((10 + i))"; done
+}
+PODS="train-0 train-1 train-2 train-3"
+
+scenario_form() {
+    log "== normal formation of 4 (StatefulSet: pod-index label and pod name)"
+    local t=$(now_ms)
+    four
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
+        fail "$p did not form"; done
+    log "formed on all 4 in $(( $(now_ms) - t )) ms from the first agent's start"
+    progress 20 20000 $PODS && log "every application ran 20 checked allreduces"
+    grep -q 'index_from="label apps.kubernetes.io/pod-index' "$DIR/train-2.agent.log" ||
+        fail "train-2 did not take its index from the label"
+    grep -q 'event=discovery.summary group=g node=0 state="formed' "$DIR/train-0.agent.log" ||
+        fail "no discovery summary"
+    stop_all form
+}
+
+scenario_late() {
+    log "== a pod started ${LATE_S} s late (Indexed Job: JOB_COMPLETION_INDEX)"
+    for i in 0 1 2; do start_pod "train-$i" "$NET.$((10 + i))" JOB_COMPLETION_INDEX=$i; done
+    sleep "$LATE_S"
+    grep -q 'waiting for node indexes 3; DNS shows 3 of 4 pods' "$DIR/train-0.agent.log" ||
+        fail "the coordinator did not say what it waits for"
+    grep -q '^[0-9]* formed' "$DIR/train-1.app.log" && fail "formed without train-3"
+    local t=$(now_ms)
+    start_pod train-3 "$NET.13" JOB_COMPLETION_INDEX=3
+    wait_for "$DIR/train-0.agent.log" "event=group.formed" 1 10000 >/dev/null || fail "no formation"
+    log "formed $(( $(now_ms) - t )) ms after the late agent started"
+    progress 10 20000 $PODS
+    stop_all late
+}
+
+# kill POD, bring it back with a new IP; others must see a retryable error, then work
+restart_one() { # POD NEWIP WHAT
+    local pod=$1
+    four
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null; done
+    progress 5 20000 $PODS || return
+    local others=${PODS/$pod/}
+    kill_pod "$pod"
+    sleep 1
+    local t=$(now_ms)
+    local ref=train-1
+    [ "$pod" = train-1 ] && ref=train-0
+    local before=$(grep -c 'event=group.formed' "$DIR/$ref.agent.log")
+    start_pod "$pod" "$2"
+    local waited
+    waited=$(wait_for "$DIR/$ref.agent.log" "event=group.formed" $((before + 1)) 15000) ||
+        fail "$3: no re-formation"
+    log "$3: re-formed ${waited} ms after the returning agent started (new IP $2)"
+    [ "${waited:-99999}" -le 2000 ] || fail "$3: re-forming took ${waited} ms (> 2 s)"
+    for p in $others; do
+        grep -q '^[0-9]* retryable' "$DIR/$p.app.log" || fail "$p saw no retryable error"
+    done
+    progress 10 20000 $PODS && log "$3: every application runs again"
+}
+scenario_restart() {
+    log "== a pod killed and restarted with a new IP"
+    restart_one train-2 "$NET.32" "pod restart"
+    stop_all restart
+}
+scenario_coordinator() {
+    log "== the coordinator killed and restarted with a new IP"
+    restart_one train-0 "$NET.30" "coordinator restart"
+    stop_all coordinator
+}
+
+scenario_cutoff() {
+    log "== the coordinator's node cut off without a reset, a new coordinator elsewhere"
+    four
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null; done
+    progress 5 20000 $PODS || return
+    local old=${AGENT_PID[train-0]} oldapp=${APP_PID[train-0]}
+    ip -n "${NS_OF[train-0]}" link set eth0 down # packets vanish: no RST, no FIN
+    local t=$(now_ms)
+    local w
+    w=$(wait_for "$DIR/train-1.app.log" 'retryable' 1 10000) ||
+        fail "members did not notice the coordinator's loss"
+    log "members noticed the loss ${w} ms after the cut ($((3 * HB_MS)) ms = 3 heartbeats)"
+    [ "${w:-99999}" -le $((3 * HB_MS + 500)) ] || fail "noticing took ${w} ms"
+    mv "$DIR/train-0.agent.log" "$DIR/train-0-old.agent.log"
+    mv "$DIR/train-0.app.log" "$DIR/train-0-old.app.log"
+    local before=$(grep -c 'event=group.formed' "$DIR/train-1.agent.log")
+    labels train-0 0
+    start_pod train-0 "$NET.40" # a new pod, another node: same name, new IP, new UID
+    local waited
+    waited=$(wait_for "$DIR/train-1.agent.log" "event=group.formed" $((before + 1)) 15000) ||
+        fail "no re-formation with the new coordinator"
+    log "re-formed ${waited} ms after the new coordinator's agent started"
+    [ "${waited:-99999}" -le 2000 ] || fail "re-forming took ${waited} ms (> 2 s)"
+    progress 10 20000 $PODS
+    kill -9 "$old" "$oldapp" 2>/dev/null
+    stop_all cutoff
+}
+
+scenario_duplicate() {
+    log "== two pods claim one index"
+    four
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null; done
+    local before=$(grep -c 'event=rendezvous.commit' "$DIR/train-0.agent.log")
+    start_pod dup-1 "$NET.50" LWS_WORKER_INDEX=1
+    sleep 6
+    local commits=$(( $(grep -c 'event=rendezvous.commit' "$DIR/train-0.agent.log") - before ))
+    log "in 6 s with two pods on index 1: $commits new epochs"
+    [ "$commits" -le 3 ] || fail "$commits epochs: a storm"
+    grep -q 'event=rendezvous.rejected.*two pods claim node index 1' "$DIR/train-1.agent.log" \
+        "$DIR/dup-1.agent.log" || fail "neither pod on index 1 was told why it is refused"
+    touch "$DIR/train-1.stop" "$DIR/dup-1.stop" # their applications cannot both run
+    stop_all duplicate
+}
+
+scenario_noindex() {
+    log "== a pod with no index source"
+    local ns=$TAG-noidx
+    make_ns "$ns" "$NET.60"
+    ip netns exec "$ns" env -i PATH=/usr/bin:/bin HOSTNAME=worker POD_IP="$NET.60" \
+        COLL_AGENT_SOCKET="$DIR/noidx.sock" COLL_LABELS_FILE=/nonexistent \
+        "$AGENT" --config "$CFG" >"$DIR/noidx.log" 2>&1
+    local rc=$?
+    [ "$rc" = 2 ] || fail "an agent without an index source exited $rc, not 2"
+    grep -q 'node.index: auto found no source' "$DIR/noidx.log" || fail "no reason given"
+    log "refused at start (exit $rc): $(grep -o 'error=.*' "$DIR/noidx.log" | head -c 120)"
+    ip netns del "$ns"
+}
+
+for s in $SCENARIOS; do
+    "scenario_$s"
+done
+[ "$FAILED" = 0 ] && log "all scenarios passed" && exit 0
+exit 1
