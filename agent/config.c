@@ -429,9 +429,6 @@ static void check_semantics(struct loader *ld, struct config *c)
                       "members is %d, so discovery.coordinator (or discovery.peers[0]) must be "
                       "node 0's rendezvous address",
                       g->members);
-        if (g->members > CONFIG_MAX_PEERS)
-            add_error(ld, &m, path, "members is %d; at most %d are supported", g->members,
-                      CONFIG_MAX_PEERS);
         if (c->node.index >= 0 && g->members > 1 && c->node.index >= g->members)
             add_error(ld, &m, path, "node.index %d is not a member (members: %d)", c->node.index,
                       g->members);

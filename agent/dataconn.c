@@ -113,26 +113,70 @@ static int *conn_slot(struct ngroup *g, int ch, int peer, int opener)
     return (ch == DATA_CH_COLL) == opener ? &g->fds[peer] : &g->rfds[peer];
 }
 
+static int pair_up(const struct ngroup *g, int p)
+{
+    return g->fds[p] >= 0 && g->rfds[p] >= 0 && g->pfds[p] >= 0;
+}
+
+/* Formed: the pairs the group keeps from the start are up (tcp_eager_peer); the
+ * others connect when an op first needs them (dataconn_need). */
 static void check_ready(struct net *n, struct ngroup *g)
 {
     if (!g->rdv.committed || g->ready) return;
     for (int i = 0; i < g->nodes; i++)
-        if (i != g->me && (g->fds[i] < 0 || g->rfds[i] < 0 || g->pfds[i] < 0)) return;
+        if (tcp_eager_peer(g->nodes, g->me, i) && !pair_up(g, i)) return;
     net_epoch_formed(n, g);
+}
+
+/* Open the three connections of the pair with node j (lower than us: the pod of the
+ * higher index opens), unless they are up or on their way. */
+static int open_pair(struct net *n, struct ngroup *g, int j, char *why, size_t whylen)
+{
+    if (pair_up(g, j)) return 0;
+    for (int k = 0; k < g->nog; k++)
+        if (g->og[k].peer == j) return 0;
+    char addr[RDV_ADDR_MAX];
+    rdv_member_addr(&g->members[j], addr, sizeof(addr));
+    for (int ch = 0; ch < DATA_CH_COUNT; ch++) {
+        if (*conn_slot(g, ch, j, 1) >= 0) continue;
+        int fd = connect_to(n->cfg->node.address, addr, why, whylen);
+        if (fd < 0) return -1;
+        tune_socket(fd, g->cfg->heartbeat_ms);
+        g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
+    }
+    return 0;
 }
 
 int dataconn_open(struct net *n, struct ngroup *g, char *why, size_t whylen)
 {
     dataconn_close(g);
-    for (int jc = 0; jc < DATA_CH_COUNT * g->me; jc++) {
-        int j = jc / DATA_CH_COUNT, ch = jc % DATA_CH_COUNT;
-        int fd = connect_to(n->cfg->node.address, g->members[j].data_addr, why, whylen);
-        if (fd < 0) return -1;
-        tune_socket(fd, g->cfg->heartbeat_ms);
-        g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
-    }
+    for (int j = 0; j < g->me; j++)
+        if (tcp_eager_peer(g->nodes, g->me, j) && open_pair(n, g, j, why, whylen) < 0) return -1;
     check_ready(n, g);
     return 0;
+}
+
+int dataconn_need(struct net *n, struct ngroup *g, const uint8_t *need)
+{
+    int all = 1;
+    for (int p = 0; p < g->nodes; p++) {
+        if (!need[p] || pair_up(g, p)) continue;
+        all = 0;
+        char why[200];
+        if (p < g->me && open_pair(n, g, p, why, sizeof(why)) < 0) {
+            net_epoch_end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            return 0;
+        }
+    }
+    return all;
+}
+
+int dataconn_pairs(const struct ngroup *g)
+{
+    int up = 0;
+    for (int p = 0; p < g->nodes; p++)
+        up += p != g->me && pair_up(g, p);
+    return up;
 }
 
 /* Move our connections of the committed epoch on, without waiting: connected? the
@@ -190,9 +234,10 @@ void dataconn_progress_outgoing(struct net *n, struct ngroup *g)
             }
         }
         if (step) {
-            char w[300];
-            snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", o->peer,
-                     g->members[o->peer].data_addr, step, strerror(err));
+            char w[300], addr[RDV_ADDR_MAX];
+            rdv_member_addr(&g->members[o->peer], addr, sizeof(addr));
+            snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", o->peer, addr, step,
+                     strerror(err));
             net_epoch_end(n, g, COLL_ERR_PEER_LOST, w, 0, 1); /* closes every og */
             return;
         }
@@ -263,9 +308,7 @@ static void bad_hello(struct net *n, const struct pending_conn *p, const char *w
 /* Whether the connection came from the address the member table lists for node i. */
 static int from_member(const struct ngroup *g, int i, struct in_addr from)
 {
-    struct sockaddr_in want;
-    return rdv_addr_parse(g->members[i].data_addr, &want) == 0 &&
-           want.sin_addr.s_addr == from.s_addr;
+    return g->members[i].ip == from.s_addr;
 }
 
 /* Pending connection i says it is a connection of an epoch not committed here yet. At

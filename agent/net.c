@@ -242,13 +242,26 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .scratch = &g->scratch};
 }
 
+/* Whether the pairs t needs are up (asking for the missing ones when on the net
+ * thread). Called with coll_lock. */
+static int peers_ready(struct net *n, struct ngroup *g, const struct net_task *t, int ask)
+{
+    if (g->nodes <= TCP_EAGER_ALL) return 1; /* all connected at formation */
+    memset(g->need, 0, (size_t)g->nodes);
+    tcp_op_peers(g->nodes, g->me, g->nlocal, t, g->need);
+    if (ask) return dataconn_need(n, g, g->need);
+    for (int p = 0; p < g->nodes; p++)
+        if (g->need[p] && (g->fds[p] < 0 || g->rfds[p] < 0 || g->pfds[p] < 0)) return 0;
+    return 1;
+}
+
 int net_inline(struct net *n, struct net_task *t)
 {
     struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
     if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
     int rc = NET_INLINE_NO;
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
-        !g->handoff && !g->inline_abort && t->lepoch >= g->floor) {
+        !g->handoff && !g->inline_abort && t->lepoch >= g->floor && peers_ready(n, g, t, 0)) {
         struct tcp_comm c = comm_for(g, t);
         int started = tcp_tiny_start(g->tiny, &c, t);
         if (started == 0) {
@@ -364,12 +377,19 @@ static int run_ready_ops(struct net *n)
             struct net_task *t = g->q_head;
             if (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV) {
                 /* pods do not run sends and receives in the same order: they never
-                 * hold up the lockstep queue */
+                 * hold up the lockstep queue (the message waits for its connection) */
                 g->q_head = t->next;
                 if (!g->q_head) g->q_tail = NULL;
-                p2p_post(n, g, t);
+                peers_ready(n, g, t, 1);
+                if (g->ready)
+                    p2p_post(n, g, t);
+                else
+                    net_return_task(n, t, COLL_ERR_PEER_LOST, "the group's epoch ended");
                 continue;
             }
+            /* its pairs first: the op waits in the queue (its deadline runs) while
+             * they connect, and other groups go on */
+            if (!peers_ready(n, g, t, 1)) break;
             struct tcp_comm c = comm_for(g, t);
             char why[160] = "";
             /* off the queue while it runs: an abort meanwhile must not hand it back

@@ -167,8 +167,8 @@ void net_epoch_formed(struct net *n, struct ngroup *g)
 {
     g->ready = 1;
     rendezvous_formed(&g->rdv);
-    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
-            g->rdv.epoch, g->nodes, g->me);
+    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d pairs=%d", g->cfg->name,
+            g->rdv.epoch, g->nodes, g->me, dataconn_pairs(g));
     net_post_event(n, g, 0, 0, "formed");
 }
 

@@ -115,9 +115,10 @@ struct ngroup {
     int grave[DATA_CH_COUNT * RDV_MAX_NODES];
     int ngrave;
     int64_t grave_until;
-    int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
-    int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
-    int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
+    int fds[RDV_MAX_NODES];      /* collectives, in lockstep: our bytes to node i */
+    int rfds[RDV_MAX_NODES];     /* collectives: node i's bytes to us */
+    int pfds[RDV_MAX_NODES];     /* sends and receives, framed */
+    uint8_t need[RDV_MAX_NODES]; /* scratch of whoever holds coll_lock: an op's pods */
     /* events for the engine, preallocated so that none is ever lost to a failed
      * allocation (a lost "formed" would hold GPU ops until their deadline); guarded by
      * the net's out_lock */
@@ -213,6 +214,11 @@ void net_epoch_formed(struct net *n, struct ngroup *g);
 int dataconn_bind(struct net *n, char *why, size_t whylen);
 /* Start our connections of the epoch just committed; -1 with why if one cannot start. */
 int dataconn_open(struct net *n, struct ngroup *g, char *why, size_t whylen);
+/* The pairs of need (by node index) are up: 1. Else 0, and the ones we open (to lower
+ * indexes) are on their way; the others are the peers' to open (an op needs the same
+ * pair on both sides). A connection that cannot even start ends the epoch. */
+int dataconn_need(struct net *n, struct ngroup *g, const uint8_t *need);
+int dataconn_pairs(const struct ngroup *g); /* pairs up, for the logs and the bench */
 void dataconn_progress_outgoing(struct net *n, struct ngroup *g);
 void dataconn_accept(struct net *n);
 void dataconn_progress_pending(struct net *n);

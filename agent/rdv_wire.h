@@ -15,11 +15,11 @@
 #define RDV_VERSION 5
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
-#define RDV_MAX_NODES 64
+#define RDV_MAX_NODES 4096 /* pods in a group; members is bounded by config */
 #define RDV_MSG_MAX 192
 #define RDV_COMMID_BYTES 128 /* an NCCL unique id */
 #define RDV_SECRET_BYTES 32  /* the epoch's data-plane secret */
-#define RDV_FRAME_MAX 16384  /* ZMQ_MAXMSGSIZE: larger frames are refused by ZeroMQ unread */
+#define RDV_FRAME_MAX 65536  /* ZMQ_MAXMSGSIZE: larger frames are refused by ZeroMQ unread */
 
 enum rdv_type {
     RDV_JOIN = 1,  /* member -> coordinator */
@@ -52,9 +52,12 @@ struct rdv_join {
     char uid[RDV_NAME_MAX];       /* the pod's UID, else a random id per agent process */
 };
 
+/* A member's data-plane address in COMMIT: 8 bytes, so that a table of 4096 members is
+ * 32 KiB (names stay with the coordinator, which logs them). */
 struct rdv_member {
-    char pod[RDV_NAME_MAX];
-    char data_addr[RDV_ADDR_MAX];
+    uint32_t ip;   /* IPv4, network order */
+    uint16_t port; /* host order */
+    uint16_t pad;
 };
 
 struct rdv_commit {
@@ -100,7 +103,13 @@ union rdv_msg {
     struct rdv_abort abort;
 };
 
-/* Fill the header (the length follows the type; COMMIT's from nodes). */
+/* "ip:port" of m into out. */
+void rdv_member_addr(const struct rdv_member *m, char *out, size_t cap);
+/* m from "ip:port"; 0, or -1 if addr is not one. */
+int rdv_member_set(struct rdv_member *m, const char *addr);
+
+/* Fill the header (the length follows the type; COMMIT's from nodes). Only the fixed
+ * part is cleared: COMMIT's member table is the caller's to fill. */
 void rdv_init(union rdv_msg *m, enum rdv_type t, const char *group, uint32_t epoch);
 /* Size on the wire of m as filled in. */
 size_t rdv_size(const union rdv_msg *m);

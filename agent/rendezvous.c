@@ -140,12 +140,10 @@ static void coord_commit(struct rendezvous *s, int64_t now)
     rdv_init(&m, RDV_COMMIT, s->group, e + 1);
     m.commit.nodes = (uint32_t)s->nodes;
     s->io.random(s->io.ctx, m.commit.secret, sizeof(m.commit.secret));
-    snprintf(m.commit.members[0].pod, RDV_NAME_MAX, "%s", s->pod);
-    snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "%s", s->data_addr);
-    for (int i = 1; i < s->nodes; i++) {
-        memcpy(m.commit.members[i].pod, s->peers[i].join.pod, RDV_NAME_MAX);
-        memcpy(m.commit.members[i].data_addr, s->peers[i].join.data_addr, RDV_ADDR_MAX);
-    }
+    /* the addresses were checked when each JOIN was decoded */
+    rdv_member_set(&m.commit.members[0], s->data_addr);
+    for (int i = 1; i < s->nodes; i++)
+        rdv_member_set(&m.commit.members[i], s->peers[i].join.data_addr);
     if (s->gpu && s->io.commid) {
         /* only the coordinator makes the id, once per epoch */
         char why[160];

@@ -5,6 +5,7 @@
  * mid-op (the survivors fail within the timeout and the group re-forms when it is
  * back); configs that disagree; garbage on the rendezvous port.
  */
+#include <dirent.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -22,7 +23,7 @@
 #include "opcheck.h"
 #include "rdv_wire.h"
 
-#define MAXA 8
+#define MAXA 32
 
 /* Start agent `index` of a group g of `members` pods with `slots` local slots. */
 static int start_member(struct agent *a, int port, int index, int members, int slots,
@@ -140,9 +141,36 @@ static int rank_open(const char *sock, size_t bytes, coll_conn **c, coll_group *
 
 struct one {
     const char *sock;
-    int expect;   /* coll_err expected from the allreduce */
-    int delay_ms; /* sleep this long before submitting */
+    int expect;       /* coll_err expected from the allreduce */
+    int delay_ms;     /* sleep this long before submitting */
+    int times;        /* allreduces in one session (0: one) */
+    const char *hold; /* keep the session open until this file exists */
 };
+
+/* Say that rank's ops are done (file path.rRANK), then wait for path to exist. */
+static void hold_until(const char *path, int rank)
+{
+    if (!path) return;
+    char done[160];
+    snprintf(done, sizeof(done), "%s.r%d", path, rank);
+    FILE *f = fopen(done, "w");
+    if (f) fclose(f);
+    for (int i = 0; i < 3000 && access(path, F_OK) != 0; i++)
+        usleep(10 * 1000);
+}
+
+/* Wait until the n ranks of hold_until(path) are done. */
+static void wait_ranks_done(const char *path, int n)
+{
+    for (int r = 0; r < n; r++) {
+        char done[160];
+        snprintf(done, sizeof(done), "%s.r%d", path, r);
+        for (int i = 0; i < 3000 && access(done, F_OK) != 0; i++)
+            usleep(10 * 1000);
+        assert_int_equal(access(done, F_OK), 0);
+        unlink(done);
+    }
+}
 
 static int allreduce_once(void *arg)
 {
@@ -154,22 +182,25 @@ static int allreduce_once(void *arg)
     int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
     if (rc) return rc;
     float *x = mem;
-    for (int i = 0; i < 16; i++)
-        x[i] = (float)(info.rank + 1);
-    coll_request r;
-    if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
-    coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
-    if (e == COLL_OK) e = coll_wait(c, r, 30000);
-    if (e != (coll_err)o->expect) {
-        fprintf(stderr, "allreduce: %s (%s), expected %s\n", coll_strerror(e), coll_last_error(),
-                coll_strerror((coll_err)o->expect));
-        return 103;
-    }
-    if (e == COLL_OK) {
-        float want = (float)(info.size * (info.size + 1) / 2);
+    for (int k = 0; k < (o->times ? o->times : 1); k++) {
         for (int i = 0; i < 16; i++)
-            if (x[16 + i] != want) return 104;
+            x[i] = (float)(info.rank + 1);
+        coll_request r;
+        if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
+        coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        if (e != (coll_err)o->expect) {
+            fprintf(stderr, "allreduce: %s (%s), expected %s\n", coll_strerror(e),
+                    coll_last_error(), coll_strerror((coll_err)o->expect));
+            return 103;
+        }
+        if (e == COLL_OK) {
+            float want = (float)(info.size * (info.size + 1) / 2);
+            for (int i = 0; i < 16; i++)
+                if (x[16 + i] != want) return 104;
+        }
     }
+    hold_until(o->hold, info.rank);
     coll_disconnect(&c);
     return 0;
 }
@@ -1077,8 +1108,10 @@ static void a_silent_peer_does_not_stop_the_net_thread(void **state)
     snprintf(member_addr, sizeof(member_addr), "%s", m.join.data_addr);
     rdv_init(&m, RDV_COMMIT, "g", 1);
     m.commit.nodes = 2;
-    snprintf(m.commit.members[0].data_addr, RDV_ADDR_MAX, "127.0.0.1:%d", ntohs(sa.sin_port));
-    snprintf(m.commit.members[1].data_addr, RDV_ADDR_MAX, "%s", member_addr);
+    char coord_addr[RDV_ADDR_MAX];
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", ntohs(sa.sin_port));
+    assert_int_equal(rdv_member_set(&m.commit.members[0], coord_addr), 0);
+    assert_int_equal(rdv_member_set(&m.commit.members[1], member_addr), 0);
     m.h.len = (uint32_t)rdv_size(&m);
     /* to the member: its routing id is whatever sent the JOIN; a ROUTER needs it first */
     zmq_pollitem_t it = {.socket = r, .events = ZMQ_POLLIN};
@@ -1147,10 +1180,10 @@ static void a_group_that_cannot_form_delays_no_other(void **state)
         assert_int_equal(start_member(&a[i], port, i, 2, 1, b), 0);
     pid_t stuck = child_run(stuck_b_op, (void *)a[0].sock);
     usleep(300 * 1000); /* its op is in, waiting for b */
-    for (int round = 0; round < 5; round++) {
-        struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
-        run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
-    }
+    /* one session per pod for all five: a session that leaves ends the epoch, and the
+     * next one's op could meet that end */
+    struct one ok[2] = {{.sock = a[0].sock, .times = 5}, {.sock = a[1].sock, .times = 5}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     /* g ran 5 allreduces while b's op was still waiting */
     assert_int_equal(waitpid(stuck, NULL, WNOHANG), 0);
     assert_int_equal(child_wait(stuck, 20000), 0);
@@ -1278,6 +1311,111 @@ static void group_wait_says_what_formation_waits_for(void **state)
     stop_all(a, 3);
 }
 
+/* Data sockets of an agent process (its /proc fd table). */
+static int sockets_of(pid_t pid)
+{
+    char dir[64], path[320], link[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ssize_t l = readlink(path, link, sizeof(link) - 1);
+        if (l > 0) {
+            link[l] = 0;
+            n += strncmp(link, "socket:", 7) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Every pod's 16 floats to every pod, checked. */
+static int alltoall_once(void *arg)
+{
+    struct one *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 2 * 32 * 4 * sizeof(float), &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem, *y = x + 4 * info.size;
+    for (int i = 0; i < 4 * info.size; i++)
+        x[i] = (float)(info.rank * 1000 + i / 4);
+    coll_request r;
+    coll_err e = coll_alltoall(g, x, y, 4, COLL_FLOAT32, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    if (e != COLL_OK) return 103;
+    for (int i = 0; i < 4 * info.size; i++)
+        if (y[i] != (float)((i / 4) * 1000 + info.rank)) return 104;
+    hold_until(o->hold, info.rank);
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* 32 pods: a pod connects at formation only to its ring neighbours and doubling
+ * partners (O(log pods) pairs, 3 sockets each), an allreduce needs nothing more, and
+ * an all-to-all connects the rest on first use. */
+static void thirty_two_pods_connect_what_they_use(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    struct agent a[N];
+    int port = free_port();
+    for (int i = 0; i < N; i++)
+        assert_int_equal(start_member(&a[i], port, i, N, 1, NULL), 0);
+    for (int i = 0; i < N; i++)
+        assert_true(agent_log_wait(&a[i], "event=group.formed", 1, 20000));
+    int s0[N];
+    for (int i = 0; i < N; i++) {
+        assert_true(agent_log_count(&a[i], "pairs=6") == 1 ||
+                    agent_log_count(&a[i], "pairs=5") == 1 ||
+                    agent_log_count(&a[i], "pairs=7") == 1);
+        s0[i] = sockets_of(a[i].pid);
+    }
+    char hold[128];
+    tmp_path(hold, sizeof(hold), "hold", 0);
+    unlink(hold);
+    struct one ok[N];
+    for (int i = 0; i < N; i++)
+        ok[i] = (struct one){.sock = a[i].sock, .times = 3, .hold = hold};
+    /* every pod's application runs 3 allreduces, then holds its session while we look */
+    pid_t p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = child_run(allreduce_once, &ok[i]);
+    wait_ranks_done(hold, N);
+    int s1[N];
+    for (int i = 0; i < N; i++) {
+        s1[i] = sockets_of(a[i].pid);
+        assert_true(s1[i] <= s0[i] + 1); /* + the session's socket: no data connection more */
+    }
+    FILE *f = fopen(hold, "w");
+    fclose(f);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(child_wait(p[i], 60000), 0);
+    unlink(hold);
+    printf("pod 5: %d sockets after formation, %d while its application holds its session "
+           "after 3 allreduces\n",
+           s0[5], s1[5]);
+    for (int i = 0; i < N; i++)
+        assert_true(agent_log_wait(&a[i], "event=group.formed", 2, 20000));
+    for (int i = 0; i < N; i++)
+        p[i] = child_run(alltoall_once, &ok[i]);
+    wait_ranks_done(hold, N);
+    int s2 = sockets_of(a[5].pid);
+    f = fopen(hold, "w");
+    fclose(f);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(child_wait(p[i], 60000), 0);
+    unlink(hold);
+    printf("pod 5 during an all-to-all: %d sockets\n", s2);
+    assert_true(s2 >= s0[5] + 3 * (N - 1 - 7));
+    stop_all(a, N);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1307,6 +1445,7 @@ int main(void)
         cmocka_unit_test(curve_keys_admit_members_only),
         cmocka_unit_test(required_keys_must_be_there),
         cmocka_unit_test(group_wait_says_what_formation_waits_for),
+        cmocka_unit_test(thirty_two_pods_connect_what_they_use),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

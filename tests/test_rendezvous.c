@@ -85,7 +85,7 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     x->commits++;
     x->commit_epoch = c->h.epoch;
     memcpy(x->secret, c->secret, sizeof(x->secret));
-    memcpy(x->members, c->members, sizeof(x->members));
+    memcpy(x->members, c->members, sizeof(struct rdv_member) * c->nodes);
     if (x->auto_form) rendezvous_formed(&x->sm);
 }
 
@@ -211,14 +211,12 @@ static void three_pods_form_one_epoch(void **state)
     assert_formed(1);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(nodes[i].commits, 1);
-        char pod[16];
-        snprintf(pod, sizeof(pod), "pod-%d", i);
         for (int j = 0; j < 3; j++) {
-            char want[16];
-            snprintf(want, sizeof(want), "pod-%d", j);
-            assert_string_equal(nodes[i].members[j].pod, want);
+            char want[32], got[RDV_ADDR_MAX];
+            snprintf(want, sizeof(want), "10.0.0.%d:7000", j + 1);
+            rdv_member_addr(&nodes[i].members[j], got, sizeof(got));
+            assert_string_equal(got, want);
         }
-        assert_string_equal(nodes[i].members[2].data_addr, "10.0.0.3:7000");
     }
     run_for(5000); /* 50 heartbeat intervals */
     assert_formed(1);

@@ -612,3 +612,59 @@ int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
         return tcp_failf(&o, COLL_ERR_UNSUPPORTED, "op kind %u", t->kind);
     }
 }
+
+/* ---- which pods an op talks to ------------------------------------------------------ */
+
+static int pow2(int n)
+{
+    return n > 0 && (n & (n - 1)) == 0;
+}
+
+int tcp_eager_peer(int nodes, int me, int p)
+{
+    if (p == me || p < 0 || p >= nodes) return 0;
+    if (nodes <= TCP_EAGER_ALL) return 1;
+    if (p == (me + 1) % nodes || p == (me + nodes - 1) % nodes) return 1;
+    return pow2(nodes) && pow2(me ^ p);
+}
+
+int tcp_op_peers(int nodes, int me, int nlocal, const struct net_task *t, uint8_t *need)
+{
+    int marked = 0;
+#define MARK(p)                                                                                    \
+    do {                                                                                           \
+        int p_ = (p);                                                                              \
+        if (p_ != me && p_ >= 0 && p_ < nodes && !need[p_]) {                                      \
+            need[p_] = 1;                                                                          \
+            marked++;                                                                              \
+        }                                                                                          \
+    } while (0)
+    int all = 0;
+    switch (t->kind) {
+    case WIRE_OP_SEND:
+    case WIRE_OP_RECV:
+        MARK(t->root / nlocal);
+        return marked;
+    case WIRE_OP_ALLTOALL:
+        all = 1;
+        break;
+    case WIRE_OP_BROADCAST:
+    case WIRE_OP_REDUCE: {
+        int rnode = t->root / nlocal;
+        all = me == rnode;
+        MARK(rnode);
+        break;
+    }
+    default: /* allreduce, barrier, allgather, reduce_scatter: doubling or direct */
+        all = !pow2(nodes) || nodes < 4;
+        for (int k = 1; !all && k < nodes; k <<= 1)
+            MARK(me ^ k);
+        break;
+    }
+    MARK((me + 1) % nodes); /* the ring of large ops */
+    MARK((me + nodes - 1) % nodes);
+    for (int p = 0; all && p < nodes; p++)
+        MARK(p);
+#undef MARK
+    return marked;
+}

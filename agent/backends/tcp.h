@@ -64,6 +64,19 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
  * thread until done, a peer fails, the deadline passes or the epoch is aborted. */
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
 
+/* The pods op t exchanges bytes with, from pod me of nodes (need[p] set to 1; the
+ * rest untouched): what its connections must be up for before it runs. Ring
+ * neighbours for large ops; for small ones the doubling partners (me XOR 2^k) where the
+ * number of pods is a power of two, else every pod; the root and every pod for the
+ * root of broadcast and reduce; every pod for all-to-all; the peer for send and recv.
+ * Returns how many pods were marked. */
+int tcp_op_peers(int nodes, int me, int nlocal, const struct net_task *t, uint8_t *need);
+/* The pods a pod keeps connected from formation on (the rest connect on first use):
+ * every pod in groups of up to TCP_EAGER_ALL pods; above, ring neighbours and, for a
+ * power of two, the doubling partners: O(log pods), and the same relation both ways. */
+#define TCP_EAGER_ALL 16
+int tcp_eager_peer(int nodes, int me, int p);
+
 /* Ops of at most this many bytes per pod use the direct exchange. */
 #define TCP_SMALL_BYTES (64 * 1024)
 
