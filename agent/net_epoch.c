@@ -286,15 +286,16 @@ int net_epoch_open(struct net *n, char *why, size_t whylen)
         zmq_setsockopt(n->dealer, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof(hb_timeout));
         zmq_setsockopt(n->dealer, ZMQ_HEARTBEAT_TTL, &hb_timeout, sizeof(hb_timeout));
         if (n->keys.loaded && sec_curve_client(n->dealer, &n->keys, why, whylen) < 0) return -1;
-        int ivl = 100, max = 1000, ctimeout = 1000, immediate = 1;
+        int ivl = 100, max = 1000, ctimeout = 1000, hwm = 8;
         zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
         zmq_setsockopt(n->dealer, ZMQ_RECONNECT_IVL_MAX, &max, sizeof(max));
         /* a connect to an address that vanished (the old coordinator's) gives up after a
          * second, and the next attempt looks the name up again */
         zmq_setsockopt(n->dealer, ZMQ_CONNECT_TIMEOUT, &ctimeout, sizeof(ctimeout));
-        /* nothing queues while there is no connection: JOINs are sent again anyway, and a
-         * backlog of them would reach a new coordinator all at once */
-        zmq_setsockopt(n->dealer, ZMQ_IMMEDIATE, &immediate, sizeof(immediate));
+        /* a few frames queue while there is no connection (the first JOIN must not wait
+         * a heartbeat for the next), not a backlog that would reach a new coordinator
+         * all at once: past 8, sends are dropped (JOINs go out again anyway) */
+        zmq_setsockopt(n->dealer, ZMQ_SNDHWM, &hwm, sizeof(hwm));
         snprintf(ep, sizeof(ep), "tcp://%s", coord);
         if (zmq_connect(n->dealer, ep) < 0) {
             snprintf(why, whylen, "rendezvous connect %s: %s", ep, zmq_strerror(zmq_errno()));

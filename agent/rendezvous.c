@@ -233,11 +233,13 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
                  p->present && !same_pod ? " as a new pod" : "");
         rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
     }
+    int again = p->present && same_pod && !s->committed; /* a JOIN repeated while waiting */
     p->present = 1;
     memcpy(p->id, id, idlen);
     p->idlen = idlen;
     p->join = *j;
     p->last_heard = now;
+    if (again) return; /* nothing changed: no log line, no scan (O(members) per JOIN) */
     log_msg(LOG_INFO, "rendezvous.join", "group=%s node=%u pod=\"%s\" data=%s last_epoch=%u",
             s->group, j->node_index, j->pod, j->data_addr, j->last_epoch);
     if (s->committed) return; /* the old epoch is still draining: commit after it ends */
