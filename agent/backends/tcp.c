@@ -571,7 +571,11 @@ static int op_alltoall(struct opctx *o)
 
 void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
-    *o = (struct opctx){.c = c, .t = t, .why = why, .whylen = whylen};
+    /* field by field: a compound literal would clear peer_hdr, 160 KiB per op */
+    o->c = c;
+    o->t = t;
+    o->why = why;
+    o->whylen = whylen;
     o->es = coll_dtype_size((coll_dtype)t->dtype);
     o->red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
     o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,

@@ -41,9 +41,12 @@ struct opctx {
     struct net_task *t;
     size_t es;
     int red_op; /* the reduction between pods (sum for avg) */
-    struct data_op_hdr hdr, peer_hdr[RDV_MAX_NODES];
     char *why;
     size_t whylen;
+    struct data_op_hdr hdr;
+    /* last: tcp_init_ctx sets the fields above only, never these 160 KiB (an entry is
+     * written by its receive before anything reads it) */
+    struct data_op_hdr peer_hdr[RDV_MAX_NODES];
 };
 
 struct tcp_tiny {
