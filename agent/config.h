@@ -49,6 +49,7 @@ struct config {
         int spin_us;
         int max_sessions;
         int handshake_timeout_ms;
+        int drain_ms; /* SIGTERM: how long ops in flight may finish before the agent stops */
     } agent;
     struct {
         int index; /* CONFIG_INDEX_AUTO until identity_resolve */
@@ -71,6 +72,10 @@ struct config {
         char keys[CONFIG_PATH_MAX]; /* directory of the CURVE key files; "": none */
         int require_keys;           /* 1: refuse to start without them */
     } security;
+    struct {
+        char address[CONFIG_ADDR_MAX]; /* the operational endpoints' address */
+        int port;                      /* 0: off */
+    } http;
     struct group_config groups[CONFIG_MAX_GROUPS];
     int ngroups;
 };

@@ -51,6 +51,7 @@ static const struct field agent_fields[] = {
     {"log_format", T_ENUM, AG(log_format), 0, 0, 0, format_names, "logfmt", NULL, 0, 0, 0},
     {"spin_us", T_INT, AG(spin_us), 0, 0, 1000000, NULL, "200", NULL, 0, 0, 0},
     {"max_sessions", T_INT, AG(max_sessions), 0, 1, 4096, NULL, "256", NULL, 0, 0, 0},
+    {"drain_ms", T_INT, AG(drain_ms), 0, 0, 600000, NULL, "10000", NULL, 0, 0, 0},
     {"handshake_timeout_ms", T_INT, AG(handshake_timeout_ms), 0, 1, 600000, NULL, "5000", NULL, 0,
      0, 0},
     {0},
@@ -71,6 +72,13 @@ static const struct field node_fields[] = {
      "${COLL_LABELS_FILE:-/etc/podinfo/labels}", NULL, 0, 0, 0},
     {"pods_per_job", T_INT, offsetof(struct config, node.pods_per_job), 0, 1, 65535, NULL, "1",
      NULL, 0, 0, 0},
+    {0},
+};
+
+static const struct field http_fields[] = {
+    {"address", T_STR, offsetof(struct config, http.address), CONFIG_ADDR_MAX, 0, 0, NULL,
+     "0.0.0.0", NULL, 0, 0, 0},
+    {"port", T_INT, offsetof(struct config, http.port), 0, 0, 65535, NULL, "0", NULL, 0, 0, 0},
     {0},
 };
 
@@ -99,6 +107,7 @@ static const struct field security_fields[] = {
 const struct field config_root_fields[] = {
     {"agent", T_MAP, 0, 0, 0, 0, NULL, NULL, agent_fields, 0, 0, 0},
     {"node", T_MAP, 0, 0, 0, 0, NULL, NULL, node_fields, 0, 0, 0},
+    {"http", T_MAP, 0, 0, 0, 0, NULL, NULL, http_fields, 0, 0, 0},
     {"discovery", T_MAP, 0, 0, 0, 0, NULL, NULL, discovery_fields, 0, 0, 0},
     {"security", T_MAP, 0, 0, 0, 0, NULL, NULL, security_fields, 0, 0, 0},
     {"groups", T_MAP_LIST, offsetof(struct config, groups), sizeof(struct group_config), 0, 0, NULL,

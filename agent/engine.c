@@ -7,6 +7,8 @@
  */
 #include "engine.h"
 
+#include "http.h"
+#include "metrics.h"
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
@@ -32,6 +34,10 @@
 #define TIMER_CHECK_NS 1000000LL
 #define SPIN_PAUSE_NS 5000LL    /* of the spin window, spent in pause before yielding */
 #define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
+#define METRICS_CAP (1 << 20)   /* /metrics and /readyz texts, half each */
+#define PUBLISH_NS 1000000000LL /* the endpoints' texts are at most this old */
+
+static void publish(struct engine *eng);
 
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
@@ -128,6 +134,21 @@ int engine_init(struct engine *eng, struct config *cfg)
         if (epoll_ctl(eng->epfd, EPOLL_CTL_ADD, net_notify_fd(eng->net), &nev) < 0) return -1;
     }
     if (start_gpu(eng) < 0) return -1;
+    eng->started_ns = now_ns();
+    atomic_store(&eng->alive_ns, eng->started_ns);
+    if (cfg->http.port) {
+        eng->metrics_buf = malloc(METRICS_CAP);
+        eng->http = eng->metrics_buf
+                        ? http_start(cfg->http.address, cfg->http.port, &eng->alive_ns,
+                                     eng->net ? net_alive(eng->net) : NULL, why, sizeof(why))
+                        : NULL;
+        if (!eng->http) {
+            log_msg(LOG_ERROR, "agent.http", "error=\"%s\"",
+                    eng->metrics_buf ? why : "out of memory");
+            return -1;
+        }
+        publish(eng);
+    }
     eng->senv = (struct session_env){.cfg = cfg,
                                      .epfd = eng->epfd,
                                      .gpu = eng->gpu,
@@ -238,6 +259,10 @@ static void on_accept(struct engine *eng)
             refuse_client(eng, fd, &cr, COLL_ERR_DENIED, msg);
             continue;
         }
+        if (eng->draining) {
+            refuse_client(eng, fd, &cr, COLL_ERR_SHUTDOWN, "the agent is stopping");
+            continue;
+        }
         if (eng->nsessions - eng->nclosing >= eng->cfg->agent.max_sessions) {
             unsigned long long dropped;
             if (log_limit_pass(&eng->lim_refuse, &dropped))
@@ -280,9 +305,54 @@ static int poll_rings(struct engine *eng)
 }
 
 /* Handshake and op deadlines; returns the nearest one still ahead. */
+/* Render /metrics and /readyz from what the engine owns and hand them to the HTTP
+ * thread (which never touches the engine's state). */
+static void publish(struct engine *eng)
+{
+    if (!eng->http) return;
+    int imports = 0;
+    for (const struct session *s = eng->sessions; s; s = s->next)
+        imports += session_gpu_buffers(s);
+    struct metrics_in in = {.groups = eng->groups,
+                            .ngroups = eng->ngroups,
+                            .sessions = eng->nsessions - eng->nclosing,
+                            .sessions_opened = eng->stats.sessions_opened,
+                            .draining = eng->draining,
+                            .gpu_imports = imports,
+                            .up_s = (double)(now_ns() - eng->started_ns) / 1e9};
+    size_t ml = metrics_render(&in, eng->metrics_buf, METRICS_CAP / 2);
+    int ready = 0;
+    size_t rl = metrics_readyz(&in, eng->metrics_buf + METRICS_CAP / 2, METRICS_CAP / 2, &ready);
+    http_publish(eng->http, eng->metrics_buf, ml, eng->metrics_buf + METRICS_CAP / 2, rl, ready);
+    eng->next_publish = now_ns() + PUBLISH_NS;
+}
+
+/* Ops taken from the rings whose completion is not posted yet, all sessions. */
+static unsigned inflight(const struct engine *eng)
+{
+    unsigned n = 0;
+    for (const struct session *s = eng->sessions; s; s = s->next)
+        n += s->inflight;
+    return n;
+}
+
+/* Draining: stop once nothing is in flight, or at the drain deadline. */
+static void check_drain(struct engine *eng, int64_t now)
+{
+    if (!eng->draining || eng->stop) return;
+    unsigned left = inflight(eng);
+    if (left && now < eng->drain_deadline) return;
+    log_msg(left ? LOG_WARN : LOG_INFO, "agent.drained", "ops_in_flight=%u waited_ms=%lld", left,
+            (long long)((now - (eng->drain_deadline - eng->cfg->agent.drain_ms * NS_PER_MS)) /
+                        NS_PER_MS));
+    eng->stop = 1;
+}
+
 static int64_t check_deadlines(struct engine *eng, int64_t now)
 {
     int64_t next = INT64_MAX;
+    check_drain(eng, now);
+    if (eng->draining && eng->drain_deadline < next) next = eng->drain_deadline;
     for (int i = 0; i < eng->ngroups; i++) {
         if (!eng->groups[i].be) continue;
         int64_t d = group_check_timeouts(&eng->groups[i], now);
@@ -384,9 +454,20 @@ static void handle_events(struct engine *eng, struct epoll_event *evs, int n)
         } else if (e == &ev_signal) {
             struct signalfd_siginfo si;
             while (read(eng->sigfd, &si, sizeof(si)) == sizeof(si)) {
-                log_msg(LOG_INFO, "agent.signal", "signal=%s",
-                        si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-                eng->stop = 1;
+                const char *sig = si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT";
+                if (eng->draining || eng->cfg->agent.drain_ms == 0) {
+                    log_msg(LOG_INFO, "agent.signal", "signal=%s action=stop", sig);
+                    eng->stop = 1; /* a second one, or no drain: at once */
+                    continue;
+                }
+                /* the first: not ready, no new sessions or ops; what is in flight
+                 * finishes until drain_ms; then the goodbye to the peers */
+                eng->draining = eng->senv.draining = 1;
+                publish(eng); /* not ready, at once */
+                eng->drain_deadline = now_ns() + eng->cfg->agent.drain_ms * NS_PER_MS;
+                log_msg(LOG_INFO, "agent.signal",
+                        "signal=%s action=drain ops_in_flight=%u drain_ms=%d", sig, inflight(eng),
+                        eng->cfg->agent.drain_ms);
             }
         } else {
             struct session *s = owner_of(eng, e);
@@ -424,7 +505,10 @@ int engine_run(struct engine *eng)
     int64_t next_deadline = INT64_MAX;
     int64_t spin_ns = eng->spin_ns;
     while (!eng->stop) {
+        atomic_store_explicit(&eng->alive_ns, now, memory_order_relaxed);
+        if (eng->http && now >= eng->next_publish) publish(eng);
         if (poll_rings(eng) > 0) last_work = now_ns();
+        if (eng->draining) check_drain(eng, now_ns());
         /* ops on the net thread: a long one means sleeping (its completion rings the
          * eventfd) and leaving the CPU to the net thread and the peers; a short one
          * means yielding while spinning */
@@ -470,15 +554,22 @@ int engine_run(struct engine *eng)
             continue;
         }
         next_deadline = check_deadlines(eng, now);
+        if (eng->stop) { /* drained just now */
+            set_sleeping(eng, 0);
+            break;
+        }
         int timeout = -1;
         if (next_deadline != INT64_MAX) {
             int64_t left = next_deadline - now;
             timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
         }
+        if (eng->http && (timeout < 0 || timeout > (int)(PUBLISH_NS / NS_PER_MS)))
+            timeout = (int)(PUBLISH_NS / NS_PER_MS); /* /livez sees the loop turn */
         eng->stats.sleeps++;
         int64_t slept_from = now;
         int n = epoll_wait(eng->epfd, evs, 64, timeout);
         set_sleeping(eng, 0);
+        now = now_ns();
         if (n < 0 && errno != EINTR) {
             log_msg(LOG_ERROR, "agent.epoll", "error=\"%s\"", strerror(errno));
             return -1;
@@ -496,6 +587,9 @@ int engine_run(struct engine *eng)
 
 void engine_fini(struct engine *eng)
 {
+    http_stop(&eng->http);
+    free(eng->metrics_buf);
+    eng->metrics_buf = NULL;
     /* ops in flight fail with SHUTDOWN (completions reach the clients), then the
      * sessions are told and closed */
     if (eng->net) {

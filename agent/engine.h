@@ -15,6 +15,10 @@
 #include "log.h"
 #include "session.h"
 
+#include <stdatomic.h>
+
+struct http_server;
+
 struct session;
 struct net;
 
@@ -34,6 +38,13 @@ struct engine {
     struct group *groups;
     int ngroups;
     volatile int stop;
+    int draining; /* the first SIGTERM: finishing what is in flight */
+    int64_t drain_deadline;
+    /* the operational endpoints: texts published once a second, and when stopping */
+    struct http_server *http;
+    _Atomic int64_t alive_ns; /* the loop's last turn, for /livez */
+    int64_t started_ns, next_publish;
+    char *metrics_buf;
     int64_t spin_ns;
     int64_t idle_reset_ns;
     struct session_env senv; /* what sessions see of the engine */

@@ -118,6 +118,28 @@ void group_detach(struct group *g, int slot)
     if (e == g->epoch) group_break(g, COLL_ERR_PEER_LOST, "a participant left");
 }
 
+const double group_hist_bounds[GROUP_HIST_BUCKETS] = {
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 2.5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.5, 10};
+
+static void count_op(struct group *g, const struct op *op, int status)
+{
+    struct group_metrics *m = &g->m;
+    unsigned kind = op->sqe.kind < WIRE_OP_KIND_COUNT ? op->sqe.kind : 0;
+    unsigned st = status >= 0 && status < GROUP_STATUS_MAX ? (unsigned)status : COLL_ERR_INTERNAL;
+    m->ops[kind][st]++;
+    if (status == COLL_OK && op->sqe.dtype < COLL_DTYPE_COUNT)
+        m->bytes[kind] += op->sqe.count * coll_dtype_size((coll_dtype)op->sqe.dtype);
+    int64_t submitted = op->deadline_ns - (int64_t)g->cfg->op_timeout_ms * NS_PER_MS;
+    double s = (double)(now_ns() - submitted) / 1e9;
+    if (s < 0) s = 0;
+    int b = 0;
+    while (b < GROUP_HIST_BUCKETS && s > group_hist_bounds[b])
+        b++;
+    m->hist[b]++;
+    m->count++;
+    m->sum_s += s;
+}
+
 static void finish_op(struct group *g, struct op *op, int status, const char *why)
 {
     /* op->s is NULL when its session ended while the op was with the net thread;
@@ -126,6 +148,7 @@ static void finish_op(struct group *g, struct op *op, int status, const char *wh
         g->ops_done++;
     else
         g->ops_failed++;
+    count_op(g, op, status);
     g->complete(op, status, status == COLL_OK ? NULL : why);
 }
 

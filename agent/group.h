@@ -54,8 +54,22 @@ struct round {
     uint8_t *present; /* [nslots] */
 };
 
+/* What /metrics says of a group (engine thread; metrics.c renders it). Status index:
+ * 0 ok, else the coll_err. Durations from the op's submission to its completion. */
+#define GROUP_STATUS_MAX 18
+#define GROUP_HIST_BUCKETS 14
+extern const double group_hist_bounds[GROUP_HIST_BUCKETS]; /* seconds */
+struct group_metrics {
+    uint64_t ops[WIRE_OP_KIND_COUNT][GROUP_STATUS_MAX];
+    uint64_t bytes[WIRE_OP_KIND_COUNT];
+    uint64_t hist[GROUP_HIST_BUCKETS + 1]; /* the last: above every bound */
+    uint64_t count;
+    double sum_s;
+};
+
 struct group {
     const struct group_config *cfg;
+    struct group_metrics m;
     int nslots, size, node_index, nodes;
     uint32_t epoch;
     int attached;

@@ -197,6 +197,7 @@ static int service(void *ctx, char *why, size_t whylen)
     }
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
+    atomic_store_explicit(&n->alive_ns, t, memory_order_relaxed); /* a long op turns too */
     uint32_t epoch = g->rdv.epoch;
     dataconn_accept(n); /* other groups form meanwhile */
     dataconn_progress_pending(n);
@@ -416,6 +417,7 @@ static void *net_main(void *arg)
     struct net *n = arg;
     int64_t last_work = 0;
     while (!atomic_load(&n->stop)) {
+        atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
         /* spin briefly while ops flow, like the engine, then sleep in zmq_poll */
         if (now_ns() - last_work < NET_SPIN_NS) {
             if (!atomic_load_explicit(&n->in_pending, memory_order_acquire)) {

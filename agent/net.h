@@ -99,6 +99,8 @@ void net_event_release(struct net *n, struct net_event *e);
 /* Any thread: what group index's formation waits for, as the net thread last
  * summarised it ("waiting for node indexes 2,3; DNS shows 3 of 4 pods"). */
 void net_group_detail(struct net *n, int index, char *out, size_t cap);
+/* When the net thread's loop last turned (CLOCK_MONOTONIC ns), for /livez. */
+const _Atomic int64_t *net_alive(const struct net *n);
 /* Cheap check, without locking, for the engine's spin loop. */
 int net_has_results(struct net *n);
 

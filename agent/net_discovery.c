@@ -110,3 +110,8 @@ void net_group_detail(struct net *n, int index, char *out, size_t cap)
     snprintf(out, cap, "%s", n->groups[index]->discovery);
     pthread_mutex_unlock(&n->out_lock);
 }
+
+const _Atomic int64_t *net_alive(const struct net *n)
+{
+    return &n->alive_ns;
+}

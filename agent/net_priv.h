@@ -180,8 +180,9 @@ struct net {
     void *zap; /* coordinator with keys: the ZAP handler */
     struct log_limit lim_hello, lim_claim, lim_frame, lim_reject;
     int64_t last_service;
-    struct dns_watch *dns; /* discovery.service, watched on its own thread; NULL: none */
-    int64_t next_report;   /* net_discovery_tick */
+    struct dns_watch *dns;    /* discovery.service, watched on its own thread; NULL: none */
+    _Atomic int64_t alive_ns; /* the loop's last turn, for /livez */
+    int64_t next_report;      /* net_discovery_tick */
 };
 
 /* net_discovery.c: the waiting-for / DNS summary of each group, on change */

@@ -642,6 +642,10 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         op.recv = (char *)rv.b->map + rv.off;
     }
     op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
+    if (s->env->draining) { /* stopping: what is in flight finishes, nothing new starts */
+        session_complete(&op, COLL_ERR_SHUTDOWN, "the agent is stopping");
+        return 0;
+    }
     if (check_placement(s, g, h->slot, &op) > 0) group_submit(g, h->slot, &op);
     return 0;
 }
@@ -678,4 +682,12 @@ int session_has_work(struct session *s)
 {
     return s->state == SESSION_READY &&
            ring_ready(&s->shm->sq[s->sq_head & RING_MASK].seq, s->sq_head);
+}
+
+int session_gpu_buffers(const struct session *s)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        n += s->bufs[i] && s->bufs[i] != SESSION_BUF_PENDING && s->bufs[i]->device >= 0;
+    return n;
 }

@@ -27,6 +27,7 @@ struct session_env {
     int ngroups;
     struct log_limit *lim_request, *lim_violation;
     uint64_t next_id; /* the engine thread's, as every session */
+    int draining;     /* SIGTERM: new ops fail with SHUTDOWN, those in flight finish */
 };
 
 #define SESSION_MAX_HANDLES 64
@@ -94,6 +95,8 @@ int session_has_work(struct session *s);
  * the job made is released). Returns -1 when s must be destroyed (logged). */
 struct gpu_job;
 int session_job_done(struct session_env *env, struct session *s, struct gpu_job *j);
+/* GPU buffers the session has open (imports done). */
+int session_gpu_buffers(const struct session *s);
 /* Post the completion of op (group callback). */
 void session_complete(struct op *op, int status, const char *why);
 /* Tell the client why it is being dropped (best effort, never blocks). */

@@ -1416,6 +1416,168 @@ static void thirty_two_pods_connect_what_they_use(void **state)
     stop_all(a, N);
 }
 
+/* Seconds of the day of the first log line of a's that holds needle, or -1. */
+static double log_time(const struct agent *a, const char *needle)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return -1;
+    char line[2048];
+    double t = -1;
+    while (t < 0 && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, needle) ? strstr(line, "ts=") : NULL;
+        int h, m;
+        double sec;
+        if (p && sscanf(p, "ts=%*d-%*d-%*dT%d:%d:%lfZ", &h, &m, &sec) == 3)
+            t = h * 3600.0 + m * 60.0 + sec;
+    }
+    fclose(f);
+    return t;
+}
+
+/* Pod 1's application: an allreduce (pod 0 joins it late: it is in flight when the
+ * agent gets SIGTERM and must still complete), then one more, which the stopping agent
+ * refuses or cannot serve. */
+static int drained_main(void *arg)
+{
+    struct one *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)(info.rank + 1);
+    coll_request r;
+    coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    if (e != COLL_OK || x[16] != 3.0f) {
+        fprintf(stderr, "the drained op: %s (%s)\n", coll_strerror(e), coll_last_error());
+        return 110;
+    }
+    e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 30000);
+    fprintf(stderr, "after SIGTERM: %s (%s)\n", coll_strerror(e), coll_last_error());
+    if (e != COLL_ERR_SHUTDOWN && e != COLL_ERR_AGENT_LOST) return 111;
+    if (!coll_err_retryable(e)) return 112;
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* SIGTERM: the op in flight finishes, new ones fail with a retryable SHUTDOWN, the
+ * agent exits 0, and its LEAVE moves the peers to a new epoch within a heartbeat. */
+static void sigterm_drains_then_leaves(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 1, &port);
+    struct one j1 = {.sock = a[1].sock}, j0 = {.sock = a[0].sock, .delay_ms = 1200};
+    pid_t p1 = child_run(drained_main, &j1);
+    pid_t p0 = child_run(allreduce_once, &j0);
+    usleep(600 * 1000); /* pod 1's op is in, waiting for pod 0's */
+    kill(a[1].pid, SIGTERM);
+    assert_true(agent_log_wait(&a[1], "action=drain ops_in_flight=1", 1, 2000));
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    assert_int_equal(child_wait(a[1].pid, 15000), 0); /* exit status 0 */
+    a[1].pid = 0;
+    assert_true(agent_log_wait(&a[0], "left", 1, 5000));
+    double drained = log_time(&a[1], "event=agent.drained"), left = log_time(&a[0], "left\"");
+    printf("pod 1 drained at %.3f, pod 0 ended the epoch %.0f ms later (heartbeat 250 ms)\n",
+           drained, (left - drained) * 1000);
+    assert_true(drained > 0 && left > 0);
+    assert_true(left - drained < 0.25);
+    assert_int_equal(agent_log_count(&a[1], "ops_in_flight=0"), 1); /* drained, not cut */
+    stop_all(a, 2);
+}
+
+/* GET url with curl (a real HTTP client) into file; the HTTP status, or -1. */
+static int http_get(const char *url, const char *file)
+{
+    char cmd[512], out[64];
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 -o '%s' -w '%%{http_code}' '%s'", file, url);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    int code = -1;
+    if (fgets(out, sizeof(out), p)) code = atoi(out);
+    pclose(p);
+    return code;
+}
+
+static int file_has(const char *file, const char *needle)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
+/* The value check_metrics.py printed for key, or -1. */
+static long metric_of(const char *out, const char *key)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "%s ", key);
+    const char *p = strstr(out, want);
+    return p ? atol(p + strlen(want)) : -1;
+}
+
+/* /livez, /readyz (with why) and /metrics, scraped with curl and parsed with the
+ * Prometheus client's parser; /readyz turns 503 the moment SIGTERM arrives. */
+static void http_endpoints_say_health_and_metrics(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port(), hport = free_port();
+    char extra[128], url[128], file[128];
+    snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    tmp_path(file, sizeof(file), "http", 0);
+    assert_int_equal(start_member(&a[0], port, 0, 2, 1, extra), 0);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/livez", hport);
+    assert_int_equal(http_get(url, file), 200);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/readyz", hport);
+    assert_int_equal(http_get(url, file), 503);
+    usleep(1200 * 1000); /* the published texts are at most a second old */
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/readyz?verbose", hport);
+    assert_int_equal(http_get(url, file), 503);
+    assert_true(file_has(file, "[-] group g: not formed: waiting for node indexes 1"));
+    assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+    struct one ok[2] = {{.sock = a[0].sock, .times = 5}, {.sock = a[1].sock, .times = 5}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    usleep(1200 * 1000);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    assert_int_equal(http_get(url, file), 200);
+    char cmd[512], out[4096];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/tests/http/check_metrics.py %s",
+             COLL_SOURCE_DIR, file);
+    FILE *py = popen(cmd, "r");
+    assert_non_null(py);
+    size_t got = fread(out, 1, sizeof(out) - 1, py);
+    out[got] = 0;
+    int rc = pclose(py);
+    printf("%s", out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(metric_of(out, "ops_g_allreduce_ok"), 5);
+    assert_int_equal(metric_of(out, "hist_count_g"), 5);
+    assert_int_equal(metric_of(out, "hist_sum_positive_g"), 1);
+    assert_true(metric_of(out, "epoch_g") >= 1);
+    assert_int_equal(metric_of(out, "draining"), 0);
+    /* formed again after the applications left, or not yet: either way it says so */
+    assert_true(metric_of(out, "formed_g") == 0 || metric_of(out, "formed_g") == 1);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/nothing", hport);
+    assert_int_equal(http_get(url, file), 404);
+    /* SIGTERM: not ready at once (nothing in flight: it stops right after) */
+    kill(a[0].pid, SIGTERM);
+    assert_int_equal(child_wait(a[0].pid, 10000), 0);
+    a[0].pid = 0;
+    unlink(file);
+    stop_all(a, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1446,6 +1608,8 @@ int main(void)
         cmocka_unit_test(required_keys_must_be_there),
         cmocka_unit_test(group_wait_says_what_formation_waits_for),
         cmocka_unit_test(thirty_two_pods_connect_what_they_use),
+        cmocka_unit_test(sigterm_drains_then_leaves),
+        cmocka_unit_test(http_endpoints_say_health_and_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

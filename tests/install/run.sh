@@ -6,7 +6,7 @@ build=$1 src=$2
 prefix=$(mktemp -d /tmp/coll-install-XXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in bin/coll-agent include/coll/coll.h lib/pkgconfig/coll.pc lib/cmake/coll/collConfig.cmake; do
+for f in bin/coll-agent bin/coll-demo bin/coll-bench include/coll/coll.h lib/pkgconfig/coll.pc lib/cmake/coll/collConfig.cmake; do
     [ -e "$prefix/$f" ] || { echo "missing after install: $f"; exit 1; }
 done
 ls "$prefix"/lib/libcoll.so* >/dev/null
@@ -20,4 +20,6 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -o "$prefix/pc" "$src/tests/install/m
     $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs coll)
 LD_LIBRARY_PATH="$prefix/lib" "$prefix/pc"
 "$prefix/bin/coll-agent" --version
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/coll-bench" --help >/dev/null 2>&1 || [ $? -le 2 ]
+LD_LIBRARY_PATH="$prefix/lib" "$prefix/bin/coll-demo" --help >/dev/null 2>&1 || [ $? -le 2 ]
 echo "install test passed"

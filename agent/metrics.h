@@ -1,0 +1,30 @@
+/*
+ * metrics.h: the texts of the operational endpoints (/metrics, /readyz), rendered by
+ * the engine thread from its own state; http.h serves the last ones published.
+ */
+#ifndef AGENT_METRICS_H
+#define AGENT_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct group;
+
+struct metrics_in {
+    const struct group *groups;
+    int ngroups;
+    int sessions;
+    uint64_t sessions_opened;
+    int draining;
+    int gpu_imports;
+    double up_s;
+};
+
+/* The Prometheus text (format 0.0.4) into buf; returns its length (cut at cap). */
+size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap);
+/* /readyz?verbose: one line per check ("[+] group g: formed", "[-] group train: not
+ * formed: waiting for node indexes 2,3; DNS shows 3 of 4 pods"), then "ready" or "not
+ * ready"; *ready: every group formed and the agent not stopping. */
+size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, int *ready);
+
+#endif

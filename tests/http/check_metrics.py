@@ -1,0 +1,54 @@
+#!/usr/bin/python3
+"""Parse an agent's /metrics text with the Prometheus client's own parser (not a grep)
+and check what must hold of any scrape: every family typed, histogram buckets that
+never decrease, +Inf equal to _count. Prints the figures the C test asserts on, one
+"name value" per line. Usage: check_metrics.py FILE"""
+import sys
+
+from prometheus_client.parser import text_string_to_metric_families
+
+text = open(sys.argv[1]).read()
+families = {f.name: f for f in text_string_to_metric_families(text)}
+out = {}
+
+
+def fail(msg):
+    print("invalid metrics: " + msg)
+    sys.exit(1)
+
+
+for name in ("coll_build_info", "coll_ops", "coll_op_duration_seconds", "coll_group_formed",
+             "coll_group_epoch", "coll_sessions", "coll_draining"):
+    if name not in families:
+        fail("no family " + name)
+if families["coll_ops"].type != "counter" or families["coll_op_duration_seconds"].type != "histogram":
+    fail("wrong types")
+for s in families["coll_ops"].samples:
+    if s.name == "coll_ops_total":
+        key = "ops_%s_%s_%s" % (s.labels["group"], s.labels["kind"], s.labels["status"])
+        out[key] = int(s.value)
+hist = {}
+for s in families["coll_op_duration_seconds"].samples:
+    g = s.labels["group"]
+    h = hist.setdefault(g, {"buckets": [], "count": None, "sum": None})
+    if s.name.endswith("_bucket"):
+        h["buckets"].append((float(s.labels["le"]), s.value))
+    elif s.name.endswith("_count"):
+        h["count"] = s.value
+    elif s.name.endswith("_sum"):
+        h["sum"] = s.value
+for g, h in hist.items():
+    b = sorted(h["buckets"])
+    if any(b[i][1] > b[i + 1][1] for i in range(len(b) - 1)):
+        fail("buckets of %s decrease" % g)
+    if b[-1][0] != float("inf") or b[-1][1] != h["count"]:
+        fail("+Inf bucket of %s is not its count" % g)
+    out["hist_count_" + g] = int(h["count"])
+    out["hist_sum_positive_" + g] = int(h["sum"] > 0)
+for s in families["coll_group_formed"].samples:
+    out["formed_" + s.labels["group"]] = int(s.value)
+for s in families["coll_group_epoch"].samples:
+    out["epoch_" + s.labels["group"]] = int(s.value)
+out["draining"] = int(families["coll_draining"].samples[0].value)
+for k in sorted(out):
+    print(k, out[k])
