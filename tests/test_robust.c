@@ -878,16 +878,27 @@ static void agent_death_is_noticed(void **state)
     coll_disconnect(&c);
 }
 
+/* The first SIGTERM drains (the barrier, waiting for a partner that never comes, stays
+ * in flight; new sessions are refused); a second one stops at once: the op fails with
+ * SHUTDOWN, the agent exits 0 and removes its socket. */
 static void sigterm_fails_ops_with_shutdown(void **state)
 {
     struct fixture *f = *state;
-    coll_conn *c;
+    coll_conn *c, *c2;
     coll_group *g;
     assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
     assert_int_equal(coll_group_open(&g, c, "pair", COLL_SLOT_ANY), COLL_OK);
     coll_request r;
     assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
-    assert_int_equal(agent_stop(&f->a), 0);
+    kill(f->a.pid, SIGTERM);
+    assert_true(agent_log_wait(&f->a, "action=drain ops_in_flight=1", 1, 5000));
+    assert_int_equal(coll_connect(&c2, f->a.sock, 5000), COLL_ERR_SHUTDOWN);
+    int done = 1;
+    assert_int_equal(coll_test(c, r, &done), COLL_OK);
+    assert_int_equal(done, 0); /* still in flight while draining */
+    kill(f->a.pid, SIGTERM);
+    assert_int_equal(child_wait(f->a.pid, 10000), 0);
+    f->a.pid = 0;
     assert_int_equal(coll_wait(c, r, 10000), COLL_ERR_SHUTDOWN);
     struct stat st;
     assert_int_equal(stat(f->a.sock, &st), -1); /* socket removed */
