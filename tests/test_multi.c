@@ -1560,6 +1560,13 @@ static void http_endpoints_say_health_and_metrics(void **state)
     out[got] = 0;
     int rc = pclose(py);
     printf("%s", out);
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) { /* said why: no parser on this machine */
+        kill(a[0].pid, SIGTERM);
+        assert_int_equal(child_wait(a[0].pid, 10000), 0);
+        a[0].pid = 0;
+        stop_all(a, 2);
+        skip();
+    }
     assert_int_equal(rc, 0);
     assert_int_equal(metric_of(out, "ops_g_allreduce_ok"), 5);
     assert_int_equal(metric_of(out, "hist_count_g"), 5);
