@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/deps.sh
-coll_install_deps clang libclang-rt-14-dev clang-format dnsmasq-base iproute2 python3-prometheus-client curl
+coll_install_deps clang libclang-rt-14-dev clang-format dnsmasq-base iproute2 python3-prometheus-client curl podman debootstrap
 
 echo "== format: clang-format (.clang-format) on every C file"
 { git ls-files '*.c' '*.h' 2>/dev/null || find agent libcoll tests tools bench -name '*.[ch]'; } |
