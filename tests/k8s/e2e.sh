@@ -7,11 +7,11 @@
 # runs checked allreduces. Each scenario prints its timings.
 #
 # Usage: e2e.sh AGENT APP [SCENARIO...]   (as root; exit 77 where namespaces cannot be made)
-# Scenarios: form late restart coordinator cutoff duplicate noindex (default: all)
+# Scenarios: form late restart coordinator cutoff duplicate noindex chart (default: all)
 set -uo pipefail
 AGENT=$1 APP=$2
 shift 2
-SCENARIOS=${*:-form late restart coordinator cutoff duplicate noindex}
+SCENARIOS=${*:-form late restart coordinator cutoff duplicate noindex chart}
 LATE_S=${COLL_E2E_LATE_S:-20}
 HB_MS=250
 
@@ -118,13 +118,25 @@ start_pod() { # POD IP ENV...
     IP_OF[$pod]=$ip
     publish
     rm -f "$DIR/$pod.sock" "$DIR/$pod.stop"
-    ip netns exec "$ns" env -i PATH=/usr/bin:/bin HOSTNAME="$pod" POD_NAME="$pod" POD_IP="$ip" \
-        POD_UID="uid-$pod-$RANDOM" COLL_AGENT_SOCKET="$DIR/$pod.sock" \
+    local sock="$DIR/$pod.sock" as_agent=() as_app=()
+    if [ -n "${POD_USERS:-}" ]; then
+        # as the chart runs them: the agent uid 65532, the application uid 1000, both
+        # in the pod's fsGroup 2000, which owns the socket's directory
+        mkdir -p "$DIR/run-$pod"
+        chown 65532:2000 "$DIR/run-$pod"
+        chmod 2770 "$DIR/run-$pod"
+        sock="$DIR/run-$pod/agent.sock"
+        as_agent=(setpriv --reuid=65532 --regid=2000 --clear-groups)
+        as_app=(setpriv --reuid=1000 --regid=2000 --clear-groups env COLL_AGENT_UIDS=65532)
+    fi
+    ip netns exec "$ns" "${as_agent[@]}" env -i PATH=/usr/bin:/bin HOSTNAME="$pod" POD_NAME="$pod" \
+        POD_IP="$ip" POD_UID="uid-$pod-$RANDOM" COLL_AGENT_SOCKET="$sock" \
         COLL_LABELS_FILE="$DIR/$pod.labels" "$@" \
-        "$AGENT" --config "$CFG" >>"$DIR/$pod.agent.log" 2>&1 &
+        "$AGENT" --config "${POD_CFG:-$CFG}" >>"$DIR/$pod.agent.log" 2>&1 &
     AGENT_PID[$pod]=$!
     echo "$(now_ms) start" >>"$DIR/$pod.marks"
-    ip netns exec "$ns" "$APP" "$DIR/$pod.sock" g 600 "$DIR/$pod.stop" >>"$DIR/$pod.app.log" 2>&1 &
+    ip netns exec "$ns" "${as_app[@]}" "$APP" "$sock" "${APP_GROUP:-g}" 600 "$DIR/$pod.stop" \
+        >>"$DIR/$pod.app.log" 2>&1 &
     APP_PID[$pod]=$!
 }
 kill_pod() { # POD: the node goes away (agent and application killed, no goodbye)
@@ -172,8 +184,9 @@ stop_all() {
     for p in "${!AGENT_PID[@]}"; do kill "${AGENT_PID[$p]}" 2>/dev/null; done
     for p in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$p]}" 2>/dev/null; done
     for p in "${!NS_OF[@]}"; do ip netns del "${NS_OF[$p]}" 2>/dev/null; done
-    grep -l '^[0-9]* fatal' "$DIR"/*.app.log 2>/dev/null | while read -r f; do
-        fail "fatal error in $f: $(grep fatal "$f" | head -1)"
+    local f
+    for f in "$DIR"/*.app.log; do # (not a pipeline: fail must set FAILED here)
+        grep -q '^[0-9]* fatal' "$f" 2>/dev/null && fail "fatal error in $f: $(grep fatal "$f" | head -1)"
     done
     mkdir -p "$DIR/done-$1"
     mv "$DIR"/*.log "$DIR"/*.marks "$DIR/done-$1/" 2>/dev/null
@@ -309,6 +322,84 @@ scenario_noindex() {
     grep -q 'node.index: auto found no source' "$DIR/noidx.log" || fail "no reason given"
     log "refused at start (exit $rc): $(grep -o 'error=.*' "$DIR/noidx.log" | head -c 120)"
     ip netns del "$ns"
+}
+
+# The chart's own config and pod env (helm template), probes over HTTP, and SIGTERM:
+# the stopping pod drains and its peers are in a new epoch within one heartbeat.
+scenario_chart() {
+    log "== the Helm chart's rendered config and probes; SIGTERM to one pod"
+    local src helm rc
+    src=$(cd "$(dirname "$0")/../.." && pwd)
+    helm=$("$src/tests/chart/helm.sh" "$(dirname "$AGENT")")
+    rc=$?
+    if [ "$rc" != 0 ]; then log "skipped: $helm"; return; fi
+    printf 'groups:\n  - name: train\n    backend: host\n    timeouts: {opMs: 10000, heartbeatMs: %d, joinMs: 5000}\nagent:\n  drainMs: 5000\n' \
+        "$HB_MS" >"$DIR/values.yaml"
+    "$helm" template train "$src/charts/coll-agent" -n ns -f "$DIR/values.yaml" >"$DIR/chart.yaml" ||
+        { fail "helm template"; return; }
+    /usr/bin/python3 - "$DIR/chart.yaml" "$DIR/chart-agent.yaml" <<'PY' || { fail "no ConfigMap"; return; }
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cm = [d for d in docs if d["kind"] == "ConfigMap"][0]
+text = cm["data"]["agent.yaml"]
+# the pod's volumes are per pod; here every pod shares one filesystem
+text = text.replace("/run/coll/agent.sock", "${COLL_AGENT_SOCKET}")
+text = text.replace("/etc/podinfo/labels", "${COLL_LABELS_FILE}")
+env = [e["name"] for e in [d for d in docs if d["kind"] == "StatefulSet"][0]
+       ["spec"]["template"]["spec"]["initContainers"][0]["env"]]
+assert env == ["POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"], env
+app = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]
+appenv = {e["name"]: e["value"] for e in app["env"]}
+assert appenv == {"COLL_AGENT_UIDS": "65532"}, appenv
+open(sys.argv[2], "w").write(text)
+PY
+    local i p code
+    for i in 0 1 2 3; do
+        labels "train-$i" "$i"
+        POD_USERS=1 APP_GROUP=train POD_CFG="$DIR/chart-agent.yaml" \
+            start_pod "train-$i" "$NET.$((10 + i))" POD_NAMESPACE=ns
+    done
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
+        fail "$p did not form with the chart's config"; done
+    progress 5 20000 $PODS || return
+    sleep 1.1 # the endpoints' texts are at most a second old
+    for i in 0 1 2 3; do
+        for probe in livez readyz; do
+            code=$(ip netns exec "${NS_OF[train-$i]}" curl -s -o /dev/null -w '%{http_code}' \
+                "http://$NET.$((10 + i)):8080/$probe")
+            [ "$code" = 200 ] || fail "train-$i /$probe: HTTP $code"
+        done
+    done
+    log "probes: /livez and /readyz 200 on all 4 pods, over each pod's own IP"
+    kill -TERM "${AGENT_PID[train-3]}"
+    wait_for "$DIR/train-0.agent.log" 'node 3 (train-3) left' 1 10000 >/dev/null ||
+        fail "the others did not hear train-3 leave"
+    wait "${AGENT_PID[train-3]}"
+    rc=$?
+    [ "$rc" = 0 ] || fail "the SIGTERM'd agent exited $rc"
+    local t_drained t_left
+    t_drained=$(grep 'event=agent.drained' "$DIR/train-3.agent.log" | head -1 |
+        sed -E 's/.*T([0-9]+):([0-9]+):([0-9.]+)Z.*/\1 \2 \3/' | awk '{print $1*3600+$2*60+$3}')
+    t_left=$(grep 'node 3 (train-3) left' "$DIR/train-0.agent.log" | head -1 |
+        sed -E 's/.*T([0-9]+):([0-9]+):([0-9.]+)Z.*/\1 \2 \3/' | awk '{print $1*3600+$2*60+$3}')
+    local ms
+    ms=$(awk -v a="$t_left" -v b="$t_drained" 'BEGIN{printf "%.0f", (a-b)*1000}')
+    log "SIGTERM: train-3 drained ($(grep -o 'ops_in_flight=[0-9]*' "$DIR/train-3.agent.log" | tail -1)), exited 0; the coordinator ended the epoch ${ms} ms later (heartbeat ${HB_MS} ms)"
+    [ "$ms" -le "$HB_MS" ] || fail "peers moved on ${ms} ms after the drain (> one heartbeat)"
+    # /readyz says why: the texts are at most a second old, the DNS view two
+    local tries
+    for tries in $(seq 50); do
+        code=$(ip netns exec "${NS_OF[train-0]}" curl -s -o "$DIR/readyz" -w '%{http_code}' \
+            "http://$NET.10:8080/readyz?verbose")
+        [ "$code" = 503 ] && grep -q 'waiting for node indexes 3; DNS shows 4 of 4' "$DIR/readyz" &&
+            break
+        sleep 0.1
+    done
+    [ "$code" = 503 ] && grep -q 'waiting for node indexes 3' "$DIR/readyz" ||
+        fail "train-0's /readyz did not say it waits for train-3 (HTTP $code: $(cat "$DIR/readyz"))"
+    log "train-0 /readyz (503): $(grep 'group train' "$DIR/readyz")"
+    touch "$DIR/train-3.stop"
+    stop_all chart
 }
 
 for s in $SCENARIOS; do

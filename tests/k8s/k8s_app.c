@@ -65,8 +65,17 @@ int main(int argc, char **argv)
             if ((e = coll_mem_alloc(&b, c, N * sizeof(float), COLL_DEVICE_HOST)) != COLL_OK) break;
         }
         if (!g) {
-            if ((e = coll_group_open(&g, c, name, COLL_SLOT_ANY)) != COLL_OK) break;
-            e = coll_group_wait(g, 60000);
+            e = coll_group_open(&g, c, name, COLL_SLOT_ANY);
+            if (e == COLL_OK) e = coll_group_wait(g, 60000);
+            if (e != COLL_OK && coll_err_retryable(e)) { /* the agent stops, or restarts */
+                SAY("retryable err=\"%s\" after_ok=%ld", coll_last_error(), ok);
+                retried++;
+                coll_group_close(&g);
+                coll_mem_release(&b);
+                coll_disconnect(&c);
+                usleep(100 * 1000);
+                continue;
+            }
             if (e != COLL_OK) break;
             coll_group_info info;
             coll_group_info_get(g, &info);

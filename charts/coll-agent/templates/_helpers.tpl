@@ -73,7 +73,8 @@ groups:
 
 {{/*
 The sidecar: add it to a pod's initContainers (a native sidecar: restartPolicy Always),
-with coll.volumes in its volumes and coll.appMounts in the application's container.
+with coll.volumes in its volumes, and coll.appMounts and coll.appEnv in the
+application's container.
 */}}
 {{- define "coll.sidecar" -}}
 - name: coll-agent
@@ -140,6 +141,11 @@ with coll.volumes in its volumes and coll.appMounts in the application's contain
 - name: coll-keys
   secret: {secretName: {{ .Values.security.curveKeysSecret }}, defaultMode: 0440}
 {{- end }}
+{{- end -}}
+
+{{/* The application's env: libcoll trusts an agent of another uid only when told. */}}
+{{- define "coll.appEnv" -}}
+- {name: COLL_AGENT_UIDS, value: {{ .Values.security.runAsUser | quote }}}
 {{- end -}}
 
 {{- define "coll.appMounts" -}}
