@@ -21,6 +21,14 @@ struct op;
 struct session;
 struct group_config;
 
+/* What /metrics says of a group's backend. */
+struct backend_stats {
+    uint64_t inline_ran, handed_over, queued; /* tcp: ops run on the engine, finished by the
+                                                 net thread after starting there, queued */
+    uint64_t comms_created;                   /* nccl: communicators created */
+    uint64_t comm_generations;                /* nccl: generations (one more per failure) */
+};
+
 struct backend_ops {
     const char *name;
     /* Whether the backend can run on this machine. Does not block (beyond driver
@@ -55,6 +63,8 @@ struct backend_ops {
     void (*forget_session)(struct group *g, const struct session *s);
     /* The GPUs the group's slots use (ordinals, at most max); 0 for host groups. */
     int (*devices)(const struct group *g, int *devs, int max);
+    /* counters for /metrics (engine thread; NULL: none) */
+    void (*stats)(const struct group *g, struct backend_stats *out);
 };
 
 extern const struct backend_ops backend_host;

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend.h"
 #include "coll/coll.h"
 #include "group.h"
+#include "net.h"
 #include "wire.h"
 
 static const char *const status_names[GROUP_STATUS_MAX] = {
@@ -120,6 +122,72 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             "# TYPE coll_group_pods gauge\n");
     for (int i = 0; i < in->ngroups; i++)
         put(&o, "coll_group_pods{group=\"%s\"} %d\n", in->groups[i].cfg->name, in->groups[i].nodes);
+    put(&o, "# HELP coll_group_members_joined Pods the coordinator has heard JOIN from for the "
+            "epoch it forms (on the coordinator only).\n# TYPE coll_group_members_joined gauge\n");
+    for (int i = 0; i < in->ngroups; i++) {
+        const struct group *g = &in->groups[i];
+        struct net_group_stats ns;
+        net_group_stats(g->net, g->index, &ns);
+        if (g->nodes > 1 && ns.joined >= 0)
+            put(&o, "coll_group_members_joined{group=\"%s\"} %d\n", g->cfg->name, ns.joined);
+    }
+    /* one family at a time: the text format wants each family's samples together */
+    static const char *const net_fams[3][3] = {
+        {"coll_group_rendezvous_seconds", "gauge",
+         "The last epoch's rendezvous: from the end of the one before (or the start) to COMMIT."},
+        {"coll_group_formation_seconds", "gauge",
+         "The last epoch's formation: COMMIT to every data connection up."},
+        {"coll_group_formations_total", "counter", "Epochs formed across pods."}};
+    for (int f = 0; f < 3; f++) {
+        put(&o, "# HELP %s %s\n# TYPE %s %s\n", net_fams[f][0], net_fams[f][2], net_fams[f][0],
+            net_fams[f][1]);
+        for (int i = 0; i < in->ngroups; i++) {
+            const struct group *g = &in->groups[i];
+            if (g->nodes <= 1 || !g->net) continue;
+            struct net_group_stats ns;
+            net_group_stats(g->net, g->index, &ns);
+            if (f == 2)
+                put(&o, "%s{group=\"%s\"} %llu\n", net_fams[f][0], g->cfg->name,
+                    (unsigned long long)ns.formations);
+            else
+                put(&o, "%s{group=\"%s\"} %.6f\n", net_fams[f][0], g->cfg->name,
+                    f == 0 ? ns.rendezvous_s : ns.formation_s);
+        }
+    }
+    put(&o, "# HELP coll_ops_path_total Host ops between pods by where they ran: inline (the "
+            "engine), handed_over (started there, finished by the net thread), queued.\n"
+            "# TYPE coll_ops_path_total counter\n");
+    for (int i = 0; i < in->ngroups; i++) {
+        const struct group *g = &in->groups[i];
+        struct backend_stats bs = {0};
+        if (!g->be || !g->be->stats || g->nodes <= 1) continue;
+        g->be->stats(g, &bs);
+        if (g->be == &backend_nccl) continue;
+        put(&o, "coll_ops_path_total{group=\"%s\",path=\"inline\"} %llu\n", g->cfg->name,
+            (unsigned long long)bs.inline_ran);
+        put(&o, "coll_ops_path_total{group=\"%s\",path=\"handed_over\"} %llu\n", g->cfg->name,
+            (unsigned long long)bs.handed_over);
+        put(&o, "coll_ops_path_total{group=\"%s\",path=\"queued\"} %llu\n", g->cfg->name,
+            (unsigned long long)bs.queued);
+    }
+    for (int f = 0; f < 2; f++) {
+        put(&o, f == 0 ? "# HELP coll_comms_created_total NCCL communicators created.\n"
+                         "# TYPE coll_comms_created_total counter\n"
+                       : "# HELP coll_comm_failures_total NCCL communicators abandoned after a "
+                         "failure (one-pod groups).\n# TYPE coll_comm_failures_total counter\n");
+        for (int i = 0; i < in->ngroups; i++) {
+            const struct group *g = &in->groups[i];
+            struct backend_stats bs = {0};
+            if (g->be != &backend_nccl || !g->be->stats) continue;
+            g->be->stats(g, &bs);
+            if (f == 0)
+                put(&o, "coll_comms_created_total{group=\"%s\"} %llu\n", g->cfg->name,
+                    (unsigned long long)bs.comms_created);
+            else
+                put(&o, "coll_comm_failures_total{group=\"%s\"} %llu\n", g->cfg->name,
+                    (unsigned long long)(g->nodes > 1 ? 0 : bs.comm_generations - 1));
+        }
+    }
     put(&o, "# HELP coll_group_epochs_total Epochs the group went through here.\n"
             "# TYPE coll_group_epochs_total counter\n");
     for (int i = 0; i < in->ngroups; i++)

@@ -99,6 +99,12 @@ void net_event_release(struct net *n, struct net_event *e);
 /* Any thread: what group index's formation waits for, as the net thread last
  * summarised it ("waiting for node indexes 2,3; DNS shows 3 of 4 pods"). */
 void net_group_detail(struct net *n, int index, char *out, size_t cap);
+struct net_group_stats {
+    int joined; /* pods joined, as the coordinator sees it; -1 on other pods */
+    double rendezvous_s, formation_s; /* the last epoch's */
+    uint64_t formations;
+};
+void net_group_stats(struct net *n, int index, struct net_group_stats *out);
 /* When the net thread's loop last turned (CLOCK_MONOTONIC ns), for /livez. */
 const _Atomic int64_t *net_alive(const struct net *n);
 /* Cheap check, without locking, for the engine's spin loop. */

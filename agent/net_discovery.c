@@ -93,6 +93,17 @@ void net_discovery_tick(struct net *n, int64_t now)
         if (!g) continue;
         char s[sizeof(g->discovery)];
         summarise(n, g, dns, ndns, gen != 0, failing, s, sizeof(s));
+        int joined = -1;
+        if (g->me == 0) {
+            joined = 1;
+            for (int k = 1; k < g->nodes; k++)
+                joined += g->rdv.peers[k].present;
+        }
+        if (joined != g->joined) {
+            pthread_mutex_lock(&n->out_lock);
+            g->joined = joined;
+            pthread_mutex_unlock(&n->out_lock);
+        }
         if (strcmp(s, g->discovery) == 0) continue;
         pthread_mutex_lock(&n->out_lock); /* read by the engine's health snapshot */
         memcpy(g->discovery, s, sizeof(s));
@@ -114,4 +125,18 @@ void net_group_detail(struct net *n, int index, char *out, size_t cap)
 const _Atomic int64_t *net_alive(const struct net *n)
 {
     return &n->alive_ns;
+}
+
+void net_group_stats(struct net *n, int index, struct net_group_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->joined = -1;
+    if (!n || index < 0 || index >= n->ngroups || !n->groups[index]) return;
+    const struct ngroup *g = n->groups[index];
+    pthread_mutex_lock(&n->out_lock);
+    out->joined = g->joined;
+    out->rendezvous_s = g->rdv_s;
+    out->formation_s = g->form_s;
+    out->formations = g->formations;
+    pthread_mutex_unlock(&n->out_lock);
 }

@@ -42,6 +42,10 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 {
     struct ngroup *g = ctx;
     struct net *n = g->net;
+    g->commit_ns = now_ns();
+    pthread_mutex_lock(&n->out_lock);
+    g->rdv_s = (double)(g->commit_ns - g->wait_since) / 1e9;
+    pthread_mutex_unlock(&n->out_lock);
     g->ready = 0;
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
     g->has_commid = c->has_commid != 0;
@@ -113,6 +117,8 @@ void net_epoch_group_init(struct net *n, struct ngroup *g)
                                .random = io_random,
                                .commid = n->commid ? io_commid : NULL};
     g->net = n;
+    g->wait_since = now_ns();
+    g->joined = -1;
     rendezvous_init(&g->rdv, &st, &io);
 }
 
@@ -131,6 +137,7 @@ void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, i
     else
         dataconn_close(g);
     g->ready = 0;
+    g->wait_since = now_ns();
     char w[160];
     snprintf(w, sizeof(w), "epoch %u ended: %s", g->rdv.epoch, why);
     net_fail_queue(n, g, code, w);
@@ -166,6 +173,10 @@ void net_epoch_op_failed(struct net *n, struct ngroup *g, int code, const char *
 void net_epoch_formed(struct net *n, struct ngroup *g)
 {
     g->ready = 1;
+    pthread_mutex_lock(&n->out_lock);
+    g->form_s = (double)(now_ns() - g->commit_ns) / 1e9;
+    g->formations++;
+    pthread_mutex_unlock(&n->out_lock);
     rendezvous_formed(&g->rdv);
     log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d pairs=%d", g->cfg->name,
             g->rdv.epoch, g->nodes, g->me, dataconn_pairs(g));

@@ -89,9 +89,15 @@ struct ngroup {
     /* the rendezvous: rdv.epoch is the net epoch (committed, or the last one), which
      * the engine's group epoch follows but does not equal */
     struct rendezvous rdv;
-    char discovery[256];      /* net_discovery.c: what formation waits for; out_lock to read */
-    int ready;                /* rdv.committed and every data connection is up */
-    int awaiting_mark;        /* aborted by the net: hold ops until the engine's mark */
+    char discovery[256]; /* net_discovery.c: what formation waits for; out_lock to read */
+    /* for /metrics, written under out_lock: pods joined (coordinator; -1 elsewhere), the
+     * last epoch's rendezvous (waiting to commit) and formation (commit to formed) */
+    int joined;
+    double rdv_s, form_s;
+    uint64_t formations;
+    int64_t wait_since, commit_ns; /* net thread's */
+    int ready;                     /* rdv.committed and every data connection is up */
+    int awaiting_mark;             /* aborted by the net: hold ops until the engine's mark */
     int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
     struct net_task *running; /* the op tcp_run is moving, off the queue */
     /* tiny ops the engine runs itself (net_inline); coll_lock guards these four */

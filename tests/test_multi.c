@@ -1573,6 +1573,13 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_int_equal(metric_of(out, "hist_sum_positive_g"), 1);
     assert_true(metric_of(out, "epoch_g") >= 1);
     assert_int_equal(metric_of(out, "draining"), 0);
+    assert_true(metric_of(out, "formations_g") >= 1);
+    assert_int_equal(metric_of(out, "formation_positive_g"), 1);
+    assert_true(metric_of(out, "joined_g") >= 1 && metric_of(out, "joined_g") <= 2);
+    /* every allreduce of pod 0 went one of the three ways */
+    assert_int_equal(metric_of(out, "path_g_inline") + metric_of(out, "path_g_handed_over") +
+                         metric_of(out, "path_g_queued"),
+                     5);
     /* formed again after the applications left, or not yet: either way it says so */
     assert_true(metric_of(out, "formed_g") == 0 || metric_of(out, "formed_g") == 1);
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/nothing", hport);

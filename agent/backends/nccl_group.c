@@ -326,6 +326,13 @@ static int nccl_devices(const struct group *g, int *devs, int max)
     return n;
 }
 
+static void nccl_stats(const struct group *g, struct backend_stats *out)
+{
+    const struct nccl_group *x = g->be_ctx;
+    out->comms_created = x->comms_created;
+    out->comm_generations = x->comm_gen;
+}
+
 const struct backend_ops backend_nccl = {
     .name = "nccl",
     .probe = gpu_probe,
@@ -339,4 +346,5 @@ const struct backend_ops backend_nccl = {
     .held_deadline = nccl_held_deadline,
     .forget_session = nccl_forget,
     .devices = nccl_devices,
+    .stats = nccl_stats,
 };

@@ -27,6 +27,14 @@ struct tcp_group {
     uint64_t inline_count[3]; /* by net_inline's answer: queued, run here, handed over */
 };
 
+static void tcp_stats(const struct group *g, struct backend_stats *out)
+{
+    const struct tcp_group *x = g->be_ctx;
+    out->queued = x->inline_count[0];
+    out->inline_ran = x->inline_count[1];
+    out->handed_over = x->inline_count[2];
+}
+
 static int tcp_probe(char *why, size_t whylen)
 {
     snprintf(why, whylen, "always");
@@ -200,4 +208,5 @@ const struct backend_ops backend_tcp = {
     .outstanding = tcp_outstanding,
     .forget_session = tcp_forget,
     .devices = tcp_devices,
+    .stats = tcp_stats,
 };

@@ -54,5 +54,16 @@ for s in families["coll_group_formed"].samples:
 for s in families["coll_group_epoch"].samples:
     out["epoch_" + s.labels["group"]] = int(s.value)
 out["draining"] = int(families["coll_draining"].samples[0].value)
+for fam, key, label in (("coll_group_members_joined", "joined", None),
+                        ("coll_group_formations", "formations", None),
+                        ("coll_ops_path", "path", "path")):
+    for s in families[fam].samples if fam in families else []:
+        if s.name.endswith("_created"):
+            continue
+        k = "%s_%s" % (key, s.labels["group"]) + ("_" + s.labels[label] if label else "")
+        out[k] = int(s.value)
+if "coll_group_formation_seconds" in families:
+    for s in families["coll_group_formation_seconds"].samples:
+        out["formation_positive_" + s.labels["group"]] = int(s.value > 0)
 for k in sorted(out):
     print(k, out[k])
