@@ -5,6 +5,19 @@
  */
 #include "nccl_priv.h"
 
+/* Something was published for the engine (under out_lock, has_out set): ring its
+ * doorbell if it may be asleep. A spinning engine sees has_out; ring only one that may
+ * sleep (ring.h's order: publish, full fence, then look at the sleeping word). */
+void nccl_ring_engine(struct gpu *g)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&g->engine_sleeping, memory_order_relaxed)) {
+        uint64_t one = 1;
+        ssize_t w = write(g->out_efd, &one, sizeof(one));
+        (void)w;
+    }
+}
+
 void nccl_post(struct gpu *g, struct gpu_task *t)
 {
     t->next = NULL;
@@ -16,14 +29,7 @@ void nccl_post(struct gpu *g, struct gpu_task *t)
     g->out_tail = t;
     atomic_store_explicit(&g->has_out, 1, memory_order_release);
     pthread_mutex_unlock(&g->out_lock);
-    /* a spinning engine sees has_out; ring only one that may sleep (ring.h's order:
-     * publish, full fence, then look at the sleeping word) */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&g->engine_sleeping, memory_order_relaxed)) {
-        uint64_t one = 1;
-        ssize_t w = write(g->out_efd, &one, sizeof(one));
-        (void)w;
-    }
+    nccl_ring_engine(g);
 }
 
 void gpu_engine_sleeping(struct gpu *g, int v)

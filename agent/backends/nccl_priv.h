@@ -196,6 +196,7 @@ ncclResult_t nccl_graph_launch(struct launcher *l, struct comm *c, const struct 
 
 /* nccl_launch.c */
 void nccl_post(struct gpu *g, struct gpu_task *t);
+void nccl_ring_engine(struct gpu *g); /* after publishing under out_lock */
 void nccl_fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed, const char *why);
 void nccl_fence_put(struct comm *c, struct gpu_task *t, int finished);
 void nccl_fences_free(struct comm *c);

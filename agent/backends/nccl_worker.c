@@ -21,12 +21,7 @@ static void post_job(struct gpu *g, struct gpu_job *j)
     g->jout_tail = j;
     atomic_store_explicit(&g->has_out, 1, memory_order_release);
     pthread_mutex_unlock(&g->out_lock);
-    atomic_thread_fence(memory_order_seq_cst); /* as nccl_post: publish, then look */
-    if (atomic_load_explicit(&g->engine_sleeping, memory_order_relaxed)) {
-        uint64_t one = 1;
-        ssize_t w = write(g->out_efd, &one, sizeof(one));
-        (void)w;
-    }
+    nccl_ring_engine(g);
 }
 
 /* Run j on this thread. Returns 1 when j goes back to the engine, 0 when it was a
