@@ -39,6 +39,18 @@
 
 static void publish(struct engine *eng);
 
+/* Open the bound socket to clients (mode, backlog): the last step of start-up, so that
+ * a client that can connect finds the net thread and the endpoints up. */
+static int listen_socket(struct engine *eng)
+{
+    const char *path = eng->cfg->agent.socket;
+    if (chmod(path, (mode_t)eng->cfg->agent.socket_mode) < 0 || listen(eng->lfd, 128) < 0) {
+        log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"%s\"", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* epoll tags: the address tells what fired (see owner_of) */
 static struct session_ev ev_listen, ev_signal, ev_net, ev_gpu;
 
@@ -64,9 +76,7 @@ static int bind_socket(struct engine *eng)
         unlink(path); /* stale, from an agent that died */
         if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) goto close_socket;
     }
-    if (chmod(path, (mode_t)eng->cfg->agent.socket_mode) < 0) goto close_socket;
-    if (listen(fd, 128) < 0) goto close_socket;
-    eng->lfd = fd;
+    eng->lfd = fd; /* bound; listen_socket opens it to clients once the rest is up */
     return 0;
 close_socket:
     log_msg(LOG_ERROR, "agent.socket", "path=%s error=\"%s\"", path, strerror(errno));
@@ -117,7 +127,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     sigaddset(&set, SIGINT);
     eng->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (eng->sigfd < 0) return -1;
-    if (bind_socket(eng) < 0) return -1;
+    if (bind_socket(eng) < 0) return -1; /* early: another agent on the path stops us here */
     char why[256];
     uint8_t gpu_group[CONFIG_MAX_GROUPS] = {0};
     for (int i = 0; i < eng->ngroups; i++)
@@ -149,6 +159,7 @@ int engine_init(struct engine *eng, struct config *cfg)
         }
         publish(eng);
     }
+    if (listen_socket(eng) < 0) return -1;
     eng->senv = (struct session_env){.cfg = cfg,
                                      .epfd = eng->epfd,
                                      .gpu = eng->gpu,

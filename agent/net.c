@@ -601,6 +601,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         !(n->dns = dns_watch_start(cfg->discovery.service, cfg->discovery.resolve_ms, 2000, why,
                                    whylen)))
         goto free_net;
+    atomic_store(&n->alive_ns, now_ns()); /* /livez: turning from the start */
     if (pthread_create(&n->thread, NULL, net_main, n) != 0) {
         snprintf(why, whylen, "cannot start the net thread");
         goto free_net;

@@ -1533,6 +1533,8 @@ static void http_endpoints_say_health_and_metrics(void **state)
     (void)state;
     struct agent a[2];
     int port = free_port(), hport = free_port();
+    while (hport == port)
+        hport = free_port();
     char extra[128], url[128], file[128];
     snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
     tmp_path(file, sizeof(file), "http", 0);

@@ -20,6 +20,11 @@ skip() { echo "SKIP: $*"; exit 77; }
 command -v ip >/dev/null || skip "no ip(8) (iproute2)"
 command -v dnsmasq >/dev/null || skip "no dnsmasq (dnsmasq-base)"
 TAG=c$$
+# what the sanitizer builds need to run their agents as the others (env -i drops it)
+SAN=()
+for v in ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
+    [ -n "${!v:-}" ] && SAN+=("$v=${!v}")
+done
 ip netns add "$TAG-probe" 2>/dev/null || skip "cannot create network namespaces here"
 ip netns del "$TAG-probe"
 
@@ -129,7 +134,7 @@ start_pod() { # POD IP ENV...
         as_agent=(setpriv --reuid=65532 --regid=2000 --clear-groups)
         as_app=(setpriv --reuid=1000 --regid=2000 --clear-groups env COLL_AGENT_UIDS=65532)
     fi
-    ip netns exec "$ns" "${as_agent[@]}" env -i PATH=/usr/bin:/bin HOSTNAME="$pod" POD_NAME="$pod" \
+    ip netns exec "$ns" "${as_agent[@]}" env -i "${SAN[@]}" PATH=/usr/bin:/bin HOSTNAME="$pod" POD_NAME="$pod" \
         POD_IP="$ip" POD_UID="uid-$pod-$RANDOM" COLL_AGENT_SOCKET="$sock" \
         COLL_LABELS_FILE="$DIR/$pod.labels" "$@" \
         "$AGENT" --config "${POD_CFG:-$CFG}" >>"$DIR/$pod.agent.log" 2>&1 &
@@ -314,7 +319,7 @@ scenario_noindex() {
     log "== a pod with no index source"
     local ns=$TAG-noidx
     make_ns "$ns" "$NET.60"
-    ip netns exec "$ns" env -i PATH=/usr/bin:/bin HOSTNAME=worker POD_IP="$NET.60" \
+    ip netns exec "$ns" env -i "${SAN[@]}" PATH=/usr/bin:/bin HOSTNAME=worker POD_IP="$NET.60" \
         COLL_AGENT_SOCKET="$DIR/noidx.sock" COLL_LABELS_FILE=/nonexistent \
         "$AGENT" --config "$CFG" >"$DIR/noidx.log" 2>&1
     local rc=$?
