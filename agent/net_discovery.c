@@ -37,18 +37,14 @@ static void summarise(struct net *n, struct ngroup *g, const uint32_t *dns, int 
     do {                                                                                           \
         if (k < cap) k += (size_t)snprintf(out + k, cap - k, __VA_ARGS__);                         \
     } while (0)
-    int joined = 1; /* ourselves */
     if (r->formed) {
         PUT("formed (epoch %u)", r->epoch);
-        joined = g->nodes;
     } else if (g->me == 0) {
         int w = 0;
         for (int i = 1; i < g->nodes; i++)
             if (!r->peers[i].present) {
                 if (w < 16) PUT("%s%d", w ? "," : "waiting for node indexes ", i);
                 w++;
-            } else {
-                joined++;
             }
         if (w > 16) PUT(",... (%d in all)", w);
         if (!w) PUT("every node joined; connecting (epoch %u)", r->epoch);
@@ -77,7 +73,6 @@ static void summarise(struct net *n, struct ngroup *g, const uint32_t *dns, int 
         PUT("%s%s", shown++ ? "," : " (not joined: ", ip);
     }
     if (shown) PUT(")");
-    (void)joined;
 #undef PUT
 }
 

@@ -475,6 +475,46 @@ static void a_leaving_pod_ends_the_epoch_at_once(void **state)
     }
 }
 
+/* LEAVE is a frame from the network: from a stranger (no member's routing id) it changes
+ * nothing; replayed after the member left, nothing either; a JOIN without a pod UID does
+ * not even decode. */
+static void forged_and_replayed_leaves_change_nothing(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    union rdv_msg m;
+    rdv_init(&m, RDV_LEAVE, "g", 1);
+    m.leave.node_index = 1; /* claims to be node 1 */
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
+    run_for(10);
+    assert_int_equal(nodes[0].ends, 0);
+    assert_formed(1);
+    /* node 2 leaves for real; its LEAVE replayed later is ignored */
+    rendezvous_leave(&nodes[2].sm);
+    deliver();
+    assert_int_equal(nodes[0].ends, 1);
+    char id[64];
+    id_of(&nodes[2], id, sizeof(id));
+    rdv_init(&m, RDV_LEAVE, "g", 1);
+    m.leave.node_index = 2;
+    rendezvous_frame(&nodes[0].sm, (const unsigned char *)id, strlen(id), &m, now);
+    assert_int_equal(nodes[0].ends, 1);
+    /* and the group forms again when node 2 joins */
+    run_for(300);
+    assert_formed(2);
+    rdv_init(&m, RDV_JOIN, "g", 0);
+    m.join.nodes = 3;
+    m.join.node_index = 1;
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "10.0.0.2:7000");
+    m.h.len = (uint32_t)rdv_size(&m);
+    union rdv_msg out;
+    char why[160];
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "without a pod UID"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,6 +528,7 @@ int main(void)
         cmocka_unit_test(an_epoch_that_does_not_form_ends_and_backs_off),
         cmocka_unit_test(two_pods_with_one_index_cost_one_epoch),
         cmocka_unit_test(a_leaving_pod_ends_the_epoch_at_once),
+        cmocka_unit_test(forged_and_replayed_leaves_change_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -905,6 +905,30 @@ static void sigterm_fails_ops_with_shutdown(void **state)
     coll_disconnect(&c);
 }
 
+/* GROUP_STATE (coll_group_wait's request) is a client message like any: a handle that is
+ * not open is refused and the session stays; a truncated one ends the session only. */
+static void group_state_requests_are_checked(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_STATE, 7);
+    m.group_state.handle = 9999;
+    raw_send(r.fd, &m, m.h.len, -1);
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_ERROR);
+    assert_int_equal(m.error.code, COLL_ERR_INVALID);
+    assert_non_null(strstr(m.error.msg, "no open group with handle 9999"));
+    wire_init(&m, WIRE_GROUP_STATE, 8);
+    m.group_state.handle = 0;
+    raw_send(r.fd, &m, sizeof(struct wire_hdr) + 2, -1); /* cut short */
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, NULL);
+    close(r.efd);
+    munmap(r.shm, sizeof(*r.shm));
+    assert_serving(f);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -915,6 +939,7 @@ int main(void)
         T(other_protocol_version_is_rejected),
         T(silent_client_times_out),
         T(request_before_hello_is_dropped),
+        T(group_state_requests_are_checked),
         T(stray_descriptor_is_dropped),
         T(unsealed_memfd_is_refused),
         T(bad_op_in_ring_is_dropped),
