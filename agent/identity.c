@@ -64,7 +64,7 @@ int identity_resolve(struct config *cfg, const struct identity_env *env, struct 
                      char *why, size_t whylen)
 {
     const char *labels = env && env->labels_file ? env->labels_file : cfg->node.labels_file;
-    char lbuf[64];
+    char lbuf[64], ri[32];
     memset(out, 0, sizeof(*out));
     out->index = -1;
     if (cfg->node.index >= 0) {
@@ -76,6 +76,36 @@ int identity_resolve(struct config *cfg, const struct identity_env *env, struct 
     if ((v = env_get(env, "LWS_WORKER_INDEX"))) {
         if ((out->index = parse_index(v)) < 0) goto bad_value;
         snprintf(out->source, sizeof(out->source), "LWS_WORKER_INDEX=%s", v);
+        goto check_range;
+    }
+    /* the label LWS also sets: a container the webhook did not give the env still has it */
+    if (identity_label(labels, "leaderworkerset.sigs.k8s.io/worker-index", lbuf, sizeof(lbuf)) ==
+        0) {
+        v = lbuf;
+        if ((out->index = parse_index(lbuf)) < 0) goto bad_value;
+        snprintf(out->source, sizeof(out->source),
+                 "label leaderworkerset.sigs.k8s.io/worker-index in %s", labels);
+        goto check_range;
+    }
+    /* Kubeflow's PyTorchJob: the Master is rank 0, Worker i is rank 1 + i (the RANK the
+       training operator gives its own container, which a sidecar does not get) */
+    if (identity_label(labels, "training.kubeflow.org/replica-type", lbuf, sizeof(lbuf)) == 0) {
+        int master = strcmp(lbuf, "master") == 0;
+        if (!master && strcmp(lbuf, "worker") != 0) {
+            snprintf(why, whylen,
+                     "node.index: auto: training.kubeflow.org/replica-type is \"%s\" (%s); only "
+                     "master and worker have a rank here, set node.index",
+                     lbuf, labels);
+            return -1;
+        }
+        v = ri;
+        if (identity_label(labels, "training.kubeflow.org/replica-index", ri, sizeof(ri)) != 0)
+            snprintf(ri, sizeof(ri), "(missing)");
+        int r = parse_index(ri);
+        if (r < 0 || (master && r != 0)) goto bad_value;
+        out->index = master ? 0 : r + 1;
+        snprintf(out->source, sizeof(out->source), "PyTorchJob: %s replica %d in %s",
+                 master ? "master" : "worker", r, labels);
         goto check_range;
     }
     const char *jci = env_get(env, "JOB_COMPLETION_INDEX");
@@ -150,8 +180,9 @@ int identity_resolve(struct config *cfg, const struct identity_env *env, struct 
     }
     snprintf(why, whylen,
              "node.index: auto found no source: set node.index, or run where one of "
-             "LWS_WORKER_INDEX, JOB_COMPLETION_INDEX, the label apps.kubernetes.io/pod-index "
-             "in %s, or a pod name ending in -<ordinal> (POD_NAME or HOSTNAME, here '%s') "
+             "LWS_WORKER_INDEX, JOB_COMPLETION_INDEX, the labels of LeaderWorkerSet, "
+             "PyTorchJob or apps.kubernetes.io/pod-index in %s, or a pod name ending in -<ordinal> "
+             "(POD_NAME or HOSTNAME, here '%s') "
              "is present",
              labels && *labels ? labels : "(no labels file)", pod ? pod : "");
     return -1;

@@ -409,6 +409,19 @@ static void node_index_auto_takes_the_first_source(void **state)
     assert_int_equal(
         resolve(16, sts, "app=\"train\"\napps.kubernetes.io/pod-index=\"4\"\n", src, err), 4);
     assert_non_null(strstr(src, "apps.kubernetes.io/pod-index"));
+    /* LeaderWorkerSet's label when its env is absent; PyTorchJob's master and workers */
+    const char *lwsl[] = {"POD_NAME=lws-0-3", NULL};
+    assert_int_equal(
+        resolve(16, lwsl, "leaderworkerset.sigs.k8s.io/worker-index=\"3\"\n", src, err), 3);
+    assert_non_null(strstr(src, "worker-index"));
+    const char *ptj[] = {"POD_NAME=train-worker-0", NULL};
+    const char *master = "training.kubeflow.org/replica-index=\"0\"\n"
+                         "training.kubeflow.org/replica-type=\"master\"\n";
+    assert_int_equal(resolve(16, ptj, master, src, err), 0);
+    const char *w2 = "training.kubeflow.org/replica-index=\"2\"\n"
+                     "training.kubeflow.org/replica-type=\"worker\"\n";
+    assert_int_equal(resolve(16, ptj, w2, src, err), 3);
+    assert_non_null(strstr(src, "PyTorchJob: worker replica 2 in "));
     const char *name[] = {"HOSTNAME=train-7", NULL};
     assert_int_equal(resolve(16, name, NULL, src, err), 7);
     assert_string_equal(src, "the ordinal of pod name 'train-7'");
@@ -427,6 +440,19 @@ static void node_index_auto_refuses_conflicts_and_absence(void **state)
     assert_int_equal(resolve(16, sts, "apps.kubernetes.io/pod-index=\"4\"\n", src, err), -1);
     assert_non_null(strstr(err, "pod-index is 4"));
     assert_non_null(strstr(err, "'train-5' ends in 5"));
+    /* Kubeflow: a type without a rank, a master that is not replica 0, no index */
+    const char *ptj[] = {"POD_NAME=x", NULL};
+    assert_int_equal(resolve(16, ptj, "training.kubeflow.org/replica-type=\"ps\"\n", src, err), -1);
+    assert_non_null(strstr(err, "replica-type is \"ps\""));
+    assert_int_equal(resolve(16, ptj,
+                             "training.kubeflow.org/replica-index=\"1\"\n"
+                             "training.kubeflow.org/replica-type=\"master\"\n",
+                             src, err),
+                     -1);
+    assert_non_null(strstr(err, "'1' is not an index"));
+    assert_int_equal(resolve(16, ptj, "training.kubeflow.org/replica-type=\"worker\"\n", src, err),
+                     -1);
+    assert_non_null(strstr(err, "'(missing)' is not an index"));
     /* nothing at all: an error, never index 0 */
     const char *none[] = {"HOSTNAME=laptop", NULL};
     assert_int_equal(resolve(16, none, NULL, src, err), -1);

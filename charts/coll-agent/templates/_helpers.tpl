@@ -26,6 +26,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
+The DNS name of the pod of node index 0, where the others meet: every workload gives
+that pod a stable hostname under the headless service (LeaderWorkerSet: its own service,
+and the leader's address in LWS_LEADER_ADDRESS, which LWS sets in every container).
+*/}}
+{{- define "coll.coordinatorHost" -}}
+{{- $full := include "coll.fullname" . -}}
+{{- $svc := include "coll.serviceFQDN" . -}}
+{{- $kind := .Values.workload.kind -}}
+{{- if eq $kind "StatefulSet" -}}{{ $full }}-0.{{ $svc }}
+{{- else if eq $kind "IndexedJob" -}}{{ $full }}-0.{{ $svc }}
+{{- else if eq $kind "JobSet" -}}{{ $full }}-workers-0-0.{{ $svc }}
+{{- else if eq $kind "LeaderWorkerSet" -}}${LWS_LEADER_ADDRESS}
+{{- else if eq $kind "PyTorchJob" -}}{{ $full }}-coordinator.{{ $svc }}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The agent's config (coll-agent --check-config accepts it; test_chart checks that for
 every ci/ values file). ${...} are the downward-API variables the sidecar's env sets.
 */}}
@@ -43,10 +60,13 @@ node:
   address: ${POD_IP}
   uid: ${POD_UID}
   labels_file: /etc/podinfo/labels
+  {{- if eq .Values.workload.kind "JobSet" }}
+  pods_per_job: {{ .Values.workload.podsPerJob }}
+  {{- end }}
   data_port: {{ .Values.agent.ports.data }}
 discovery:
   mode: kubernetes
-  coordinator: "{{ include "coll.fullname" . }}-0.{{ include "coll.serviceFQDN" . }}:{{ .Values.agent.ports.rendezvous }}"
+  coordinator: "{{ include "coll.coordinatorHost" . }}:{{ .Values.agent.ports.rendezvous }}"
   service: "{{ include "coll.serviceFQDN" . }}"
 http:
   address: 0.0.0.0
@@ -151,4 +171,75 @@ application's container.
 {{- define "coll.appMounts" -}}
 - {name: coll-socket, mountPath: /run/coll}
 - {name: dshm, mountPath: /dev/shm}
+{{- end -}}
+
+{{/* The application's command: a checked allreduce; a Job's pod ends when it is done. */}}
+{{- define "coll.appCommand" -}}
+{{- if .Values.workload.app.command -}}
+{{ toJson .Values.workload.app.command }}
+{{- else -}}
+{{- $bench := printf "coll-bench -s /run/coll/agent.sock -p 1 -g %s -o allreduce -b 8 -e 1048576 -n 20 -c 1" (index .Values.groups 0).name -}}
+{{- if has .Values.workload.kind (list "StatefulSet" "LeaderWorkerSet") -}}
+{{ toJson (list "/bin/sh" "-c" (printf "%s && sleep infinity" $bench)) }}
+{{- else -}}
+{{ toJson (list "/bin/sh" "-c" $bench) }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pod's metadata and spec for every workload kind: the agent as a native sidecar,
+the application, the volumes. Context: (dict "ctx" $ "extra" "<more spec fields>").
+*/}}
+{{- define "coll.podTemplate" -}}
+{{- $ := .ctx -}}
+metadata:
+  labels: {{- include "coll.labels" $ | nindent 4 }}
+  annotations:
+    checksum/config: {{ include "coll.agentConfig" $ | sha256sum }}
+spec:
+  {{- with .extra }}
+  {{- . | nindent 2 }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ $.Values.workload.terminationGracePeriodSeconds }}
+  securityContext:
+    fsGroup: {{ $.Values.security.fsGroup }}
+    runAsNonRoot: true
+    seccompProfile: {type: RuntimeDefault}
+  {{- if eq $.Values.gpu.mode "dra" }}
+  resourceClaims:
+    - name: gpu
+      resourceClaimTemplateName: {{ include "coll.fullname" $ }}-gpu
+  {{- end }}
+  initContainers:
+{{ include "coll.sidecar" $ | indent 4 }}
+  containers:
+    - name: {{ eq $.Values.workload.kind "PyTorchJob" | ternary "pytorch" "app" }}
+      image: {{ $.Values.workload.app.image | default (printf "%s:%s" $.Values.image.repository $.Values.image.tag) | quote }}
+      imagePullPolicy: {{ $.Values.image.pullPolicy }}
+      command: {{ include "coll.appCommand" $ }}
+      env:
+{{ include "coll.appEnv" $ | indent 8 }}
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: {{ $.Values.security.appRunAsUser }}
+        runAsGroup: {{ $.Values.security.fsGroup }}
+        readOnlyRootFilesystem: true
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+      {{- if eq $.Values.gpu.mode "devicePlugin" }}
+      resources:
+        limits: {nvidia.com/gpu: {{ $.Values.gpu.count }}}
+      {{- else if eq $.Values.gpu.mode "dra" }}
+      resources:
+        claims: [{name: gpu}]
+      {{- else }}
+      {{- with $.Values.workload.app.resources }}
+      resources: {{ toJson . }}
+      {{- end }}
+      {{- end }}
+      volumeMounts:
+{{ include "coll.appMounts" $ | indent 8 }}
+  volumes:
+{{ include "coll.volumes" $ | indent 4 }}
 {{- end -}}
