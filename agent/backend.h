@@ -27,6 +27,8 @@ struct backend_stats {
                                                  net thread after starting there, queued */
     uint64_t comms_created;                   /* nccl: communicators created */
     uint64_t comm_generations;                /* nccl: generations (one more per failure) */
+    uint64_t graph_replays, graphs_captured;  /* nccl: ops launched from CUDA graphs, and
+                                                 the graphs captured for them */
 };
 
 struct backend_ops {

@@ -54,6 +54,7 @@ struct gpu_task {
     int status;
     int created_comm; /* this op waited for the communicator to be created */
     int comm_failed;  /* the communicator broke: the group needs a new generation */
+    int replayed;     /* the launch was a CUDA graph replay (1), its first capture (2) */
     char why[160];
 };
 

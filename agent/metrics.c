@@ -170,11 +170,18 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         put(&o, "coll_ops_path_total{group=\"%s\",path=\"queued\"} %llu\n", g->cfg->name,
             (unsigned long long)bs.queued);
     }
-    for (int f = 0; f < 2; f++) {
-        put(&o, f == 0 ? "# HELP coll_comms_created_total NCCL communicators created.\n"
-                         "# TYPE coll_comms_created_total counter\n"
-                       : "# HELP coll_comm_failures_total NCCL communicators abandoned after a "
-                         "failure (one-pod groups).\n# TYPE coll_comm_failures_total counter\n");
+    static const char *const nccl_help[] = {
+        "# HELP coll_comms_created_total NCCL communicators created.\n"
+        "# TYPE coll_comms_created_total counter\n",
+        "# HELP coll_comm_failures_total NCCL communicators abandoned after a failure "
+        "(one-pod groups).\n# TYPE coll_comm_failures_total counter\n",
+        "# HELP coll_graph_replays_total Ops launched by replaying a CUDA graph (the first "
+        "capture included).\n# TYPE coll_graph_replays_total counter\n",
+        "# HELP coll_graphs_captured_total CUDA graphs captured for repeated ops.\n"
+        "# TYPE coll_graphs_captured_total counter\n",
+    };
+    for (int f = 0; f < 4; f++) {
+        put(&o, "%s", nccl_help[f]);
         for (int i = 0; i < in->ngroups; i++) {
             const struct group *g = &in->groups[i];
             struct backend_stats bs = {0};
@@ -183,9 +190,15 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             if (f == 0)
                 put(&o, "coll_comms_created_total{group=\"%s\"} %llu\n", g->cfg->name,
                     (unsigned long long)bs.comms_created);
-            else
+            else if (f == 1)
                 put(&o, "coll_comm_failures_total{group=\"%s\"} %llu\n", g->cfg->name,
                     (unsigned long long)(g->nodes > 1 ? 0 : bs.comm_generations - 1));
+            else if (f == 2)
+                put(&o, "coll_graph_replays_total{group=\"%s\"} %llu\n", g->cfg->name,
+                    (unsigned long long)bs.graph_replays);
+            else
+                put(&o, "coll_graphs_captured_total{group=\"%s\"} %llu\n", g->cfg->name,
+                    (unsigned long long)bs.graphs_captured);
         }
     }
     put(&o, "# HELP coll_group_epochs_total Epochs the group went through here.\n"

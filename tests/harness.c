@@ -88,6 +88,52 @@ int free_port(void)
     return ntohs(sa.sin_port);
 }
 
+int http_get(const char *url, const char *file)
+{
+    char cmd[512], out[64];
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 -o '%s' -w '%%{http_code}' '%s'", file, url);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    int code = -1;
+    if (fgets(out, sizeof(out), p)) code = atoi(out);
+    pclose(p);
+    return code;
+}
+
+int file_has(const char *file, const char *needle)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
+int metrics_parse(const char *file, char *out, size_t cap)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/tests/http/check_metrics.py %s",
+             COLL_SOURCE_DIR, file);
+    FILE *py = popen(cmd, "r");
+    if (!py) return -1;
+    size_t got = fread(out, 1, cap - 1, py);
+    out[got] = 0;
+    int rc = pclose(py);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+long metric_of(const char *out, const char *key)
+{
+    char want[128];
+    snprintf(want, sizeof(want), "\n%s ", key); /* a whole line's name, not a suffix */
+    size_t n = strlen(want);
+    if (strncmp(out, want + 1, n - 1) == 0) return atol(out + n - 1);
+    const char *p = strstr(out, want);
+    return p ? atol(p + n) : -1;
+}
+
 int agent_start(struct agent *a, const char *agent_extra, const char *body)
 {
     memset(a, 0, sizeof(*a));

@@ -27,6 +27,16 @@ struct agent {
 int agent_start(struct agent *a, const char *agent_extra, const char *body);
 /* A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous address). */
 int free_port(void);
+/* GET url with curl into file; the HTTP status, or -1. */
+int http_get(const char *url, const char *file);
+/* Whether file holds needle (its first 64 KiB). */
+int file_has(const char *file, const char *needle);
+/* Parse a /metrics text in file with tests/http/check_metrics.py (the Prometheus
+ * client's parser) into out ("name value" lines). Its exit status: 0, 77 when the
+ * parser is missing (it says so in out), else the text is invalid. */
+int metrics_parse(const char *file, char *out, size_t cap);
+/* The value metrics_parse printed for key, or -1. */
+long metric_of(const char *out, const char *key);
 /* SIGTERM, then wait up to 10 s (SIGKILL after). Returns the exit status, or -1 if
  * it had to be killed or died of a signal. */
 int agent_stop(struct agent *a);

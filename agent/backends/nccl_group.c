@@ -38,7 +38,7 @@ struct nccl_group {
     uint32_t commid_gen;                 /* generation commid belongs to (0: none yet) */
     uint32_t commid_asked;               /* one pod: the generation the worker makes an id for */
     uint8_t commid[GPU_COMMID_BYTES];
-    uint64_t inflight, comms_created;
+    uint64_t inflight, comms_created, graph_replays, graphs_captured;
 };
 
 static int nccl_init(struct group *g)
@@ -289,6 +289,8 @@ void nccl_group_done(struct group *g, struct gpu_task *t)
     if (t->type == GPU_TASK_OP) {
         x->inflight--;
         x->comms_created += (uint64_t)t->created_comm;
+        x->graph_replays += t->replayed != 0;
+        x->graphs_captured += t->replayed == 2;
         if (t->status != COLL_OK)
             log_msg(LOG_WARN, "group.gpu_op", "group=%s rank=%d op=%s error=\"%s\" detail=\"%s\"",
                     g->cfg->name, t->rank, wire_kind_name(t->kind),
@@ -331,6 +333,8 @@ static void nccl_stats(const struct group *g, struct backend_stats *out)
     const struct nccl_group *x = g->be_ctx;
     out->comms_created = x->comms_created;
     out->comm_generations = x->comm_gen;
+    out->graph_replays = x->graph_replays;
+    out->graphs_captured = x->graphs_captured;
 }
 
 const struct backend_ops backend_nccl = {

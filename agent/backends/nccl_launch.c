@@ -126,7 +126,15 @@ static int issue_calls(struct launcher *l, struct comm *c, struct gpu_task **ts,
     if (n > 1) r = ncclGroupStart();
     for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
         if (ts[i]->count == 0 && ts[i]->kind != WIRE_OP_BARRIER) continue;
-        r = n == 1 ? nccl_graph_launch(l, c, ts[i]) : nccl_launch(c, ts[i]);
+        if (n > 1) {
+            r = nccl_launch(c, ts[i]);
+            continue;
+        }
+        uint64_t made = l->graphs_made, replayed = l->replayed;
+        r = nccl_graph_launch(l, c, ts[i]);
+        /* the engine counts them per group from the task (the launcher's own counters
+           are its thread's alone) */
+        ts[i]->replayed = l->graphs_made != made ? 2 : l->replayed != replayed ? 1 : 0;
     }
     if (n > 1) {
         ncclResult_t e = ncclGroupEnd();

@@ -56,7 +56,10 @@ for s in families["coll_group_epoch"].samples:
 out["draining"] = int(families["coll_draining"].samples[0].value)
 for fam, key, label in (("coll_group_members_joined", "joined", None),
                         ("coll_group_formations", "formations", None),
-                        ("coll_ops_path", "path", "path")):
+                        ("coll_ops_path", "path", "path"),
+                        ("coll_graph_replays", "graph_replays", None),
+                        ("coll_graphs_captured", "graphs_captured", None),
+                        ("coll_comms_created", "comms_created", None)):
     for s in families[fam].samples if fam in families else []:
         if s.name.endswith("_created"):
             continue
