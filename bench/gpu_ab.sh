@@ -6,6 +6,9 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 J=16
+# the metrics tests' parser, where .deps brought it (python3-prometheus-client, python3-decorator)
+d=/opt/deps/usr/lib/python3/dist-packages
+[ -d "$d/prometheus_client" ] && export PYTHONPATH=$d${PYTHONPATH:+:$PYTHONPATH}
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$OUT/cfg.log" 2>&1
 cmake --build build-gpu -j$J > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 if [ "${SKIP_BASE:-0}" = 0 ]; then
