@@ -3,6 +3,7 @@
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
  *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1] [-a] [-i]
+ *              [-L SIZE,SIZE...]
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
@@ -11,6 +12,9 @@
  * GAP_US between iterations, so the agent is idle (asleep) when each op arrives.
  * -a pins process i to CPU i mod count (one CPU per pod). -i runs allreduce or broadcast
  * in place (one buffer, as MPI_Bcast has), where the default is two buffers.
+ * -L runs the listed sizes instead of MIN..MAX, ITERS times up to 1 MiB and fewer above
+ * (256 MiB / size, at least 3: bench_iters(), the same rule as mpi_bench.c), as
+ * bench/compare.sh runs both.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -37,11 +41,21 @@ static const char *const op_names[] = {"allreduce",      "broadcast", "reduce", 
 
 struct opts {
     size_t minb, maxb;
+    size_t sizes[32];
+    int nsizes; /* -L: these sizes, in order */
     double factor;
     int op, dtype, iters, warmup, procs, check, inplace;
     long gap_us;
     const char *group, *sock;
 };
+
+/* Iterations for a size with -L: ITERS up to 1 MiB, then about 256 MiB of data. */
+static int bench_iters(size_t bytes, int iters)
+{
+    if (bytes <= (1u << 20)) return iters;
+    size_t k = (256u << 20) / bytes;
+    return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -214,20 +228,22 @@ static int run_rank(const struct opts *o)
         printf("%12s %12s %10s %10s %10s %8s %10s %10s\n", "bytes", "count", "time(us)", "algbw",
                "busbw", "#wrong", "p50(us)", "p90(us)");
     }
-    double *lat = calloc((size_t)o->iters, sizeof(double));
+    double *lat = calloc((size_t)o->iters + 1, sizeof(double));
     int rc = 0;
-    for (size_t bytes = o->minb; bytes <= o->maxb;) {
+    for (size_t bytes = o->nsizes ? o->sizes[0] : o->minb, si = 0; bytes <= o->maxb;) {
         size_t count = bytes / es;
+        int iters = o->nsizes ? bench_iters(bytes, o->iters) : o->iters;
+        int warmup = o->nsizes && bytes > (1u << 20) ? 1 : o->warmup;
         if (o->op == 6) count = 0;
         coll_request req;
         fill(s, count * (size_t)n, o->dtype, rank);
         void *dst = o->inplace ? s : r;
-        for (int i = 0; i < o->warmup; i++) {
+        for (int i = 0; i < warmup; i++) {
             if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
         double total = 0;
-        for (int i = 0; i < o->iters; i++) {
+        for (int i = 0; i < iters; i++) {
             if (o->gap_us) usleep((useconds_t)o->gap_us);
             double t0 = now_us();
             if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
@@ -245,8 +261,8 @@ static int run_rank(const struct opts *o)
             wrong = check(o, r, count, rank, n);
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
-        qsort(lat, (size_t)o->iters, sizeof(double), cmp_double);
-        double t = total / o->iters;
+        qsort(lat, (size_t)iters, sizeof(double), cmp_double);
+        double t = total / iters;
         double algbw = (double)(count * es) / t / 1e3;
         double f = 1;
         if (o->op == 0) f = 2.0 * (n - 1) / n;
@@ -254,9 +270,14 @@ static int run_rank(const struct opts *o)
         if (o->op == 3 || o->op == 4 || o->op == 5) algbw *= n; /* nccl-tests: total bytes */
         if (rank == 0)
             printf("%12zu %12zu %10.2f %10.3f %10.3f %8ld %10.2f %10.2f\n", count * es, count, t,
-                   algbw, algbw * f, wrong, lat[o->iters / 2], lat[(o->iters * 9) / 10]);
+                   algbw, algbw * f, wrong, lat[iters / 2], lat[(iters * 9) / 10]);
         fflush(stdout);
         if (wrong) rc = 1;
+        if (o->nsizes) {
+            if (++si >= (size_t)o->nsizes) break;
+            bytes = o->sizes[si];
+            continue;
+        }
         size_t next = (size_t)((double)bytes * o->factor);
         bytes = next > bytes ? next : bytes + 1;
     }
@@ -305,7 +326,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aih")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:h")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -361,10 +382,26 @@ int main(int argc, char **argv)
         case 'i':
             o.inplace = 1;
             break;
+        case 'L': {
+            char *save = NULL, *l = strdup(optarg);
+            o.nsizes = 0;
+            for (char *t = strtok_r(l, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o.nsizes == 32) break;
+                o.sizes[o.nsizes++] = strtoull(t, NULL, 0);
+            }
+            free(l);
+            o.minb = o.maxb = 0;
+            for (int i = 0; i < o.nsizes; i++) {
+                if (o.sizes[i] < 1) o.nsizes = 0; /* refused below */
+                if (o.sizes[i] > o.maxb) o.maxb = o.sizes[i];
+            }
+            o.minb = o.nsizes ? 1 : 0;
+            break;
+        }
         default:
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
-                            "[-G GAP_US] [-c 0|1] [-a] [-i]\n");
+                            "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...]\n");
             return 2;
         }
     }

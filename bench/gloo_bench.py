@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Second reference for coll-bench across agents: torch.distributed with the Gloo backend
-(Debian's python3-torch), the same ops, sizes and columns. bench/cluster.sh runs it when
+(Debian's python3-torch), the same ops, sizes and columns. bench/compare.sh runs it when
 torch imports. Not part of the product.
 
-    gloo_bench.py RANK WORLD PORT OP MIN MAX ITERS
+    gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS
+
+ITERS up to 1 MiB, then about 256 MiB of data per size, at least 3 (coll-bench -L's rule).
 """
 import sys
 import time
@@ -12,14 +14,14 @@ import torch
 import torch.distributed as dist
 
 rank, world, port, op = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-minb, maxb, iters = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+sizes, iters0 = [int(x) for x in sys.argv[5].split(",")], int(sys.argv[6])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 if rank == 0:
     print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters}")
     print("%12s %12s %10s %10s %10s" % ("bytes", "count", "time(us)", "algbw", "busbw"))
-size = minb
-while size <= maxb:
+for size in sizes:
+    iters = iters0 if size <= 1 << 20 else max(3, min(iters0, (256 << 20) // size))
     count = max(size // 4, 1)
     s = torch.ones(count * (world if op == "reduce_scatter" else 1))
     r = torch.zeros(count)
@@ -55,7 +57,4 @@ while size <= maxb:
         f = (world - 1) / world
     if rank == 0:
         print("%12d %12d %10.2f %10.3f %10.3f" % (size, count, t, algbw, algbw * f), flush=True)
-    if size == maxb:
-        break
-    size *= 8
 dist.destroy_process_group()

@@ -5,12 +5,22 @@
  * it); not part of the product.
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
+ *                          [-L SIZE,SIZE...]
+ * -L: the listed sizes, with coll-bench's rule for iterations (bench_iters).
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* coll_bench.c's rule: ITERS up to 1 MiB, then about 256 MiB of data, at least 3. */
+static int bench_iters(size_t bytes, int iters)
+{
+    if (bytes <= (1u << 20)) return iters;
+    size_t k = (256u << 20) / bytes;
+    return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
+}
 
 int main(int argc, char **argv)
 {
@@ -22,7 +32,18 @@ int main(int argc, char **argv)
     double factor = 2;
     int iters = 100, warmup = 10, c;
     const char *op = "allreduce";
-    while ((c = getopt(argc, argv, "b:e:f:o:n:w:")) != -1) {
+    size_t sizes[32];
+    int nsizes = 0;
+    while ((c = getopt(argc, argv, "b:e:f:o:n:w:L:")) != -1) {
+        if (c == 'L') {
+            char *save = NULL;
+            for (char *t = strtok_r(optarg, ",", &save); t && nsizes < 32;
+                 t = strtok_r(NULL, ",", &save))
+                sizes[nsizes++] = strtoull(t, NULL, 0);
+            maxb = 0;
+            for (int i = 0; i < nsizes; i++)
+                if (sizes[i] > maxb) maxb = sizes[i];
+        }
         if (c == 'b') minb = strtoull(optarg, NULL, 0);
         if (c == 'e') maxb = strtoull(optarg, NULL, 0);
         if (c == 'f') factor = atof(optarg);
@@ -35,10 +56,18 @@ int main(int argc, char **argv)
         printf("# mpi_bench: op %s ranks %d float32 iters %d\n", op, n, iters);
         printf("%12s %12s %10s %10s %10s\n", "bytes", "count", "time(us)", "algbw", "busbw");
     }
-    for (size_t bytes = minb; bytes <= maxb; bytes = (size_t)((double)bytes * factor)) {
+    for (int si = 0;; si++) {
+        if (nsizes && si >= nsizes) break;
+        size_t bytes = nsizes ? sizes[si] : minb;
+        if (!nsizes)
+            for (int k = 0; k < si; k++)
+                bytes = (size_t)((double)bytes * factor);
+        if (!nsizes && bytes > maxb) break;
         int count = (int)(bytes / 4);
+        int it = nsizes ? bench_iters(bytes, iters) : iters;
+        int wu = nsizes && bytes > (1u << 20) ? 1 : warmup;
         double t0 = 0;
-        for (int i = -warmup; i < iters; i++) {
+        for (int i = -wu; i < it; i++) {
             if (i == 0) {
                 MPI_Barrier(MPI_COMM_WORLD);
                 t0 = MPI_Wtime();
@@ -52,7 +81,7 @@ int main(int argc, char **argv)
             else if (!strcmp(op, "reduce_scatter"))
                 MPI_Reduce_scatter_block(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         }
-        double t = (MPI_Wtime() - t0) / iters * 1e6;
+        double t = (MPI_Wtime() - t0) / it * 1e6;
         double algbw = (double)bytes / t / 1e3, f = 1;
         if (!strcmp(op, "allreduce")) f = 2.0 * (n - 1) / n;
         if (!strcmp(op, "allgather") || !strcmp(op, "reduce_scatter")) {
@@ -61,7 +90,7 @@ int main(int argc, char **argv)
         }
         if (rank == 0)
             printf("%12zu %12d %10.2f %10.3f %10.3f\n", bytes, count, t, algbw, algbw * f);
-        if (bytes == maxb) break;
+        if (!nsizes && bytes == maxb) break;
     }
     MPI_Finalize();
     return 0;

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The host path against its references, in one run: coll (agents on loopback TCP, one
+# per pod), OpenMPI over TCP (ob1, tcp+self) and, where torch is installed, Gloo, round by
+# round interleaved (the order flips every round), on a quiet machine and under load
+# (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
+# half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
+# same rounds. Bound (default): pod i's agent and application, and MPI rank i, on CPU
+# i mod nproc; -u: nothing bound. Writes raw.txt, results.csv, table.md, time.png and
+# busbw.png to OUTDIR (bench/compare_report.py rebuilds the last four from raw.txt).
+#
+# Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
+#                         [-l "quiet loaded"] [-n ITERS] [-u] [-d OUTDIR]
+#   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
+#   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 200 iterations up to
+#   1 MiB (fewer above: bench_iters), bench/results/host-<UTC date>
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
+sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=200
+bind=1 out=""
+while getopts "b:p:o:s:r:l:n:ud:" c; do
+    case $c in
+    b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
+    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
+    esac
+done
+build=$(cd "$build" && pwd)
+out=${out:-$here/results/host-$(date -u +%Y%m%dT%H%M)}
+mkdir -p "$out"
+for t in mpicc mpirun iperf3 taskset; do
+    command -v $t >/dev/null || { echo "compare.sh needs $t (openmpi-bin libopenmpi-dev iperf3)"; exit 2; }
+done
+tmp=$(mktemp -d /tmp/coll-compare-XXXX)
+LOAD_PIDS=() AGENT_PIDS=()
+stop_load() { for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; LOAD_PIDS=(); }
+stop_agents() {
+    local p
+    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    AGENT_PIDS=()
+}
+trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
+mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
+cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
+. "$here/agents.sh"
+ncpu=$(nproc)
+gloo=0
+/usr/bin/python3 -c "import torch.distributed" 2>/dev/null && gloo=1
+raw=$out/raw.txt
+{
+    echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
+    echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
+    echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters bind $bind gloo $gloo"
+    echo "# command: bench/compare.sh $*"
+} >"$raw"
+cat "$raw"
+
+start_load() {
+    local i
+    for i in $(seq 0 $((ncpu - 1))); do "$tmp/loadgen" spin "$i" & LOAD_PIDS+=($!); done
+    "$tmp/loadgen" duty 50 & LOAD_PIDS+=($!)
+    sleep 0.5
+}
+ceiling() { # one TCP stream over loopback, server and client as two pods
+    local port=$((30000 + RANDOM % 20000)) s=() c=() spid
+    [ $bind = 1 ] && s=(taskset -c 0) c=(taskset -c $((1 % ncpu)))
+    "${s[@]}" iperf3 -s -1 -p $port >/dev/null 2>&1 &
+    spid=$!
+    sleep 0.3
+    "${c[@]}" iperf3 -c 127.0.0.1 -p $port -t 2 -f g 2>/dev/null |
+        awk '/receiver/ {print $(NF-2)}' | tail -1
+    wait "$spid" 2>/dev/null || true
+}
+run_coll() { # N OP
+    local n=$1 op=$2
+    timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
+        -n "$iters" -w 5 -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
+}
+run_mpi() { # N OP
+    local n=$1 op=$2 wrap=""
+    [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
+    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
+        --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
+        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w 5" 2>&1
+}
+run_gloo() { # N OP
+    local n=$1 op=$2 port=$((30000 + RANDOM % 20000)) r pids=()
+    for r in $(seq 0 $((n - 1))); do
+        if [ $bind = 1 ]; then
+            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" &
+        else
+            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" &
+        fi
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || true; done
+}
+
+for r in $(seq "$rounds"); do
+    for load in $loads; do
+        [ "$load" = loaded ] && start_load
+        echo "## round $r load $load ceiling_gbit $(ceiling)" | tee -a "$raw"
+        for n in $pods; do
+            PIN=$bind start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000))
+            for op in $ops; do
+                systems="coll mpi"
+                [ $((r % 2)) = 0 ] && systems="mpi coll"
+                [ $gloo = 1 ] && systems="$systems gloo"
+                for sys in $systems; do
+                    echo "### pods $n op $op system $sys" >>"$raw"
+                    "run_$sys" "$n" "$op" >>"$raw" || echo "# $sys failed" >>"$raw"
+                done
+                echo "round $r $load: $n pods $op done"
+            done
+            stop_agents
+        done
+        [ "$load" = loaded ] && stop_load
+    done
+done
+/usr/bin/python3 "$here/compare_report.py" "$out"

@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""The report of a bench/compare.sh run, from its raw.txt: results.csv (every
+measurement), table.md (medians over rounds and the ratios, quiet and loaded side by
+side, and the issue's targets checked), time.png and busbw.png (one panel per op, pod
+count and load; one line per system, the loopback ceiling in busbw).
+
+    compare_report.py OUTDIR
+
+Ratios are taken within a round (the systems ran interleaved) and the median of the
+per-round ratios is reported: ratio = the reference's time over coll's (above 1, coll is
+faster). "steady" = the loaded ratio over the quiet one (1: load costs coll what it
+costs the reference)."""
+import collections
+import csv
+import re
+import statistics
+import sys
+
+out = sys.argv[1]
+rows, ceil = [], collections.defaultdict(list)
+header = []
+rnd = load = pods = op = sysname = None
+for line in open(out + "/raw.txt"):
+    if line.startswith("# ") and rnd is None:
+        header.append(line[2:].rstrip())
+    m = re.match(r"## round (\d+) load (\S+) ceiling_gbit (\S*)", line)
+    if m:
+        rnd, load = int(m.group(1)), m.group(2)
+        if m.group(3):
+            ceil[load].append(float(m.group(3)) / 8)  # GB/s
+        continue
+    m = re.match(r"### pods (\d+) op (\S+) system (\S+)", line)
+    if m:
+        pods, op, sysname = int(m.group(1)), m.group(2), m.group(3)
+        continue
+    f = line.split()
+    if sysname and len(f) >= 5 and f[0].isdigit() and not line.startswith("#"):
+        wrong = int(f[5]) if sysname == "coll" and len(f) > 5 else 0
+        rows.append(dict(round=rnd, load=load, pods=pods, op=op, system=sysname,
+                         bytes=int(f[0]), time_us=float(f[2]), busbw=float(f[4]), wrong=wrong))
+
+with open(out + "/results.csv", "w", newline="") as fh:
+    w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["round"])
+    w.writeheader()
+    w.writerows(rows)
+
+by = collections.defaultdict(dict)  # (load, pods, op, bytes, system) -> {round: row}
+for r in rows:
+    by[(r["load"], r["pods"], r["op"], r["bytes"], r["system"])][r["round"]] = r
+loads = sorted({r["load"] for r in rows}, key=lambda x: x != "quiet")
+podss = sorted({r["pods"] for r in rows})
+ops = list(dict.fromkeys(r["op"] for r in rows))
+sizes = sorted({r["bytes"] for r in rows})
+systems = list(dict.fromkeys(r["system"] for r in rows))
+refs = [s for s in systems if s != "coll"]
+
+
+def med_time(load, pods, op, b, s):
+    d = by.get((load, pods, op, b, s))
+    return statistics.median(x["time_us"] for x in d.values()) if d else None
+
+
+def ratio(load, pods, op, b, ref):
+    """Median over rounds of ref time / coll time, and the per-round values."""
+    c, m = by.get((load, pods, op, b, "coll")), by.get((load, pods, op, b, ref))
+    if not c or not m:
+        return None, []
+    rs = [m[k]["time_us"] / c[k]["time_us"] for k in sorted(c) if k in m and c[k]["time_us"] > 0]
+    return (statistics.median(rs) if rs else None), rs
+
+
+def fmt_size(b):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+
+def fmt_t(t):
+    return "-" if t is None else (f"{t:.1f}" if t < 100 else f"{t:.0f}")
+
+
+lines = ["# Host path: coll against " + ", ".join(refs), ""]
+lines += ["    " + h for h in header] + [""]
+for load in loads:
+    if ceil[load]:
+        lines.append(f"Loopback ceiling ({load}, iperf3 one stream, per round): " +
+                     ", ".join(f"{x:.2f}" for x in ceil[load]) + " GB/s")
+lines += ["", "Times are per op in µs, medians over rounds; ratio = reference time / coll time "
+          "(median of the per-round ratios; above 1, coll is faster); steady = loaded ratio / "
+          "quiet ratio.", ""]
+bad = []
+for ref in refs:
+    for pods in podss:
+        lines.append(f"## {pods} pods, against {ref}")
+        lines.append("")
+        cols = ["op", "size"]
+        for load in loads:
+            cols += [f"coll µs {load}", f"{ref} µs {load}", f"ratio {load}"]
+        if len(loads) == 2:
+            cols += ["steady"]
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "---|" * len(cols))
+        for op in ops:
+            for b in sizes:
+                cells, rq = [op, fmt_size(b)], {}
+                for load in loads:
+                    r, rs = ratio(load, pods, op, b, ref)
+                    rq[load] = r
+                    cells += [fmt_t(med_time(load, pods, op, b, "coll")),
+                              fmt_t(med_time(load, pods, op, b, ref)),
+                              "-" if r is None else f"{r:.2f}"]
+                    if r is None:
+                        continue
+                    if b >= 32768 and r < 1:
+                        bad.append(f"{pods} pods {op} {fmt_size(b)} {load}: {r:.2f} against {ref}")
+                    if op == "reduce_scatter" and b >= 8 << 20 and r < 2:
+                        bad.append(f"{pods} pods reduce_scatter {fmt_size(b)} {load}: {r:.2f}, "
+                                   f"not 2x {ref}")
+                    if b == 8 and pods == 2 and r < 1:
+                        bad.append(f"2 pods 8 B {load}: {r:.2f} against {ref}")
+                if len(loads) == 2:
+                    q, l = rq.get(loads[0]), rq.get(loads[1])
+                    st = None if not q or not l else l / q
+                    cells.append("-" if st is None else f"{st:.2f}")
+                    if st is not None and abs(st - 1) > 0.10:
+                        bad.append(f"{pods} pods {op} {fmt_size(b)}: loaded ratio {l:.2f} vs "
+                                   f"quiet {q:.2f} against {ref} (steady {st:.2f})")
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+wrong = [r for r in rows if r["wrong"]]
+lines.append("## Targets")
+lines.append("")
+lines.append("Checked: coll at or ahead in every cell of 32 KiB and above; reduce_scatter at "
+             "8 MiB and above at least 2x; loaded ratios within 10% of the quiet ones; 8 B "
+             "between two pods no slower.")
+lines.append("")
+lines += [f"- missed: {x}" for x in bad] or ["- all met"]
+if wrong:
+    lines.append(f"- WRONG RESULTS in {len(wrong)} coll measurements")
+open(out + "/table.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("no matplotlib (Debian: python3-matplotlib): no plots")
+    sys.exit(0)
+panels = [(p, l) for p in podss for l in loads]
+colors = {"coll": "tab:blue", "mpi": "tab:orange", "gloo": "tab:green"}
+names = {"coll": "coll (agents)", "mpi": "OpenMPI TCP", "gloo": "Gloo"}
+for metric, ylabel in (("time_us", "time per op (µs)"), ("busbw", "busbw (GB/s)")):
+    fig, axes = plt.subplots(len(ops), len(panels), figsize=(4.2 * len(panels), 3.2 * len(ops)),
+                             squeeze=False, sharex=True)
+    for i, op in enumerate(ops):
+        for j, (pods, load) in enumerate(panels):
+            ax = axes[i][j]
+            for s in systems:
+                xs, ys, lo, hi = [], [], [], []
+                for b in sizes:
+                    d = by.get((load, pods, op, b, s))
+                    if not d:
+                        continue
+                    v = [x[metric] for x in d.values()]
+                    xs.append(b)
+                    ys.append(statistics.median(v))
+                    lo.append(ys[-1] - min(v))
+                    hi.append(max(v) - ys[-1])
+                if xs:
+                    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=3, capsize=2,
+                                color=colors.get(s), label=names.get(s, s))
+            if metric == "busbw" and ceil[load]:
+                ax.axhline(statistics.median(ceil[load]), color="grey", ls="--", lw=1,
+                           label="loopback ceiling")
+            ax.set_xscale("log", base=2)
+            if metric == "time_us":
+                ax.set_yscale("log")
+            ax.set_title(f"{op}, {pods} pods, {load}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+            if i == len(ops) - 1:
+                ax.set_xlabel("bytes")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("coll vs " + ", ".join(names.get(r, r) for r in refs) +
+                 " (median of rounds; bars: min-max)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(f"{out}/{'time' if metric == 'time_us' else 'busbw'}.png", dpi=80)
+print(f"wrote {out}/results.csv, table.md, time.png, busbw.png")
