@@ -1,7 +1,7 @@
 /*
  * mpi_bench.c: the reference for coll-bench across agents: the same ops, sizes and
- * output columns through MPI (OpenMPI's TCP transport in bench/cluster.sh), so the two
- * are measured side by side. Built only when mpicc is present (bench/cluster.sh builds
+ * output columns through MPI (OpenMPI's TCP transport in bench/compare.sh), so the two
+ * are measured side by side. Built only when mpicc is present (bench/compare.sh builds
  * it); not part of the product.
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
