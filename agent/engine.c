@@ -1,9 +1,9 @@
 /*
  * engine.c: the engine loop. Spin-then-sleep: while ops arrive it polls the
- * rings without system calls (looking at the sockets every CTL_POLL_NS); after
- * spin_us without work it marks every session "agent sleeping", looks at the rings
- * once more, and sleeps in epoll until a doorbell, a socket, a signal or the
- * nearest deadline.
+ * rings without system calls (looking at the sockets every CTL_POLL_NS); after a spin
+ * without work (learnt, spin.h, at most agent.spin_us) it marks every session "agent
+ * sleeping", looks at the rings once more, and sleeps in epoll until a doorbell, a
+ * socket, a signal or the nearest deadline.
  */
 #include "engine.h"
 
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "coll/coll.h"
+#include "cpus.h"
 #include "log.h"
 #include "net.h"
 #include "ring.h"
@@ -32,8 +33,6 @@
 
 #define CTL_POLL_NS 50000LL /* look at sockets this often while spinning */
 #define TIMER_CHECK_NS 1000000LL
-#define SPIN_PAUSE_NS 5000LL    /* of the spin window, spent in pause before yielding */
-#define IDLE_RESET_NS 1000000LL /* a sleep longer than this (+ spin) ends a burst */
 #define METRICS_CAP (1 << 20)   /* /metrics and /readyz texts, half each */
 #define PUBLISH_NS 1000000000LL /* the endpoints' texts are at most this old */
 
@@ -110,8 +109,10 @@ int engine_init(struct engine *eng, struct config *cfg)
     memset(eng, 0, sizeof(*eng));
     eng->cfg = cfg;
     eng->lfd = eng->epfd = eng->sigfd = -1;
-    eng->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
-    eng->idle_reset_ns = IDLE_RESET_NS + eng->spin_ns;
+    /* on one CPU, whatever the engine waits for (a client's next op, the net thread's
+     * result) needs that CPU: spinning can only delay it */
+    eng->spin_ns = coll_usable_cpus() < 2 ? 0 : (int64_t)cfg->agent.spin_us * 1000;
+    spin_init(&eng->idle, (int32_t)(eng->spin_ns < 50000 ? eng->spin_ns : 50000));
     eng->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
     if (!eng->groups) return -1;
     for (int i = 0; i < cfg->ngroups; i++) {
@@ -472,7 +473,10 @@ static void handle_events(struct engine *eng, struct epoll_event *evs, int n)
                     continue;
                 }
                 /* the first: not ready, no new sessions or ops; what is in flight
-                 * finishes until drain_ms; then the goodbye to the peers */
+                 * finishes until drain_ms; then the goodbye to the peers. Ops already
+                 * in the rings were submitted before the signal: they are in flight
+                 * too (a sleeping engine sees the signal and the doorbell together) */
+                poll_rings(eng);
                 eng->draining = eng->senv.draining = 1;
                 publish(eng); /* not ready, at once */
                 eng->drain_deadline = now_ns() + eng->cfg->agent.drain_ms * NS_PER_MS;
@@ -514,48 +518,56 @@ int engine_run(struct engine *eng)
     int64_t now = now_ns();
     int64_t last_work = now, next_ctl = now, next_timer = now;
     int64_t next_deadline = INT64_MAX;
-    int64_t spin_ns = eng->spin_ns;
+    /* the wait for the next piece of work, from last_work: how long it may spin
+     * (spin.h: learnt, capped by agent.spin_us) and whether it has slept */
+    int64_t budget = 0;
+    int slept = 0, work = 0;
     while (!eng->stop) {
         atomic_store_explicit(&eng->alive_ns, now, memory_order_relaxed);
         if (eng->http && now >= eng->next_publish) publish(eng);
-        if (poll_rings(eng) > 0) last_work = now_ns();
+        if (work) { /* a wait ended with work: learn from it, start the next */
+            spin_learn(&eng->idle, !slept, (int32_t)eng->spin_ns);
+            budget = spin_budget(&eng->idle);
+            if (budget > eng->spin_ns) budget = eng->spin_ns;
+            slept = work = 0;
+        }
+        if (poll_rings(eng) > 0) {
+            last_work = now_ns();
+            work = 1;
+        }
         if (eng->draining) check_drain(eng, now_ns());
-        /* ops on the net thread: a long one means sleeping (its completion rings the
-         * eventfd) and leaving the CPU to the net thread and the peers; a short one
-         * means yielding while spinning */
-        int net_outstanding = 0, net_long = 0;
+        /* a long op on the net thread: sleep (its completion rings the eventfd) and
+         * leave the CPU to the net thread and the peers */
+        int net_long = 0;
         for (int i = 0; eng->net && i < eng->ngroups; i++) {
             const struct group *g = &eng->groups[i];
-            int o = g->be && g->be->outstanding ? g->be->outstanding(g) : 0;
-            net_outstanding |= o > 0;
-            net_long |= o > 1;
+            net_long |= g->be && g->be->outstanding && g->be->outstanding(g) > 1;
         }
         if (eng->net && net_has_results(eng->net)) {
             net_results(eng);
             last_work = now_ns();
+            work = 1;
         }
         if (eng->gpu && gpu_has_results(eng->gpu)) {
             gpu_results(eng);
             last_work = now_ns();
+            work = 1;
         }
         now = now_ns();
         if (now >= next_timer || now >= next_deadline) {
             next_deadline = check_deadlines(eng, now);
             next_timer = now + TIMER_CHECK_NS;
         }
-        if (now - last_work < spin_ns && !net_long) {
+        if (work) continue; /* look again at once */
+        if (now - last_work < budget && !net_long) {
             if (now >= next_ctl) {
                 int n = epoll_wait(eng->epfd, evs, 64, 0);
                 if (n > 0) handle_events(eng, evs, n);
                 next_ctl = now + CTL_POLL_NS;
             }
-            /* pause right after work (the next op of a busy client comes within a
-             * microsecond); past that, yield, so that threads sharing this CPU (the net
-             * thread, other agents, the clients) get to run */
-            if (!net_outstanding && now - last_work < SPIN_PAUSE_NS)
-                ring_cpu_relax();
-            else
-                sched_yield();
+            /* pause only (spin.h): a yield would hand this CPU to any runnable task, a
+             * nice-19 batch job included, until the next tick */
+            ring_cpu_relax();
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */
@@ -577,7 +589,7 @@ int engine_run(struct engine *eng)
         if (eng->http && (timeout < 0 || timeout > (int)(PUBLISH_NS / NS_PER_MS)))
             timeout = (int)(PUBLISH_NS / NS_PER_MS); /* /livez sees the loop turn */
         eng->stats.sleeps++;
-        int64_t slept_from = now;
+        slept = 1;
         int n = epoll_wait(eng->epfd, evs, 64, timeout);
         set_sleeping(eng, 0);
         now = now_ns();
@@ -586,12 +598,7 @@ int engine_run(struct engine *eng)
             return -1;
         }
         if (n > 0) handle_events(eng, evs, n);
-        last_work = now_ns();
         next_timer = 0;
-        /* After a long sleep an op is most likely a lone one: serve it and sleep again,
-         * leaving the CPU to the client that waits for it. A short sleep means work is
-         * flowing: spin. */
-        spin_ns = last_work - slept_from >= eng->idle_reset_ns ? 0 : eng->spin_ns;
     }
     return 0;
 }

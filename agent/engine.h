@@ -2,7 +2,8 @@
  * engine.h: the agent's engine. One thread owns the listening socket, every
  * session and every group: it accepts and checks clients, answers control
  * messages, drains the submission rings and runs matched ops. It spins while work
- * flows (spin_us after the last op) and then sleeps in epoll on the doorbells,
+ * flows (as long as spinning has paid, spin.h; at most spin_us after the last op) and
+ * then sleeps in epoll on the doorbells,
  * sockets and signals, with a timeout set by the nearest op deadline.
  */
 #ifndef AGENT_ENGINE_H
@@ -14,6 +15,7 @@
 #include "group.h"
 #include "log.h"
 #include "session.h"
+#include "spin.h"
 
 #include <stdatomic.h>
 
@@ -46,7 +48,7 @@ struct engine {
     int64_t started_ns, next_publish;
     char *metrics_buf;
     int64_t spin_ns;
-    int64_t idle_reset_ns;
+    struct spin_adapt idle;  /* how long to spin for the next work (spin.h) */
     struct session_env senv; /* what sessions see of the engine */
     struct engine_stats stats;
     struct net *net; /* NULL when every group lives in this pod */

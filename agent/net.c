@@ -25,10 +25,12 @@
 #include "coll/coll.h"
 #include "net_priv.h"
 
+#include "cpus.h"
 #include "dns.h"
+#include "ring.h"
 #include "wire.h"
 
-#define NET_SPIN_NS 200000LL     /* keep looking for ops this long after the last one */
+#define NET_SPIN_NS 200000LL     /* look for the next op at most this long (spin.h) */
 #define INLINE_BUDGET_NS 50000LL /* the engine gives a tiny op this long, then hands it over */
 
 /* ---- queues -------------------------------------------------------------------- */
@@ -240,7 +242,8 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .rfds = g->rfds,
                              .seq = g->ops_done,
                              .deadline_ns = t->deadline_ns,
-                             .scratch = &g->scratch};
+                             .scratch = &g->scratch,
+                             .spin = g->spin};
 }
 
 /* Whether the pairs t needs are up (asking for the missing ones when on the net
@@ -415,17 +418,16 @@ static int run_ready_ops(struct net *n)
 static void *net_main(void *arg)
 {
     struct net *n = arg;
-    int64_t last_work = 0;
+    int64_t last_work = 0, budget = 0;
+    int slept = 0; /* since the last op ran */
     while (!atomic_load(&n->stop)) {
         atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
-        /* spin briefly while ops flow, like the engine, then sleep in zmq_poll */
-        if (now_ns() - last_work < NET_SPIN_NS) {
-            if (!atomic_load_explicit(&n->in_pending, memory_order_acquire)) {
-                sched_yield();
-                if (now_ns() - last_work < NET_SPIN_NS &&
-                    !atomic_load_explicit(&n->in_pending, memory_order_acquire))
-                    continue;
-            }
+        /* spin while ops flow, like the engine (pause only, as long as spinning has
+         * paid: spin.h), then sleep in zmq_poll */
+        if (now_ns() - last_work < budget &&
+            !atomic_load_explicit(&n->in_pending, memory_order_acquire)) {
+            ring_cpu_relax();
+            continue;
         }
         zmq_pollitem_t items[ITEMS_MAX];
         int ni = 0;
@@ -456,6 +458,7 @@ static void *net_main(void *arg)
         atomic_store_explicit(&n->sleeping, 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
         int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
+        slept |= !busy;
         zmq_poll(items, ni, busy ? 0 : 20);
         atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
         pthread_mutex_lock(&n->coll_lock);
@@ -480,7 +483,12 @@ static void *net_main(void *arg)
             timers(n, n->groups[i], t);
             p2p_progress(n, n->groups[i]);
         }
-        if (run_ready_ops(n)) last_work = now_ns();
+        if (run_ready_ops(n)) {
+            spin_learn(&n->idle, !slept, (int32_t)n->spin_cap);
+            budget = spin_budget(&n->idle);
+            slept = 0;
+            last_work = now_ns();
+        }
         net_discovery_tick(n, t);
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
@@ -536,6 +544,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         any |= cfg->groups[i].members > 1;
     if (!any) return NULL;
     struct net *n = calloc(1, sizeof(*n));
+    if (n) n->spin_cap = coll_usable_cpus() < 2 ? 0 : NET_SPIN_NS; /* as the engine's */
+    if (n) spin_init(&n->idle, n->spin_cap < 50000 ? (int32_t)n->spin_cap : 50000);
     if (!n) {
         snprintf(why, whylen, "out of memory");
         return NULL;
@@ -565,6 +575,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         g->nodes = gc->members;
         g->me = cfg->node.index;
         g->nlocal = gc->local_slots;
+        for (int k = 0; k < RDV_MAX_NODES; k++)
+            spin_init(&g->spin[k], TCP_SPIN_START_NS);
         g->gpu = gpu_group && gpu_group[i];
         g->tiny = malloc(tcp_tiny_size());
         if (!g->tiny) {

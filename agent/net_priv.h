@@ -140,6 +140,9 @@ struct ngroup {
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
+    /* how long to spin for each pod's bytes before sleeping in poll (spin.h), learnt
+     * by whoever holds coll_lock */
+    struct spin_adapt spin[RDV_MAX_NODES];
 };
 
 struct pending_conn {
@@ -168,6 +171,8 @@ struct net {
     struct net_task *in_head, *in_tail;
     int in_efd;
     _Atomic int in_pending; /* cheap look for the spin loop */
+    struct spin_adapt idle; /* the net thread's: how long to look for the next op */
+    int64_t spin_cap;       /* ... at most (0 on one CPU) */
     /* net -> engine, guarded by out_lock */
     pthread_mutex_t out_lock;
     struct net_task *done_head, *done_tail;

@@ -28,12 +28,12 @@
 #include <unistd.h>
 
 #include "../reduce.h"
+#include "ring.h"
 #include "coll/coll.h"
 #include "wire.h"
 #include "util.h"
 
 #define SEG_BYTES (256 * 1024) /* reduce-on-arrival granularity */
-#define EXCHANGE_SPINS 50
 
 /* Payload bytes x has moved (its header excluded). */
 static size_t x_payload_done(const struct xfer *x)
@@ -134,9 +134,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
     struct tcp_comm *c = o->c;
     struct pollfd pf[2 * RDV_MAX_NODES + 2];
     int idx[2 * RDV_MAX_NODES + 2];
-    int spins = 0;
+    int64_t wait_from = 0, budget = 0; /* the wait now under way (0: none) and its spin */
+    int slept = 0;                     /* ... and whether it slept in poll */
     for (;;) {
-        int left = 0, np = 0;
+        int left = 0, np = 0, moved = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < nx; i++) {
                 struct xfer *t = &x[i];
@@ -150,6 +151,9 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                                            : readv(c->rfds[t->peer], v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
+                        if (wait_from && c->spin && !moved) /* what ended the wait */
+                            spin_learn(&c->spin[t->peer], !slept, TCP_SPIN_MAX_NS);
+                        moved = 1;
                         if (t->is_send) continue;
                         if (t->check_hdr && t->done >= t->hl) {
                             t->check_hdr = 0;
@@ -190,21 +194,37 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                 if (!x[i].is_send) fold(o, &x[i], 1);
             return COLL_OK;
         }
-        /* the peers are usually microseconds behind: look again a few times before
-         * sleeping in poll, yielding the CPU to whoever must produce the bytes */
-        if (spins < EXCHANGE_SPINS) {
-            spins++;
-            sched_yield();
+        if (moved) { /* look again at once: more is usually there */
+            wait_from = 0;
+            slept = 0;
             continue;
         }
-        spins = 0;
-        int64_t t = now_ns(), rem = c->deadline_ns - t;
+        /* Nothing moved: spin (pause only, spin.h) for as long as the slowest learner
+         * among the pods we wait for allows, then sleep in poll, which lets whoever must
+         * produce the bytes run if it shares this CPU. */
+        int64_t t = now_ns();
+        if (!wait_from) {
+            wait_from = t;
+            budget = c->spin ? INT64_MAX : 0;
+            for (int i = 0; c->spin && i < np; i++) {
+                int64_t b = spin_budget(&c->spin[x[idx[i]].peer]);
+                if (b < budget) budget = b;
+            }
+            if (budget == INT64_MAX) budget = 0;
+        }
+        if (t - wait_from < budget && (!c->budget_until || t < c->budget_until)) {
+            ring_cpu_relax();
+            continue;
+        }
+        int64_t rem = c->deadline_ns - t;
         if (rem <= 0)
             return tcp_failf(o, COLL_ERR_TIMEOUT, "op did not complete before its deadline");
-        if (c->budget_until && t >= c->budget_until) return TCP_AGAIN;
+        /* on the engine thread: never sleep; give up instead, so that the net thread
+         * (which may sleep) takes it over */
+        if (c->budget_until) return TCP_AGAIN;
         int ms = rem > 20000000 ? 20 : (int)(rem / 1000000) + 1;
-        if (c->budget_until) ms = 0; /* on the engine thread: never sleep, give up instead */
         int r = poll(pf, (nfds_t)np, ms);
+        slept = 1;
         if (r < 0 && errno != EINTR)
             return tcp_failf(o, COLL_ERR_INTERNAL, "poll: %s", strerror(errno));
         char ended[160];

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "spin.h"
+
 struct net_task;
 
 /* Scratch an op grows on demand; its owner (a group) keeps it between ops. */
@@ -34,6 +36,7 @@ struct tcp_comm {
     int64_t deadline_ns;
     struct tcp_scratch *scratch; /* the caller's, grown on demand */
     int64_t budget_until;        /* nonzero: on the engine thread; never sleep, stop here */
+    struct spin_adapt *spin;     /* by node index: spin this long for its bytes (NULL: none) */
 };
 
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
@@ -52,6 +55,9 @@ struct tcp_tiny;
 #define TCP_DOUBLING_BYTES ((size_t)1 << 20)
 #define TCP_DOUBLING_ALLREDUCE_BYTES ((size_t)256 << 10)
 #define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
+/* spin.h's budgets for a pod's bytes: where each starts, and its cap */
+#define TCP_SPIN_START_NS 50000
+#define TCP_SPIN_MAX_NS 200000
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
  * -2 if there was no memory for it. */

@@ -242,6 +242,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
     c->spin_us = lc_env_int("COLL_SPIN_US", DEFAULT_SPIN_US);
     c->spin_set = lc_env_int("COLL_SPIN_US", -1) >= 0;
+    spin_init(&c->spin, c->spin_us > 0 ? c->spin_us * 1000 : 0);
     c->few_cpus = coll_usable_cpus() < SPIN_MIN_CPUS;
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_t ca;

@@ -17,13 +17,13 @@
 #include "cpus.h"
 #include "lcgpu.h"
 #include "ring.h"
+#include "spin.h"
 #include "util.h"
 #include "wire.h"
 
 #define DEFAULT_SOCKET "/tmp/coll-agent.sock"
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_SPIN_US 50
-#define SPIN_PAUSE_NS 3000
 /* With fewer CPUs than this to keep busy (cpus.h), an op between pods sleeps at once:
  * its spinning would take the CPU from the agent threads that produce its result. With
  * more, it spins first like any op (bench/RESULTS.md: 2x faster on a 16-CPU host, 25%
@@ -83,9 +83,10 @@ struct coll_conn {
     uint32_t rpc_id;
     int timeout_ms;
     int spin_us;
-    int spin_set;  /* COLL_SPIN_US was given: spin that long for every op */
-    int few_cpus;  /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
-    coll_err lost; /* COLL_OK while the agent is there */
+    struct spin_adapt spin; /* coll_wait's: how long to spin before sleeping (c->lock) */
+    int spin_set;           /* COLL_SPIN_US was given: spin that long for every op */
+    int few_cpus;           /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
+    coll_err lost;          /* COLL_OK while the agent is there */
     char lost_msg[WIRE_ERRMSG_MAX];
     struct req reqs[WIRE_RING_ENTRIES];
     uint32_t free_idx[WIRE_RING_ENTRIES];

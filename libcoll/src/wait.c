@@ -212,24 +212,33 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
     /* An agent that had to be woken for this op needs tens of microseconds; giving it
      * this CPU (sleeping at once) beats spinning against it on a small machine. */
+    int64_t cap = (int64_t)c->spin_us * 1000, budget = 0;
     pthread_mutex_lock(&c->lock);
     struct req *rq = lookup(c, req);
     int rang = rq && rq->rang;
+    if (!rang && cap > 0) { /* spin as long as spinning has paid (spin.h) */
+        budget = spin_budget(&c->spin);
+        if (budget > cap) budget = cap;
+    }
     pthread_mutex_unlock(&c->lock);
-    int64_t spin_until = start + (rang ? 0 : (int64_t)c->spin_us * 1000);
+    int64_t spin_until = start + budget;
+    int slept = 0;
     for (;;) {
         int64_t t = now_ns();
         if (t < spin_until) {
-            /* pause briefly; past that, yield, so that on a machine with fewer CPUs than
-             * busy processes the partners (and the agent) get to run */
-            if (t - start < SPIN_PAUSE_NS)
-                ring_cpu_relax();
-            else
-                sched_yield();
+            /* pause only: a yield would hand the CPU to any runnable task, a nice-19
+             * batch job included, until the scheduler's next tick */
+            ring_cpu_relax();
         } else {
             lc_sleep_for_completion(c, deadline, req);
+            slept = 1;
         }
         r = try_complete(c, req, &st);
+        if (r != 0 && !rang && cap > 0) {
+            pthread_mutex_lock(&c->lock);
+            spin_learn(&c->spin, !slept, (int32_t)cap);
+            pthread_mutex_unlock(&c->lock);
+        }
         if (r != 0) return r > 0 ? st : lc_fail(COLL_ERR_INVALID, "request vanished");
         if (deadline && now_ns() >= deadline)
             return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
