@@ -48,6 +48,7 @@ struct tcp_tiny;
  * an allgather whose blocks are (the direct way is then a ring's bytes in one step);
  * measured in bench/RESULTS.md */
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
+#define TCP_PAIR_ALLREDUCE_BYTES ((size_t)1 << 20) /* above: the ring (half the folding) */
 /* ... and among 4, 8, ... pods, by doubling or halving: allgather results and
  * reduce_scatter inputs up to TCP_DOUBLING_BYTES, allreduces up to
  * TCP_DOUBLING_ALLREDUCE_BYTES per pod (doubling sends the whole vector log2(pods)

@@ -99,7 +99,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
     /* two pods exchange no more than a ring would: the direct way serves mid sizes too;
      * doubling and halving serve mid sizes among 4, 8, ... pods */
-    size_t ar_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES
+    size_t ar_limit = c->nodes == 2 ? TCP_PAIR_ALLREDUCE_BYTES
                       : doubling(c) ? TCP_DOUBLING_ALLREDUCE_BYTES
                                     : TCP_TINY_BYTES;
     size_t vec_limit = doubling(c)     ? TCP_DOUBLING_BYTES

@@ -9,7 +9,8 @@
  * is a microsecond it cannot run, and only sleeping lets it run. Nobody can tell from
  * here which case holds, so each waiter learns it: a wait that ended while spinning
  * doubles the next spin (up to a cap), one that had to sleep halves it; at zero it sleeps
- * at once and, one wait in SPIN_PROBE_EVERY, spins SPIN_PROBE_NS to notice a change.
+ * at once and, one wait in SPIN_PROBE_EVERY, spins SPIN_PROBE_NS (longer than a small
+ * exchange takes, so that a producer on another CPU is noticed again) to learn anew.
  *
  * The spin is pause instructions only, never sched_yield(2): a yield hands the CPU to any
  * runnable task, a nice-19 batch job included, which then keeps it until the scheduler's
@@ -21,8 +22,9 @@
 
 #include <stdint.h>
 
-#define SPIN_PROBE_NS 2000
-#define SPIN_PROBE_EVERY 32u
+#define SPIN_PROBE_NS 30000
+#define SPIN_PROBE_EVERY 16u
+#define SPIN_MIN_NS 4000 /* below this, halving ends at zero */
 
 struct spin_adapt {
     int32_t ns;      /* the spin budget of the next wait */
@@ -47,11 +49,11 @@ static inline int64_t spin_budget(struct spin_adapt *s)
 static inline void spin_learn(struct spin_adapt *s, int while_spinning, int32_t cap)
 {
     if (while_spinning) {
-        int64_t n = s->ns > 0 ? (int64_t)s->ns * 2 : SPIN_PROBE_NS * 2;
+        int64_t n = s->ns > 0 ? (int64_t)s->ns * 2 : SPIN_PROBE_NS;
         s->ns = (int32_t)(n > cap ? cap : n);
     } else {
         s->ns /= 2;
-        if (s->ns < SPIN_PROBE_NS) s->ns = 0;
+        if (s->ns < SPIN_MIN_NS) s->ns = 0;
     }
 }
 
