@@ -6,6 +6,19 @@
 # socket exists (at most 5 s each). With PIN=1, agent i runs on CPU i mod nproc (and
 # coll-bench -a pins application i the same way): one CPU per "pod".
 start_agents() {
+    local try
+    for try in 1 2 3; do
+        _start_agents "$@" && return 0
+        # a port of ours was taken (a random one collided): all again, elsewhere
+        kill "${AGENT_PIDS[@]}" 2>/dev/null || true
+        for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+        AGENT_PIDS=()
+        set -- "$1" "$2" "$3" $((21000 + RANDOM % 20000)) "${5:-}"
+    done
+    echo "start_agents: the agents did not start (see $3/*.log)" >&2
+    return 1
+}
+_start_agents() {
     local build=$1 n=$2 dir=$3 port=$4 extra=${5:-} i
     AGENT_SOCKS=""
     for i in $(seq 0 $((n - 1))); do
@@ -35,4 +48,7 @@ YAML
     for i in $(seq 0 $((n - 1))); do
         for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
     done
+    sleep 0.2 # one that lost its rendezvous port to another process exits now
+    for p in "${AGENT_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
+    for i in $(seq 0 $((n - 1))); do [ -S "$dir/$i.sock" ] || return 1; done
 }

@@ -4,8 +4,9 @@
 # round interleaved (the order flips every round), on a quiet machine and under load
 # (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
 # half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
-# same rounds. Bound (default): pod i's agent and application, and MPI rank i, on CPU
-# i mod nproc; -u: nothing bound. Writes raw.txt, results.csv, table.md, time.png and
+# same rounds, and the floors of a small op (coll-floors: a hand-off on one CPU, an
+# 8-byte swap over TCP between two). Bound (default): pod i's agent and application, and
+# MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv, table.md, time.png and
 # busbw.png to OUTDIR (bench/compare_report.py rebuilds the last four from raw.txt).
 #
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
@@ -101,6 +102,13 @@ for r in $(seq "$rounds"); do
     for load in $loads; do
         [ "$load" = loaded ] && start_load
         echo "## round $r load $load ceiling_gbit $(ceiling)" | tee -a "$raw"
+        # the floors of a small op: a hand-off between two processes on one CPU (what a
+        # pod whose application and agent share its CPU pays twice per op) and an 8-byte
+        # swap over loopback TCP between two CPUs (what any exchange between pods costs)
+        if [ $bind = 1 ]; then
+            "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' >>"$raw"
+            "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' >>"$raw"
+        fi
         for n in $pods; do
             PIN=$bind start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000))
             for op in $ops; do

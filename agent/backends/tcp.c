@@ -306,6 +306,19 @@ void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes
     if (bytes) memcpy(mine, out, bytes);
 }
 
+void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count)
+{
+    int n = o->c->nodes;
+    if (bytes) memcpy(in + (size_t)o->c->me * bytes, mine, bytes);
+    for (int w = 1; w < n; w *= 2)
+        for (int p = 0; p + w < n; p += 2 * w) {
+            void *a = in + (size_t)p * bytes;
+            const void *srcs[2] = {a, in + (size_t)(p + w) * bytes};
+            reduce_all(o, a, srcs, 2, count);
+        }
+    if (bytes) memcpy(mine, in, bytes);
+}
+
 /* dst = reduction of the local participants' send buffers at element offset off. */
 void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count)
 {

@@ -55,7 +55,8 @@ struct tcp_tiny;
  * times, so a ring wins sooner); above them the relayed ring is faster (measured) */
 #define TCP_DOUBLING_BYTES ((size_t)1 << 20)
 #define TCP_DOUBLING_ALLREDUCE_BYTES ((size_t)256 << 10)
-#define TCP_AGAIN 1000 /* tcp_tiny_progress: the budget ran out; call again */
+#define TCP_DIRECT_BYTES ((size_t)4 << 10) /* ... but up to this per pod, direct */
+#define TCP_AGAIN 1000                     /* tcp_tiny_progress: the budget ran out; call again */
 /* spin.h's budgets for a pod's bytes: where each starts, and its cap */
 #define TCP_SPIN_START_NS 50000
 #define TCP_SPIN_MAX_NS 200000

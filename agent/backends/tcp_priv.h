@@ -71,6 +71,9 @@ int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *tcp_scratch(struct tcp_comm *c, int k, size_t bytes);
 void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
+/* The same, combined pairwise as recursive doubling does ((0+1)+(2+3), ...; pods a power
+ * of two), so that a direct exchange gives the bits doubling would. */
+void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
 void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count);
 void tcp_finish_avg(struct opctx *o, void *buf, size_t count);
 void tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes);

@@ -77,6 +77,15 @@ static int doubling(const struct tcp_comm *c)
     return c->nodes >= 4 && (c->nodes & (c->nodes - 1)) == 0;
 }
 
+/* Doubling or halving for an op of per_pod bytes per pod: below TCP_DIRECT_BYTES one
+ * direct exchange with every pod is faster (one wait instead of log2(pods) in a row:
+ * on a node whose CPUs go idle between messages each wait is a wake-up, 30-57 us on
+ * the VMs measured; bench/RESULTS.md). Only where every pair is connected anyway. */
+static int use_doubling(const struct tcp_comm *c, size_t per_pod)
+{
+    return doubling(c) && (per_pod > TCP_DIRECT_BYTES || c->nodes > TCP_EAGER_ALL);
+}
+
 static void start_steps(struct tcp_tiny *s, char *vec, size_t bytes)
 {
     s->nsteps = 0;
@@ -177,7 +186,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->tmp = tcp_scratch(&s->c, 1, bb * N);
         if (!s->vec || !s->tmp) return -2;
         tcp_local_reduce(&s->o, s->vec, 0, block * N);
-        if (doubling(c)) {
+        if (use_doubling(c, bb)) {
             start_steps(s, s->vec, bb);
             return 0;
         }
@@ -196,7 +205,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
             char *dst = buf + ((size_t)c->me * L + k) * bytes;
             if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
         }
-        if (doubling(c)) {
+        if (use_doubling(c, bb)) {
             start_steps(s, buf, bb);
             return 0;
         }
@@ -222,7 +231,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->tmp = tcp_scratch(&s->c, 1, bytes * (size_t)s->c.nodes);
         if (!s->tmp) return -2;
     }
-    if (doubling(c)) {
+    if (use_doubling(c, bytes)) {
         start_steps(s, buf, bytes);
         return 0;
     }
@@ -288,7 +297,9 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     }
     if (st == COLL_OK && t->kind == WIRE_OP_ALLREDUCE) {
         size_t bytes = t->count * s->o.es;
-        if (s->c.nodes > 2 && !s->nsteps) /* two pods and doubling fold on arrival */
+        if (s->c.nodes > 2 && !s->nsteps && doubling(&s->c)) /* doubling's bits */
+            tcp_reduce_in_tree_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
+        else if (s->c.nodes > 2 && !s->nsteps) /* two pods and doubling fold on arrival */
             tcp_reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
         tcp_finish_avg(&s->o, t->recv[0], t->count);
         tcp_copy_to_locals(&s->o, t->recv[0], bytes);
