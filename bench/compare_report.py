@@ -128,7 +128,7 @@ for ref in refs:
                         bad.append(f"{pods} pods reduce_scatter {fmt_size(b)} {load}: {r:.2f}, "
                                    f"not 2x {ref}")
                     if b == 8 and pods == 2 and r < 1:
-                        bad.append(f"2 pods 8 B {load}: {r:.2f} against {ref}")
+                        bad.append(f"2 pods {op} 8 B {load}: {r:.2f} against {ref}")
                 if len(loads) == 2:
                     q, l = rq.get(loads[0]), rq.get(loads[1])
                     st = None if not q or not l else l / q
