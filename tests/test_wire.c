@@ -14,6 +14,7 @@
 #include "coll/coll.h"
 #include "cpus.h"
 #include "harness.h"
+#include "spin.h"
 #include "wire.h"
 
 static int decode(const void *buf, size_t n, union wire_msg *m, char *err)
@@ -286,10 +287,38 @@ static void a_cgroup_quota_caps_the_count(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* The waiting policy's learner (spin.h): waits that end while spinning grow the budget to
+ * its cap, waits that sleep halve it to zero, and at zero one wait in SPIN_PROBE_EVERY
+ * probes, which a success turns back into a budget. */
+static void spin_budget_is_learnt(void **state)
+{
+    (void)state;
+    struct spin_adapt s;
+    spin_init(&s, 50000);
+    assert_int_equal(spin_budget(&s), 50000);
+    for (int i = 0; i < 10; i++)
+        spin_learn(&s, 1, 200000);
+    assert_int_equal(spin_budget(&s), 200000); /* capped */
+    spin_learn(&s, 0, 200000);
+    assert_int_equal(spin_budget(&s), 100000);
+    for (int i = 0; i < 20; i++)
+        spin_learn(&s, 0, 200000);
+    assert_int_equal(s.ns, 0); /* a producer that needs our CPU: sleep at once */
+    int probes = 0;
+    for (unsigned i = 0; i < 4 * SPIN_PROBE_EVERY; i++)
+        probes += spin_budget(&s) == SPIN_PROBE_NS;
+    assert_int_equal(probes, 4);
+    spin_learn(&s, 1, 200000); /* a probe that paid */
+    assert_int_equal(spin_budget(&s), SPIN_PROBE_NS);
+    spin_learn(&s, 1, 0); /* a cap of zero: never spin */
+    assert_int_equal(s.ns, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_type_round_trips),
+        cmocka_unit_test(spin_budget_is_learnt),
         cmocka_unit_test(short_messages_are_refused),
         cmocka_unit_test(bad_magic_type_and_length_are_refused),
         cmocka_unit_test(other_versions_are_named),
