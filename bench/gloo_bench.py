@@ -18,7 +18,7 @@ sizes, iters0 = [int(x) for x in sys.argv[5].split(",")], int(sys.argv[6])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 if rank == 0:
-    print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters}")
+    print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters0}")
     print("%12s %12s %10s %10s %10s" % ("bytes", "count", "time(us)", "algbw", "busbw"))
 for size in sizes:
     iters = iters0 if size <= 1 << 20 else max(3, min(iters0, (256 << 20) // size))
