@@ -10,7 +10,6 @@
 #include "http.h"
 #include "metrics.h"
 #include <errno.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

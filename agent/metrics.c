@@ -99,24 +99,23 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         put(&o, "coll_op_duration_seconds_count{group=\"%s\"} %llu\n", g->cfg->name,
             (unsigned long long)g->m.count);
     }
-    put(&o, "# HELP coll_group_formed 1 when the group stands on every one of its pods.\n"
-            "# TYPE coll_group_formed gauge\n");
-    for (int i = 0; i < in->ngroups; i++) {
-        int formed = 0;
-        uint32_t epoch = 0;
-        char detail[8];
-        group_state(&in->groups[i], &formed, &epoch, detail, sizeof(detail));
-        put(&o, "coll_group_formed{group=\"%s\"} %d\n", in->groups[i].cfg->name,
-            in->groups[i].be ? formed : 0);
-    }
-    put(&o, "# HELP coll_group_epoch The group's epoch across its pods (one pod: the agent's).\n"
-            "# TYPE coll_group_epoch gauge\n");
-    for (int i = 0; i < in->ngroups; i++) {
-        int formed = 0;
-        uint32_t epoch = 0;
-        char detail[8];
-        group_state(&in->groups[i], &formed, &epoch, detail, sizeof(detail));
-        put(&o, "coll_group_epoch{group=\"%s\"} %u\n", in->groups[i].cfg->name, epoch);
+    /* two families from group_state, one family at a time */
+    for (int f = 0; f < 2; f++) {
+        put(&o, f == 0 ? "# HELP coll_group_formed 1 when the group stands on every one of "
+                         "its pods.\n# TYPE coll_group_formed gauge\n"
+                       : "# HELP coll_group_epoch The group's epoch across its pods (one pod: "
+                         "the agent's).\n# TYPE coll_group_epoch gauge\n");
+        for (int i = 0; i < in->ngroups; i++) {
+            int formed = 0;
+            uint32_t epoch = 0;
+            char detail[8];
+            group_state(&in->groups[i], &formed, &epoch, detail, sizeof(detail));
+            if (f == 0)
+                put(&o, "coll_group_formed{group=\"%s\"} %d\n", in->groups[i].cfg->name,
+                    in->groups[i].be ? formed : 0);
+            else
+                put(&o, "coll_group_epoch{group=\"%s\"} %u\n", in->groups[i].cfg->name, epoch);
+        }
     }
     put(&o, "# HELP coll_group_pods Pods the group is declared with.\n"
             "# TYPE coll_group_pods gauge\n");

@@ -6,7 +6,7 @@
 # socket exists (at most 5 s each). With PIN=1, agent i runs on CPU i mod nproc (and
 # coll-bench -a pins application i the same way): one CPU per "pod".
 start_agents() {
-    local try
+    local try p
     for try in 1 2 3; do
         _start_agents "$@" && return 0
         # a port of ours was taken (a random one collided): all again, elsewhere

@@ -18,7 +18,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,20 +442,14 @@ static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit,
 
 /* ---- ops ---------------------------------------------------------------------------------- */
 
-/* One participant on this pod (no local reduction to do). */
-static int c1(const struct opctx *o)
-{
-    return o->c->nlocal == 1;
-}
-
 static int op_allreduce(struct opctx *o)
 {
     struct net_task *t = o->t;
     size_t count = t->count, bytes = count * o->es;
     void *buf = t->recv[0];
     /* one participant here: its input is read where it is (no copy into buf first) */
-    const char *in = t->send[0], *b = buf;
-    const void *src = c1(o) && (b + bytes <= in || b >= in + bytes) ? in : NULL;
+    const void *src =
+        o->c->nlocal == 1 && tcp_apart(t->send[0], bytes, buf, bytes) ? t->send[0] : NULL;
     if (!src) tcp_local_reduce(o, buf, 0, count);
     /* small ones went the tiny way (tcp_run) */
     int st = ring_reduce_scatter(o, buf, count, 1, src, NULL);
@@ -478,8 +471,7 @@ static int op_reduce_scatter(struct opctx *o)
     if (!T) return tcp_failf(o, COLL_ERR_NOMEM, "scratch");
     /* one participant here: its input is read where it is, and our block is folded
      * straight into its result */
-    const char *in = t->send[0], *out = t->recv[0];
-    int direct = c1(o) && out && count && (out + bb <= in || out >= in + bb * N);
+    int direct = L == 1 && t->recv[0] && count && tcp_apart(t->send[0], bb * N, t->recv[0], bb);
     if (!direct) tcp_local_reduce(o, T, 0, block * N);
     char *mine = direct ? t->recv[0] : T + (size_t)c->me * bb;
     /* small ones went the tiny way (a direct exchange of blocks) */

@@ -70,6 +70,14 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx);
 int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *tcp_scratch(struct tcp_comm *c, int k, size_t bytes);
+/* Whether [a, a + an) and [b, b + bn) do not overlap: an input that can be read where it
+ * is while the result is written elsewhere. */
+static inline int tcp_apart(const void *a, size_t an, const void *b, size_t bn)
+{
+    const char *x = a, *y = b;
+    return x + an <= y || y + bn <= x;
+}
+
 void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
 /* The same, combined pairwise as recursive doubling does ((0+1)+(2+3), ...; pods a power
  * of two), so that a direct exchange gives the bits doubling would. */

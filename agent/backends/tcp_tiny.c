@@ -222,9 +222,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     const char *own = t->send[0];
     /* two pods, one participant, two buffers apart: send straight from its send buffer
      * and fold into its result, with no copy between them first */
-    int direct =
-        c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
-        (own + bytes <= (const char *)t->recv[0] || (const char *)t->recv[0] + bytes <= own);
+    int direct = c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
+                 tcp_apart(own, bytes, t->recv[0], bytes);
     if (t->kind == WIRE_OP_ALLREDUCE) {
         buf = t->recv[0];
         if (!direct) tcp_local_reduce(&s->o, buf, 0, t->count);
