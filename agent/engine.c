@@ -454,6 +454,10 @@ static void gpu_results(struct engine *eng)
 
 static void handle_events(struct engine *eng, struct epoll_event *evs, int n)
 {
+    /* ops already in the rings were submitted before whatever woke us: take them first,
+     * so that a session that closed, or a signal, finds them in flight (a sleeping engine
+     * sees a doorbell and a hang-up or a signal together) */
+    poll_rings(eng);
     for (int i = 0; i < n; i++) {
         struct session_ev *e = evs[i].data.ptr;
         if (e == &ev_listen) {
@@ -472,10 +476,7 @@ static void handle_events(struct engine *eng, struct epoll_event *evs, int n)
                     continue;
                 }
                 /* the first: not ready, no new sessions or ops; what is in flight
-                 * finishes until drain_ms; then the goodbye to the peers. Ops already
-                 * in the rings were submitted before the signal: they are in flight
-                 * too (a sleeping engine sees the signal and the doorbell together) */
-                poll_rings(eng);
+                 * finishes until drain_ms; then the goodbye to the peers */
                 eng->draining = eng->senv.draining = 1;
                 publish(eng); /* not ready, at once */
                 eng->drain_deadline = now_ns() + eng->cfg->agent.drain_ms * NS_PER_MS;
