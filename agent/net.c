@@ -242,7 +242,8 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .seq = g->ops_done,
                              .deadline_ns = t->deadline_ns,
                              .scratch = &g->scratch,
-                             .spin = g->spin};
+                             .spin = g->spin,
+                             .acks = g->acks};
 }
 
 /* Whether the pairs t needs are up (asking for the missing ones when on the net
@@ -266,7 +267,12 @@ int net_inline(struct net *n, struct net_task *t)
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
         !g->handoff && !g->inline_abort && t->lepoch >= g->floor && peers_ready(n, g, t, 0)) {
         struct tcp_comm c = comm_for(g, t);
-        int started = tcp_tiny_start(g->tiny, &c, t);
+        char why0[160];
+        /* acks a broadcast root went on without: only what has arrived (else the net
+         * thread waits for them) */
+        int started = tcp_settle(&c, t, 0, why0, sizeof(why0)) == COLL_OK
+                          ? tcp_tiny_start(g->tiny, &c, t)
+                          : -1;
         if (started == 0) {
             int64_t t0 = now_ns();
             char why[160] = "";
@@ -578,7 +584,10 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
             spin_init(&g->spin[k], TCP_SPIN_START_NS);
         g->gpu = gpu_group && gpu_group[i];
         g->tiny = malloc(tcp_tiny_size());
-        if (!g->tiny) {
+        g->acks = tcp_acks_new(g->nodes);
+        if (!g->tiny || !g->acks) {
+            free(g->tiny);
+            free(g->acks);
             free(g);
             goto free_net;
         }
@@ -654,6 +663,7 @@ void net_free(struct net **np)
         dataconn_close_grave(n->groups[i]);
         p2p_free(n->groups[i]);
         free(n->groups[i]->tiny);
+        free(n->groups[i]->acks);
         free(n->groups[i]->scratch.p[0]);
         free(n->groups[i]->scratch.p[1]);
         free(n->groups[i]);

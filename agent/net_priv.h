@@ -140,6 +140,7 @@ struct ngroup {
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
+    struct tcp_acks *acks;      /* ... and the acks broadcast roots are owed (tcp.h) */
     /* how long to spin for each pod's bytes before sleeping in poll (spin.h), learnt
      * by whoever holds coll_lock */
     struct spin_adapt spin[RDV_MAX_NODES];

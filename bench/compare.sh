@@ -14,6 +14,7 @@
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 200 iterations up to
 #   1 MiB (fewer above: bench_iters), bench/results/host-<UTC date>
+#   GLOO=0: no Gloo rounds even where torch imports
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
@@ -46,8 +47,8 @@ mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
 . "$here/agents.sh"
 ncpu=$(nproc)
-gloo=0
-/usr/bin/python3 -c "import torch.distributed" 2>/dev/null && gloo=1
+gloo=0 # GLOO=0 in the environment: leave Gloo out even where torch is installed
+[ "${GLOO:-1}" != 0 ] && /usr/bin/python3 -c "import torch.distributed" 2>/dev/null && gloo=1
 raw=$out/raw.txt
 {
     echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"

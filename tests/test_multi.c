@@ -831,6 +831,101 @@ static void disagreements_between_pods_are_mismatches(void **state)
     stop_all(a, 2);
 }
 
+/* In a run of the same broadcast, the root does not wait for its peers' word on each op
+ * (tcp.h: TCP_ACK_EVERY, TCP_ACK_WINDOW). A pod that turns away mid-run, to a broadcast
+ * of its own (it reads nothing from the root) or to an allreduce, must still make every
+ * rank fail with MISMATCH, the root within its window, and nobody wait for a deadline. */
+#define RUN_AGREED 10
+#define RUN_OPS 80
+#define RUN_LATEST (RUN_AGREED + 8 * 4 + 4 + 1) /* TCP_ACK_WINDOW * TCP_ACK_EVERY, + one */
+
+struct run {
+    const char *sock;
+    size_t count; /* floats per broadcast: tiny (direct) or the chain */
+    int turn;     /* what rank 1 runs from op RUN_AGREED on: 0 its own broadcast, 1 allreduce */
+};
+
+static int run_turns_main(void *arg)
+{
+    const struct run *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, (o->count + 64) * 2 * sizeof(float), &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem, *y = x + o->count + 64;
+    int failed_at = -1;
+    coll_err e = COLL_OK;
+    for (int k = 0; k < RUN_OPS && failed_at < 0; k++) {
+        for (size_t i = 0; info.rank == 0 && i < o->count; i++)
+            x[i] = (float)(k + 1);
+        coll_request r;
+        double t0 = now_ms();
+        if (info.rank == 1 && k >= RUN_AGREED && o->turn == 1)
+            e = coll_allreduce(g, x, y, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        else
+            e = coll_broadcast(g, x, y, o->count, COLL_FLOAT32,
+                               info.rank == 1 && k >= RUN_AGREED ? 1 : 0, NULL, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 30000);
+        double ms = now_ms() - t0;
+        if (ms > 5000) {
+            fprintf(stderr, "rank %d op %d: %s after %.0f ms, want no wait for a deadline\n",
+                    info.rank, k, coll_strerror(e), ms);
+            return 110;
+        }
+        if (e != COLL_OK) failed_at = k;
+        if (e == COLL_OK && info.rank == 1 &&
+            (y[0] != (float)(k + 1) || y[o->count - 1] != (float)(k + 1))) {
+            fprintf(stderr, "rank 1 op %d: got %g, want %d\n", k, y[0], k + 1);
+            return 111;
+        }
+    }
+    /* rank 1 at once; the root within its window: MISMATCH where it reads the other's
+     * header itself, EPOCH where rank 1 ended the epoch on it first (retryable: the
+     * group re-formed; the logs name both ops) */
+    int latest = info.rank == 1 ? RUN_AGREED : RUN_LATEST;
+    int want = e == COLL_ERR_MISMATCH || (info.rank == 0 && e == COLL_ERR_EPOCH);
+    if (failed_at < RUN_AGREED || failed_at > latest || !want) {
+        fprintf(stderr, "rank %d: %s at op %d (%s), want MISMATCH%s at op %d..%d\n", info.rank,
+                coll_strerror(e), failed_at, coll_last_error(), info.rank ? "" : " or EPOCH",
+                RUN_AGREED, latest);
+        return 112;
+    }
+    fprintf(stderr, "rank %d: %s at op %d\n", info.rank, coll_strerror(e), failed_at);
+    /* the group serves the next op once reopened */
+    e = allreduce_after_reform(c, &g, x, 16, info.rank);
+    if (e == COLL_ERR_NOT_FOUND) return 113;
+    if (e != COLL_OK || x[64] != 3.0f) {
+        fprintf(stderr, "rank %d: op after the mismatch: %s\n", info.rank, coll_strerror(e));
+        return 114;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_pod_that_turns_away_mid_run_is_a_mismatch(void **state)
+{
+    (void)state;
+    const struct {
+        size_t count;
+        int turn;
+    } cases[] = {{16, 0}, {16, 1}, {(size_t)1 << 20, 0}, {(size_t)1 << 20, 1}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct agent a[2];
+        int port;
+        start_all(a, 2, 1, &port);
+        struct run jobs[2];
+        for (int i = 0; i < 2; i++)
+            jobs[i] = (struct run){a[i].sock, cases[k].count, cases[k].turn};
+        fprintf(stderr, "case: %zu floats, rank 1 turns to %s\n", cases[k].count,
+                cases[k].turn ? "an allreduce" : "its own broadcast");
+        run_ranks(run_turns_main, jobs, sizeof(jobs[0]), 2, 120000);
+        assert_true(agent_log_count(&a[0], "this node") + agent_log_count(&a[1], "this node") >= 1);
+        stop_all(a, 2);
+    }
+}
+
 /* ---- early messages ------------------------------------------------------------------ */
 
 #define EARLY_FLOATS (4u << 20) /* 16 MiB */
@@ -1569,6 +1664,7 @@ int main(void)
         cmocka_unit_test(four_and_eight_pods_double_bitwise),
         cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(broadcast_count_mismatch_is_named),
+        cmocka_unit_test(a_pod_that_turns_away_mid_run_is_a_mismatch),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),

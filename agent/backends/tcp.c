@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +126,7 @@ int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
 }
 
 static int check_hdr(struct opctx *o, int peer);
+static int peek_acks(struct opctx *o);
 
 /* Move every transfer to completion, checking each received header against ours as
  * soon as it is in (so callers need not). Relays (sends with a gate) go after the
@@ -222,6 +224,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
             ring_cpu_relax();
             continue;
         }
+        if (o->late_acks) { /* the pods may have told us they disagree */
+            int st = peek_acks(o);
+            if (st != COLL_OK) return st;
+        }
         int64_t rem = c->deadline_ns - t;
         if (rem <= 0)
             return tcp_failf(o, COLL_ERR_TIMEOUT, "op did not complete before its deadline");
@@ -246,21 +252,187 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-static int check_hdr(struct opctx *o, int peer)
+/* Whether b (a peer's header) agrees with a (ours); else why says both. */
+static int hdr_agree(char *why, size_t whylen, int peer, const struct data_op_hdr *a,
+                     const struct data_op_hdr *b)
 {
-    const struct data_op_hdr *a = &o->hdr, *b = &o->peer_hdr[peer];
     int ok = b->magic == DATA_MAGIC && b->kind == a->kind && b->dtype == a->dtype &&
              b->count == a->count && b->seq == a->seq;
     if (ok && wire_kind_reduces(a->kind)) ok = b->redop == a->redop;
     if (ok && wire_kind_rooted(a->kind)) ok = b->root == a->root;
     if (ok) return COLL_OK;
-    return tcp_failf(
-        o, COLL_ERR_MISMATCH,
-        "node %d runs %s dtype %u count %llu op %u root %d (#%llu), this node %s dtype "
-        "%u count %llu op %u root %d (#%llu)",
-        peer, wire_kind_name(b->kind), b->dtype, (unsigned long long)b->count, b->redop, b->root,
-        (unsigned long long)b->seq, wire_kind_name(a->kind), a->dtype, (unsigned long long)a->count,
-        a->redop, a->root, (unsigned long long)a->seq);
+    snprintf(why, whylen,
+             "node %d runs %s dtype %u count %llu op %u root %d (#%llu), this node %s dtype "
+             "%u count %llu op %u root %d (#%llu)",
+             peer, wire_kind_name(b->kind), b->dtype, (unsigned long long)b->count, b->redop,
+             b->root, (unsigned long long)b->seq, wire_kind_name(a->kind), a->dtype,
+             (unsigned long long)a->count, a->redop, a->root, (unsigned long long)a->seq);
+    return COLL_ERR_MISMATCH;
+}
+
+static int check_hdr(struct opctx *o, int peer)
+{
+    return hdr_agree(o->why, o->whylen, peer, &o->hdr, &o->peer_hdr[peer]);
+}
+
+/* ---- acks a broadcast root goes on without (tcp.h) ------------------------------------ */
+
+struct tcp_acks *tcp_acks_new(int nodes)
+{
+    struct tcp_acks *a = calloc(1, sizeof(*a) + (size_t)nodes * sizeof(a->peer[0]));
+    if (a) a->nodes = nodes;
+    return a;
+}
+
+void tcp_acks_reset(struct tcp_acks *a)
+{
+    if (!a) return;
+    for (int p = 0; a->owed && p < a->nodes; p++) {
+        a->peer[p].n = 0;
+        a->peer[p].got = 0;
+    }
+    a->owed = 0;
+    a->has_prev = 0;
+}
+
+/* Whether h repeats the previous op (all but its number). */
+static int repeats(const struct tcp_acks *a, const struct data_op_hdr *h)
+{
+    if (!a || !a->has_prev) return 0;
+    struct data_op_hdr p = a->prev;
+    p.seq = h->seq;
+    return memcmp(&p, h, sizeof(p)) == 0;
+}
+
+int tcp_ack_plan(const struct tcp_comm *c, const struct data_op_hdr *h)
+{
+    if (h->kind != WIRE_OP_BROADCAST || !repeats(c->acks, h)) return 0;
+    int plan = h->root / c->nlocal == c->me ? TCP_ACK_LATE : 0;
+    if ((c->acks->run + 1) % TCP_ACK_EVERY) plan |= TCP_ACK_NONE;
+    return plan;
+}
+
+void tcp_note_op(struct tcp_comm *c, const struct data_op_hdr *h)
+{
+    struct tcp_acks *a = c->acks;
+    if (!a) return;
+    a->run = repeats(a, h) ? a->run + 1 : 0;
+    a->prev = *h;
+    a->has_prev = 1;
+}
+
+void tcp_owe(struct tcp_comm *c, int p, const struct data_op_hdr *h)
+{
+    struct tcp_owed *w = &c->acks->peer[p];
+    w->exp[w->n++] = *h; /* below the window: tcp_settle saw to it */
+    c->acks->owed++;
+}
+
+/* Check the acks of pod p that are in, oldest first. */
+static int owed_check(struct tcp_comm *c, int p, char *why, size_t whylen)
+{
+    struct tcp_owed *w = &c->acks->peer[p];
+    const size_t hl = sizeof(w->in[0]);
+    while (w->n && w->got >= hl) {
+        int st = hdr_agree(why, whylen, p, &w->exp[0], &w->in[0]);
+        if (st != COLL_OK) return st; /* stays owed: the epoch ends on it */
+        memmove(&w->exp[0], &w->exp[1], (size_t)(w->n - 1) * hl);
+        memmove(&w->in[0], &w->in[1], w->got - hl);
+        w->n--;
+        w->got -= hl;
+        c->acks->owed--;
+    }
+    return COLL_OK;
+}
+
+/* A broadcast root whose sends block, in a run (o->late_acks): read what the pods have
+ * sent it, without waiting. Only owed acks are expected; a header beyond them is a pod
+ * that runs another op and will not read ours. */
+static int peek_acks(struct opctx *o)
+{
+    struct tcp_comm *c = o->c;
+    struct tcp_acks *a = c->acks;
+    const size_t hl = sizeof(o->hdr);
+    for (int p = 0; a && p < c->nodes; p++) {
+        if (p == c->me) continue;
+        struct tcp_owed *w = &a->peer[p];
+        size_t want = (w->n ? (size_t)w->n * hl : hl) - w->got;
+        ssize_t r = recv(c->rfds[p], (char *)w->in + w->got, want, MSG_DONTWAIT);
+        if (r == 0)
+            return tcp_failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection", p);
+        if (r < 0 && errno != EAGAIN && errno != EINTR)
+            return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", p,
+                             strerror(errno));
+        if (r > 0) w->got += (size_t)r;
+        int st = owed_check(c, p, o->why, o->whylen);
+        if (st != COLL_OK) return st;
+        if (!w->n && w->got >= hl) {
+            st = hdr_agree(o->why, o->whylen, p, &o->hdr, &w->in[0]);
+            if (st == COLL_OK)
+                st = tcp_failf(o, COLL_ERR_MISMATCH, "node %d sent a header (#%llu) unasked", p,
+                               (unsigned long long)w->in[0].seq);
+            return st;
+        }
+    }
+    return COLL_OK;
+}
+
+static struct data_op_hdr op_hdr(const struct tcp_comm *c, const struct net_task *t)
+{
+    return (struct data_op_hdr){.magic = DATA_MAGIC,
+                                .kind = t->kind,
+                                .dtype = t->dtype,
+                                .redop = t->redop,
+                                .root = t->root,
+                                .seq = c->seq,
+                                .count = t->count};
+}
+
+int tcp_settle(struct tcp_comm *c, struct net_task *t, int may_wait, char *why, size_t whylen)
+{
+    struct tcp_acks *a = c->acks;
+    if (!a || !a->owed) return COLL_OK;
+    struct data_op_hdr h = op_hdr(c, t);
+    int keep = tcp_ack_plan(c, &h) & TCP_ACK_LATE ? TCP_ACK_WINDOW - 1 : 0;
+    const size_t hl = sizeof(h);
+    int short_of = 0;
+    /* what has arrived, without waiting */
+    for (int p = 0; a->owed && p < a->nodes; p++) {
+        struct tcp_owed *w = &a->peer[p];
+        if (w->n <= keep) continue;
+        ssize_t r =
+            recv(c->rfds[p], (char *)w->in + w->got, (size_t)w->n * hl - w->got, MSG_DONTWAIT);
+        if (r == 0) {
+            snprintf(why, whylen, "node %d closed the data connection", p);
+            return COLL_ERR_PEER_LOST;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EINTR) {
+            snprintf(why, whylen, "data connection to node %d: %s", p, strerror(errno));
+            return COLL_ERR_PEER_LOST;
+        }
+        if (r > 0) w->got += (size_t)r;
+        int st = owed_check(c, p, why, whylen);
+        if (st != COLL_OK) return st;
+        short_of += w->n > keep;
+    }
+    if (!short_of) return COLL_OK;
+    if (!may_wait) return TCP_AGAIN;
+    /* the rest, pod by pod, as any receive waits (deadline, service, spin) */
+    struct opctx o;
+    tcp_init_ctx(&o, c, t, why, whylen);
+    for (int p = 0; p < a->nodes; p++) {
+        struct tcp_owed *w = &a->peer[p];
+        if (w->n <= keep) continue;
+        struct xfer x;
+        size_t need = (size_t)(w->n - keep) * hl - w->got;
+        tcp_x_recv(&x, p, NULL, 0, (char *)w->in + w->got, need);
+        int st = tcp_exchange(&o, &x, 1);
+        if (st != COLL_OK) return st;
+        w->got += need;
+        st = owed_check(c, p, why, whylen);
+        if (st != COLL_OK) return st;
+    }
+    return COLL_OK;
 }
 
 /* ---- local helpers ------------------------------------------------------------------- */
@@ -500,7 +672,7 @@ static int op_allgather(struct opctx *o)
     return COLL_OK;
 }
 
-static int op_broadcast(struct opctx *o)
+static int op_broadcast(struct opctx *o, int plan)
 {
     struct tcp_comm *c = o->c;
     struct net_task *t = o->t;
@@ -513,15 +685,22 @@ static int op_broadcast(struct opctx *o)
     /* a chain from the root; each pod passes bytes on as they arrive (small ones went
      * the tiny way) */
     /* the ring closes with a bare header from the last pod to the root, so every pod
-     * hears its left neighbour: pods that disagree on the op fail with MISMATCH */
+     * hears its left neighbour: pods that disagree on the op fail with MISMATCH (in a
+     * run of the same broadcast, the root takes it later, and every TCP_ACK_EVERY-th
+     * op only: tcp.h) */
     struct xfer x[2];
     int nx = 0;
-    tcp_x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), pos != 0 ? buf : NULL,
-               pos != 0 ? bytes : 0);
-    tcp_x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), pos != n - 1 ? buf : NULL,
-               pos != n - 1 ? bytes : 0);
-    if (pos != 0 && pos != n - 1) x[nx].gate = &x[0];
-    nx++;
+    if (pos != 0 || !(plan & TCP_ACK_LATE))
+        tcp_x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), pos != 0 ? buf : NULL,
+                   pos != 0 ? bytes : 0);
+    if (pos != n - 1 || !(plan & TCP_ACK_NONE)) {
+        tcp_x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), pos != n - 1 ? buf : NULL,
+                   pos != n - 1 ? bytes : 0);
+        if (pos != 0 && pos != n - 1) x[nx].gate = &x[0];
+        nx++;
+    }
+    o->late_acks = pos == 0 && (plan & TCP_ACK_LATE);
+    if (pos == 0 && plan == TCP_ACK_LATE) tcp_owe(c, prev, &o->hdr); /* before it can come */
     int st = tcp_exchange(o, x, nx);
     if (st != COLL_OK) return st;
     tcp_copy_to_locals(o, buf, bytes);
@@ -629,19 +808,17 @@ void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char 
     o->whylen = whylen;
     o->es = coll_dtype_size((coll_dtype)t->dtype);
     o->red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
-    o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
-                                  .kind = t->kind,
-                                  .dtype = t->dtype,
-                                  .redop = t->redop,
-                                  .root = t->root,
-                                  .seq = c->seq,
-                                  .count = t->count};
+    o->hdr = op_hdr(c, t);
+    o->late_acks = 0;
 }
 
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
+    /* the acks a broadcast root went on without, first (tcp.h) */
+    int rc = tcp_settle(c, t, 1, why, whylen);
+    if (rc != COLL_OK) return rc;
     struct tcp_tiny tiny;
-    int rc = tcp_tiny_start(&tiny, c, t);
+    rc = tcp_tiny_start(&tiny, c, t);
     if (rc == 0) return tcp_tiny_progress(&tiny, c, why, whylen);
     if (rc == -2) {
         snprintf(why, whylen, "no memory for a %s of %llu elements", wire_kind_name(t->kind),
@@ -650,6 +827,8 @@ int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
     }
     struct opctx o;
     tcp_init_ctx(&o, c, t, why, whylen);
+    int plan = tcp_ack_plan(c, &o.hdr); /* before this op becomes the previous one */
+    tcp_note_op(c, &o.hdr);
     switch (t->kind) {
     case WIRE_OP_ALLREDUCE:
         return op_allreduce(&o);
@@ -658,7 +837,7 @@ int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
     case WIRE_OP_ALLGATHER:
         return op_allgather(&o);
     case WIRE_OP_BROADCAST:
-        return op_broadcast(&o);
+        return op_broadcast(&o, plan);
     case WIRE_OP_REDUCE:
         return op_reduce(&o);
     case WIRE_OP_ALLTOALL:

@@ -37,7 +37,32 @@ struct tcp_comm {
     struct tcp_scratch *scratch; /* the caller's, grown on demand */
     int64_t budget_until;        /* nonzero: on the engine thread; never sleep, stop here */
     struct spin_adapt *spin;     /* by node index: spin this long for its bytes (NULL: none) */
+    struct tcp_acks *acks;       /* the epoch's owed acks (tcp_settle); NULL: never deferred */
 };
+
+/*
+ * A broadcast root hears a bare header back from the pods it sends to (their word that
+ * they run the same op). The first broadcast of a run waits for it, so that pods that
+ * disagree all fail at once. In a run of the same broadcast (same root, dtype and
+ * count as the op before it) the root completes when its bytes are sent, the others
+ * send their header for every TCP_ACK_EVERY-th op only, and the root takes those later,
+ * with up to TCP_ACK_WINDOW per pod outstanding: before anything else is read from that
+ * pod, when the window is full, and whenever its sends block. A pod that disagrees
+ * mid-run fails at once if it reads from the root, and the root fails on its next op
+ * other than the run's, or within the window: late, never lost (docs/ARCHITECTURE.md).
+ */
+#define TCP_ACK_EVERY 4
+#define TCP_ACK_WINDOW 8
+struct tcp_acks;
+/* Acks for a group of nodes pods, none owed; NULL if out of memory. */
+struct tcp_acks *tcp_acks_new(int nodes);
+/* A new epoch: nothing owed, no previous op. */
+void tcp_acks_reset(struct tcp_acks *a);
+/* Before op t: take the owed acks that t must not run ahead of (all of them, or for a
+ * repeated broadcast root down to TCP_ACK_WINDOW - 1 per pod), checking each. With
+ * may_wait 0 it only takes what has arrived and returns TCP_AGAIN if that was not
+ * enough; else it waits (c's deadline and service). COLL_OK, TCP_AGAIN or an error. */
+int tcp_settle(struct tcp_comm *c, struct net_task *t, int may_wait, char *why, size_t whylen);
 
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
  * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier;

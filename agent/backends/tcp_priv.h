@@ -44,6 +44,8 @@ struct opctx {
     char *why;
     size_t whylen;
     struct data_op_hdr hdr;
+    int late_acks; /* a broadcast root going on without its acks: while blocked, look at
+                    * what the pods send it (only acks are expected) */
     /* last: tcp_init_ctx sets the fields above only, never these 160 KiB (an entry is
      * written by its receive before anything reads it) */
     struct data_op_hdr peer_hdr[RDV_MAX_NODES];
@@ -62,6 +64,34 @@ struct tcp_tiny {
                        * by doubling: its running result; NULL for a barrier) */
     char why[160];
 };
+
+/* What one pod owes a broadcast root (tcp.h: TCP_ACK_WINDOW). */
+struct tcp_owed {
+    int n;                                                      /* acks owed, oldest first */
+    size_t got;                                                 /* bytes of them read into in */
+    struct data_op_hdr exp[TCP_ACK_WINDOW], in[TCP_ACK_WINDOW]; /* what each must say; read */
+};
+
+struct tcp_acks {
+    int owed, nodes;         /* owed in all; pods */
+    int has_prev;            /* ... and the last op this pod started in the epoch */
+    struct data_op_hdr prev; /* (its seq is not compared) */
+    uint32_t run;            /* ... which repeated the one before it run times */
+    struct tcp_owed peer[];  /* by node index */
+};
+
+/* How op h (ours, before tcp_note_op) treats the bare headers of a broadcast: 0 (every
+ * pod but the root sends one, the root waits for it in the op), or for a broadcast that
+ * repeats the previous op: TCP_ACK_LATE for the root (it owes them to tcp_settle, or
+ * with TCP_ACK_NONE as well there is none to take) and TCP_ACK_NONE where this op is not
+ * one of every TCP_ACK_EVERY (none is sent). Pods that agree on the ops so far agree on
+ * the plan. tcp_note_op records h as the previous op once it runs. */
+#define TCP_ACK_LATE 1
+#define TCP_ACK_NONE 2
+int tcp_ack_plan(const struct tcp_comm *c, const struct data_op_hdr *h);
+void tcp_note_op(struct tcp_comm *c, const struct data_op_hdr *h);
+/* Pod p owes us its bare header for op h (within the window tcp_settle left). */
+void tcp_owe(struct tcp_comm *c, int p, const struct data_op_hdr *h);
 
 void tcp_x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n);
 void tcp_x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n);

@@ -134,17 +134,24 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         char *buf = t->recv[0];
         /* every pod hears every pod it deals with: the root takes a bare header back from
          * each, so pods that disagree on the root (or count) all fail with MISMATCH
-         * instead of sending past each other and reporting success */
+         * instead of sending past each other and reporting success (in a run of the same
+         * broadcast, every TCP_ACK_EVERY-th op only, taken later: tcp.h) */
+        int plan = tcp_ack_plan(&s->c, &s->o.hdr);
         if (c->me == rnode) {
             if (t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
             for (int p = 0; p < c->nodes; p++) {
                 if (p == c->me) continue;
                 tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
-                tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), NULL, 0);
+                if (plan == TCP_ACK_LATE)
+                    tcp_owe(&s->c, p, &s->o.hdr);
+                else if (!plan)
+                    tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr), NULL, 0);
             }
+            s->o.late_acks = plan != 0;
         } else {
             tcp_x_recv(&s->x[s->nx++], rnode, &s->o.peer_hdr[rnode], sizeof(s->o.hdr), buf, bytes);
-            tcp_x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
+            if (!(plan & TCP_ACK_NONE))
+                tcp_x_send(&s->x[s->nx++], rnode, &s->o.hdr, sizeof(s->o.hdr), NULL, 0);
         }
         return 0;
     }
@@ -255,7 +262,9 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
 
 int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
 {
-    return tiny_setup(s, c, t);
+    int rc = tiny_setup(s, c, t);
+    if (rc == 0) tcp_note_op(&s->c, &s->o.hdr); /* it runs: the previous op from now on */
+    return rc;
 }
 
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
