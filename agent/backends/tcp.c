@@ -221,8 +221,17 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
             if (budget == INT64_MAX) budget = 0;
         }
         if (t - wait_from < budget && (!c->budget_until || t < c->budget_until)) {
-            ring_cpu_relax();
-            continue;
+            /* spin on readiness, not on the calls: a readv that finds nothing takes the
+             * socket's lock, which the kernel delivering into that socket then waits
+             * for (4 pods on 2 CPUs: 290 empty readv per pod and op before; small ops
+             * 2-6% faster, large ones level: bench/ab.sh) */
+            int r;
+            while ((r = poll(pf, (nfds_t)np, 0)) == 0) {
+                ring_cpu_relax();
+                t = now_ns();
+                if (t - wait_from >= budget || (c->budget_until && t >= c->budget_until)) break;
+            }
+            if (r != 0) continue; /* ready (or failed: the calls say how) */
         }
         if (o->late_acks) { /* the pods may have told us they disagree */
             int st = peek_acks(o);
