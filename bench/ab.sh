@@ -2,7 +2,8 @@
 # Two builds of the agent side by side: N agents of build A, then N of build B, ROUNDS
 # times alternating, the same coll-bench each time; prints per size the median time per
 # op of each and the median of the per-round ratios B/A (below 1: B is faster). These
-# 2-CPU VMs swing by 2x between runs, so only ratios taken within one round count.
+# 2-CPU VMs swing by 2x between runs, so only ratios taken within one round count; the
+# order flips every round.
 # PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
 # Usage: bench/ab.sh BUILD_A BUILD_B AGENTS OP MIN MAX ITERS ROUNDS
 #   e.g. bench/ab.sh /tmp/base/build build-rel 4 broadcast 1048576 67108864 5 5
@@ -25,9 +26,14 @@ run() { # build label
     wait 2>/dev/null || true
     rm -rf "$dir"
 }
-for _ in $(seq "$rounds"); do
-    run "$A" A
-    run "$B" B
+for r in $(seq "$rounds"); do # the order flips every round (the second run of a pair was
+    if [ $((r % 2)) = 1 ]; then # 20% faster at 32 KiB among 4 pods with A = B)
+        run "$A" A
+        run "$B" B
+    else
+        run "$B" B
+        run "$A" A
+    fi
 done
 python3 - "$out" <<'PY'
 import statistics, sys
