@@ -268,11 +268,11 @@ int net_inline(struct net *n, struct net_task *t)
         !g->handoff && !g->inline_abort && t->lepoch >= g->floor && peers_ready(n, g, t, 0)) {
         struct tcp_comm c = comm_for(g, t);
         char why0[160];
-        /* acks a broadcast root went on without: only what has arrived (else the net
-         * thread waits for them) */
-        int started = tcp_settle(&c, t, 0, why0, sizeof(why0)) == COLL_OK
-                          ? tcp_tiny_start(g->tiny, &c, t)
-                          : -1;
+        /* acks a broadcast root went on without, within the budget (else the net thread
+         * waits for the rest) */
+        c.budget_until = now_ns() + INLINE_BUDGET_NS;
+        int started =
+            tcp_settle(&c, t, why0, sizeof(why0)) == COLL_OK ? tcp_tiny_start(g->tiny, &c, t) : -1;
         if (started == 0) {
             int64_t t0 = now_ns();
             char why[160] = "";

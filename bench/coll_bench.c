@@ -7,8 +7,10 @@
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
- * per size: bytes, count, time per op in us (mean), algbw and busbw in GB/s, wrong
- * elements, then the median and 90th percentile of single-op round trips. -G sleeps
+ * per size: bytes, count, time per op in us (the loop's time at rank 0, ended by a
+ * barrier, so that it counts until every rank is done; with -G the mean op), algbw and
+ * busbw in GB/s, wrong elements, then the median and 90th percentile of single-op
+ * round trips. -G sleeps
  * GAP_US between iterations, so the agent is idle (asleep) when each op arrives.
  * -a pins process i to CPU i mod count (one CPU per pod). -i runs allreduce or broadcast
  * in place (one buffer, as MPI_Bcast has), where the default is two buffers.
@@ -242,7 +244,7 @@ static int run_rank(const struct opts *o)
             if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
-        double total = 0;
+        double total = 0, start = now_us();
         for (int i = 0; i < iters; i++) {
             if (o->gap_us) usleep((useconds_t)o->gap_us);
             double t0 = now_us();
@@ -250,6 +252,10 @@ static int run_rank(const struct opts *o)
             lat[i] = now_us() - t0;
             total += lat[i];
         }
+        /* the loop ends when every rank has finished it: a broadcast's root may finish
+         * its sends long before the others have their data (mpi_bench does the same) */
+        if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
+        if (!o->gap_us) total = now_us() - start;
         long wrong = 0;
         if (o->check) {
             if (o->inplace)

@@ -45,6 +45,7 @@ for size in sizes:
         t0 = time.perf_counter()
         for _ in range(iters):
             run()
+        dist.barrier()  # until every rank is done, as coll-bench and mpi_bench
         t = (time.perf_counter() - t0) / iters * 1e6
     except RuntimeError as e:
         if rank == 0:

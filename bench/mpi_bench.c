@@ -6,7 +6,9 @@
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
  *                          [-L SIZE,SIZE...]
- * -L: the listed sizes, with coll-bench's rule for iterations (bench_iters).
+ * -L: the listed sizes, with coll-bench's rule for iterations (bench_iters). The time
+ * per op is rank 0's loop ended by a barrier, as coll-bench's: a broadcast's root, whose
+ * eager sends complete at once, would otherwise time only itself.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -81,6 +83,7 @@ int main(int argc, char **argv)
             else if (!strcmp(op, "reduce_scatter"))
                 MPI_Reduce_scatter_block(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         }
+        MPI_Barrier(MPI_COMM_WORLD); /* until every rank is done, as coll-bench */
         double t = (MPI_Wtime() - t0) / it * 1e6;
         double algbw = (double)bytes / t / 1e3, f = 1;
         if (!strcmp(op, "allreduce")) f = 2.0 * (n - 1) / n;

@@ -397,7 +397,7 @@ static struct data_op_hdr op_hdr(const struct tcp_comm *c, const struct net_task
                                 .count = t->count};
 }
 
-int tcp_settle(struct tcp_comm *c, struct net_task *t, int may_wait, char *why, size_t whylen)
+int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
     struct tcp_acks *a = c->acks;
     if (!a || !a->owed) return COLL_OK;
@@ -425,20 +425,19 @@ int tcp_settle(struct tcp_comm *c, struct net_task *t, int may_wait, char *why, 
         short_of += w->n > keep;
     }
     if (!short_of) return COLL_OK;
-    if (!may_wait) return TCP_AGAIN;
-    /* the rest, pod by pod, as any receive waits (deadline, service, spin) */
+    /* the rest, pod by pod, as any receive waits (deadline, service, spin; on the
+     * engine, its budget: TCP_AGAIN) */
     struct opctx o;
     tcp_init_ctx(&o, c, t, why, whylen);
     for (int p = 0; p < a->nodes; p++) {
         struct tcp_owed *w = &a->peer[p];
         if (w->n <= keep) continue;
         struct xfer x;
-        size_t need = (size_t)(w->n - keep) * hl - w->got;
-        tcp_x_recv(&x, p, NULL, 0, (char *)w->in + w->got, need);
+        tcp_x_recv(&x, p, NULL, 0, (char *)w->in + w->got, (size_t)(w->n - keep) * hl - w->got);
         int st = tcp_exchange(&o, &x, 1);
-        if (st != COLL_OK) return st;
-        w->got += need;
-        st = owed_check(c, p, why, whylen);
+        w->got += x.done;
+        int ck = owed_check(c, p, why, whylen);
+        if (ck != COLL_OK) return ck;
         if (st != COLL_OK) return st;
     }
     return COLL_OK;
@@ -824,7 +823,7 @@ void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char 
 int tcp_run(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 {
     /* the acks a broadcast root went on without, first (tcp.h) */
-    int rc = tcp_settle(c, t, 1, why, whylen);
+    int rc = tcp_settle(c, t, why, whylen);
     if (rc != COLL_OK) return rc;
     struct tcp_tiny tiny;
     rc = tcp_tiny_start(&tiny, c, t);

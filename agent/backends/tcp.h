@@ -59,10 +59,10 @@ struct tcp_acks *tcp_acks_new(int nodes);
 /* A new epoch: nothing owed, no previous op. */
 void tcp_acks_reset(struct tcp_acks *a);
 /* Before op t: take the owed acks that t must not run ahead of (all of them, or for a
- * repeated broadcast root down to TCP_ACK_WINDOW - 1 per pod), checking each. With
- * may_wait 0 it only takes what has arrived and returns TCP_AGAIN if that was not
- * enough; else it waits (c's deadline and service). COLL_OK, TCP_AGAIN or an error. */
-int tcp_settle(struct tcp_comm *c, struct net_task *t, int may_wait, char *why, size_t whylen);
+ * repeated broadcast root down to TCP_ACK_WINDOW - 1 per pod), checking each; waits as
+ * an op does (c's deadline and service, or on the engine its budget: TCP_AGAIN, and
+ * what was read is kept for the next call). COLL_OK, TCP_AGAIN or an error. */
+int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
 
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
  * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier;
