@@ -434,6 +434,14 @@ static void check_semantics(struct loader *ld, struct config *c)
                       g->members);
     }
     if (!c->agent.socket[0]) add_error(ld, NULL, "agent.socket", "must not be empty");
+    for (const char *p = c->node.tcp_congestion; *p; p++) {
+        if (!(islower((unsigned char)*p) || isdigit((unsigned char)*p) || *p == '_')) {
+            add_error(ld, NULL, "node.tcp_congestion",
+                      "'%s' is not a congestion control's name (lower-case letters, digits, '_')",
+                      c->node.tcp_congestion);
+            break;
+        }
+    }
     if (c->discovery.coordinator[0] && !host_port(c->discovery.coordinator))
         add_error(ld, NULL, "discovery.coordinator", "'%s' is not host:port",
                   c->discovery.coordinator);

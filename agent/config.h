@@ -57,8 +57,9 @@ struct config {
         char uid[CONFIG_NAME_MAX];         /* the pod's UID (downward API), "" if unknown */
         char labels_file[CONFIG_PATH_MAX]; /* the pod's labels (downward API) */
         int pods_per_job;                  /* JobSet: pods of each child Job */
-        char address[CONFIG_ADDR_MAX];     /* advertised for the data plane */
-        int data_port;                     /* 0: any free port */
+        char tcp_congestion[16];       /* data connections' congestion control ("": the node's) */
+        char address[CONFIG_ADDR_MAX]; /* advertised for the data plane */
+        int data_port;                 /* 0: any free port */
     } node;
     struct {
         int mode;

@@ -87,13 +87,34 @@ close_socket:
     return -1;
 }
 
+/* The congestion control of data connections (node.tcp_congestion, "" for the node's
+ * own). A loss-based one by default: these connections stay within a cluster, and BBR,
+ * the default of some nodes, paces every burst with a timer where no fq qdisc does it
+ * (loopback, a pod's veth): on the 2-CPU VM of issue 16 that timer cost 4 pods a 2 MiB
+ * allgather 4.5 ms instead of 2.9 (bench/RESULTS.md). A name the node does not allow
+ * without CAP_NET_ADMIN falls back to reno, which every kernel allows. */
+static void set_congestion(struct net *n, int fd)
+{
+    const char *want = n->cfg->node.tcp_congestion;
+    if (!want[0] || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want, (socklen_t)strlen(want)) == 0)
+        return;
+    int e = errno;
+    int reno =
+        strcmp(want, "reno") != 0 && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) == 0;
+    if (!n->cc_warned)
+        log_msg(LOG_WARN, "dataconn.congestion", "want=%s error=\"%s\" using=%s", want, strerror(e),
+                reno ? "reno" : "the node's default");
+    n->cc_warned = 1;
+}
+
 /* Data connections: no Nagle, large buffers, and keepalive at the group's heartbeat
  * interval (whole seconds; probes after 2 idle intervals, 3 unanswered end it), so a
  * peer whose node vanished without a reset is noticed in seconds, not the kernel's 2
  * hours. No TCP_USER_TIMEOUT: it would also cut a healthy peer whose application is
  * slow to post its op (a full window is not a dead node). */
-static void tune_socket(int fd, int heartbeat_ms)
+static void tune_socket(struct net *n, int fd, int heartbeat_ms)
 {
+    set_congestion(n, fd);
     int one = 1, buf = 4 << 20;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
@@ -141,7 +162,7 @@ static int open_pair(struct net *n, struct ngroup *g, int j, char *why, size_t w
         if (*conn_slot(g, ch, j, 1) >= 0) continue;
         int fd = connect_to(n->cfg->node.address, addr, why, whylen);
         if (fd < 0) return -1;
-        tune_socket(fd, g->cfg->heartbeat_ms);
+        tune_socket(n, fd, g->cfg->heartbeat_ms);
         g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
     }
     return 0;
@@ -273,7 +294,7 @@ void dataconn_accept(struct net *n)
         int fd = accept4(n->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         if (n->npend == MAX_PENDING_ACCEPTS) evict_pending(n);
-        tune_socket(fd, n->hb_ms); /* the group is not known yet: the shortest interval */
+        tune_socket(n, fd, n->hb_ms); /* the group is not known yet: the shortest interval */
         struct pending_conn *p = &n->pend[n->npend];
         *p = (struct pending_conn){
             .fd = fd, .from = sa.sin_addr, .deadline = now_ns() + PENDING_HELLO_NS};

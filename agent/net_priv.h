@@ -164,6 +164,7 @@ struct net {
     int lfd;
     char data_addr[RDV_ADDR_MAX];
     int hb_ms;              /* the shortest heartbeat_ms of the groups (sockets' keepalive) */
+    int cc_warned;          /* node.tcp_congestion could not be set (logged once) */
     char uid[RDV_NAME_MAX]; /* node.uid, else a random id of this process: JOIN's identity */
     struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
     int ngroups;

@@ -102,6 +102,7 @@ static void defaults_need_only_a_group(void **state)
     assert_int_equal(c->agent.socket_mode, 0660);
     assert_int_equal(c->agent.spin_us, 200);
     assert_int_equal(c->agent.handshake_timeout_ms, 5000);
+    assert_string_equal(c->node.tcp_congestion, "cubic");
     config_free(&c);
 }
 
@@ -154,6 +155,10 @@ static void out_of_range_values_are_reported(void **state)
              "agent.socket_mode: value 1023 is out of range [0, 511]");
     load_bad("agent:\n  allowed_uids: [-1]\ngroups:\n  - name: g\n",
              "agent.allowed_uids[0]: value -1 is out of range");
+    load_bad("node:\n  tcp_congestion: \"cubic; reboot\"\ngroups:\n  - name: g\n",
+             "node.tcp_congestion: 'cubic; reboot' is not a congestion control's name");
+    load_bad("node:\n  tcp_congestion: a_name_of_sixteen\ngroups:\n  - name: g\n",
+             "node.tcp_congestion");
 }
 
 static void duplicates_are_reported(void **state)

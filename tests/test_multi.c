@@ -926,6 +926,32 @@ static void a_pod_that_turns_away_mid_run_is_a_mismatch(void **state)
     }
 }
 
+/* node.tcp_congestion: a name the kernel does not have falls back to reno, said once in
+ * the log, and "" keeps the node's; the group works either way. */
+static void data_connections_take_the_configured_congestion_control(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    const char *cc[2] = {"nonesuch", ""};
+    for (int i = 0; i < 2; i++) {
+        char body[1024];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n  tcp_congestion: \"%s\"\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n  - name: g\n    backend: host\n    members: 2\n"
+                 "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
+                 i, i, cc[i], port);
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    assert_int_equal(agent_log_count(&a[0], "dataconn.congestion"), 1);
+    assert_int_equal(agent_log_count(&a[0], "using=reno"), 1);
+    assert_int_equal(agent_log_count(&a[1], "dataconn.congestion"), 0);
+    stop_all(a, 2);
+}
+
 /* ---- early messages ------------------------------------------------------------------ */
 
 #define EARLY_FLOATS (4u << 20) /* 16 MiB */
@@ -1665,6 +1691,7 @@ int main(void)
         cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(a_pod_that_turns_away_mid_run_is_a_mismatch),
+        cmocka_unit_test(data_connections_take_the_configured_congestion_control),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),
