@@ -72,7 +72,7 @@ static const struct field node_fields[] = {
      "${COLL_LABELS_FILE:-/etc/podinfo/labels}", NULL, 0, 0, 0},
     {"pods_per_job", T_INT, offsetof(struct config, node.pods_per_job), 0, 1, 65535, NULL, "1",
      NULL, 0, 0, 0},
-    {"tcp_congestion", T_STR, offsetof(struct config, node.tcp_congestion), 16, 0, 0, NULL, "cubic",
+    {"tcp_congestion", T_STR, offsetof(struct config, node.tcp_congestion), 16, 0, 0, NULL, "reno",
      NULL, 0, 0, 0},
     {0},
 };

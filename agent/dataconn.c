@@ -88,11 +88,12 @@ close_socket:
 }
 
 /* The congestion control of data connections (node.tcp_congestion, "" for the node's
- * own). A loss-based one by default: these connections stay within a cluster, and BBR,
- * the default of some nodes, paces every burst with a timer where no fq qdisc does it
- * (loopback, a pod's veth): on the 2-CPU VM of issue 16 that timer cost 4 pods a 2 MiB
- * allgather 4.5 ms instead of 2.9 (bench/RESULTS.md). A name the node does not allow
- * without CAP_NET_ADMIN falls back to reno, which every kernel allows. */
+ * own). Reno by default: these connections stay within a cluster, every kernel allows
+ * reno to every process, and it measured fastest of the three on the 2-CPU VM of issue
+ * 16 (4 pods, 2 MiB allgather: reno 2.8 ms, cubic 3.5, BBR 4.6; BBR, the default of some
+ * nodes, paces every burst with a timer wherever no fq qdisc does it: loopback, a pod's
+ * veth; bench/RESULTS.md). A name the node does not allow without CAP_NET_ADMIN falls
+ * back to reno. */
 static void set_congestion(struct net *n, int fd)
 {
     const char *want = n->cfg->node.tcp_congestion;

@@ -102,7 +102,7 @@ static void defaults_need_only_a_group(void **state)
     assert_int_equal(c->agent.socket_mode, 0660);
     assert_int_equal(c->agent.spin_us, 200);
     assert_int_equal(c->agent.handshake_timeout_ms, 5000);
-    assert_string_equal(c->node.tcp_congestion, "cubic");
+    assert_string_equal(c->node.tcp_congestion, "reno");
     config_free(&c);
 }
 
