@@ -60,7 +60,31 @@ void dataconn_close(struct ngroup *g)
 /* A non-blocking connect to addr ("ip:port", numeric: checked when the member table
  * arrived, so nothing is resolved here) from our node.address, the address the member
  * table lists for us and which the peer checks. */
-static int connect_to(const char *self, const char *addr, char *why, size_t whylen)
+/* The congestion control of data connections (node.tcp_congestion, "" for the node's
+ * own). Reno by default: these connections stay within a cluster, every kernel allows
+ * reno to every process, and it measured fastest of the three on the 2-CPU VM of issue
+ * 16 (4 pods, 2 MiB allgather: reno 2.8 ms, cubic 3.5, BBR 4.6; BBR, the default of some
+ * nodes, paces every burst with a timer wherever no fq qdisc does it: loopback, a pod's
+ * veth; bench/RESULTS.md). A name the node does not allow without CAP_NET_ADMIN falls
+ * back to reno. Set on a socket before its connection exists (the connecting side's,
+ * and the listener, whose connections inherit it): switched on a live connection, it
+ * keeps what the node's started there, BBR's pacing included (4 pods, 256 KiB
+ * allreduce: 452 us switched, 254 us set before). */
+static void set_congestion(struct net *n, int fd)
+{
+    const char *want = n->cfg->node.tcp_congestion;
+    if (!want[0] || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want, (socklen_t)strlen(want)) == 0)
+        return;
+    int e = errno;
+    int reno =
+        strcmp(want, "reno") != 0 && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) == 0;
+    if (!n->cc_warned)
+        log_msg(LOG_WARN, "dataconn.congestion", "want=%s error=\"%s\" using=%s", want, strerror(e),
+                reno ? "reno" : "the node's default");
+    n->cc_warned = 1;
+}
+
+static int connect_to(struct net *n, const char *self, const char *addr, char *why, size_t whylen)
 {
     struct sockaddr_in dst, src = {.sin_family = AF_INET};
     if (rdv_addr_parse(addr, &dst) < 0) {
@@ -72,6 +96,7 @@ static int connect_to(const char *self, const char *addr, char *why, size_t whyl
         snprintf(why, whylen, "socket: %s", strerror(errno));
         return -1;
     }
+    set_congestion(n, fd); /* before the connection exists: see set_congestion */
     if (inet_pton(AF_INET, self, &src.sin_addr) == 1 &&
         bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0) {
         snprintf(why, whylen, "binding to node.address %s: %s", self, strerror(errno));
@@ -87,35 +112,13 @@ close_socket:
     return -1;
 }
 
-/* The congestion control of data connections (node.tcp_congestion, "" for the node's
- * own). Reno by default: these connections stay within a cluster, every kernel allows
- * reno to every process, and it measured fastest of the three on the 2-CPU VM of issue
- * 16 (4 pods, 2 MiB allgather: reno 2.8 ms, cubic 3.5, BBR 4.6; BBR, the default of some
- * nodes, paces every burst with a timer wherever no fq qdisc does it: loopback, a pod's
- * veth; bench/RESULTS.md). A name the node does not allow without CAP_NET_ADMIN falls
- * back to reno. */
-static void set_congestion(struct net *n, int fd)
-{
-    const char *want = n->cfg->node.tcp_congestion;
-    if (!want[0] || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, want, (socklen_t)strlen(want)) == 0)
-        return;
-    int e = errno;
-    int reno =
-        strcmp(want, "reno") != 0 && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) == 0;
-    if (!n->cc_warned)
-        log_msg(LOG_WARN, "dataconn.congestion", "want=%s error=\"%s\" using=%s", want, strerror(e),
-                reno ? "reno" : "the node's default");
-    n->cc_warned = 1;
-}
-
 /* Data connections: no Nagle, large buffers, and keepalive at the group's heartbeat
  * interval (whole seconds; probes after 2 idle intervals, 3 unanswered end it), so a
  * peer whose node vanished without a reset is noticed in seconds, not the kernel's 2
  * hours. No TCP_USER_TIMEOUT: it would also cut a healthy peer whose application is
  * slow to post its op (a full window is not a dead node). */
-static void tune_socket(struct net *n, int fd, int heartbeat_ms)
+static void tune_socket(int fd, int heartbeat_ms)
 {
-    set_congestion(n, fd);
     int one = 1, buf = 4 << 20;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
@@ -161,9 +164,9 @@ static int open_pair(struct net *n, struct ngroup *g, int j, char *why, size_t w
     rdv_member_addr(&g->members[j], addr, sizeof(addr));
     for (int ch = 0; ch < DATA_CH_COUNT; ch++) {
         if (*conn_slot(g, ch, j, 1) >= 0) continue;
-        int fd = connect_to(n->cfg->node.address, addr, why, whylen);
+        int fd = connect_to(n, n->cfg->node.address, addr, why, whylen);
         if (fd < 0) return -1;
-        tune_socket(n, fd, g->cfg->heartbeat_ms);
+        tune_socket(fd, g->cfg->heartbeat_ms);
         g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
     }
     return 0;
@@ -295,7 +298,7 @@ void dataconn_accept(struct net *n)
         int fd = accept4(n->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         if (n->npend == MAX_PENDING_ACCEPTS) evict_pending(n);
-        tune_socket(n, fd, n->hb_ms); /* the group is not known yet: the shortest interval */
+        tune_socket(fd, n->hb_ms); /* the group is not known yet: the shortest interval */
         struct pending_conn *p = &n->pend[n->npend];
         *p = (struct pending_conn){
             .fd = fd, .from = sa.sin_addr, .deadline = now_ns() + PENDING_HELLO_NS};
@@ -442,6 +445,7 @@ int dataconn_bind(struct net *n, char *why, size_t whylen)
     n->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(n->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (n->lfd >= 0) set_congestion(n, n->lfd); /* accepted connections inherit it */
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons((uint16_t)n->cfg->node.data_port)};
     /* the node's own address, not every interface: a pod network's address, or loopback */

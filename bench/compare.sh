@@ -54,6 +54,7 @@ raw=$out/raw.txt
     echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters bind $bind gloo $gloo"
+    echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
 cat "$raw"
