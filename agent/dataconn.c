@@ -62,14 +62,14 @@ void dataconn_close(struct ngroup *g)
  * table lists for us and which the peer checks. */
 /* The congestion control of data connections (node.tcp_congestion, "" for the node's
  * own). Reno by default: these connections stay within a cluster, every kernel allows
- * reno to every process, and it measured fastest of the three on the 2-CPU VM of issue
- * 16 (4 pods, 2 MiB allgather: reno 2.8 ms, cubic 3.5, BBR 4.6; BBR, the default of some
- * nodes, paces every burst with a timer wherever no fq qdisc does it: loopback, a pod's
- * veth; bench/RESULTS.md). A name the node does not allow without CAP_NET_ADMIN falls
- * back to reno. Set on a socket before its connection exists (the connecting side's,
- * and the listener, whose connections inherit it): switched on a live connection, it
- * keeps what the node's started there, BBR's pacing included (4 pods, 256 KiB
- * allreduce: 452 us switched, 254 us set before). */
+ * reno to every process, and BBR, the default of some nodes, paces every burst with a
+ * timer wherever no fq qdisc does it (loopback, a pod's veth): on the 2-CPU VM of issue
+ * 16 a 2 MiB allgather among 4 pods took 2.8 ms with reno or cubic and 4.3 with BBR, a
+ * 64 MiB one between two pods 29.1, 30.0 and 41.6 ms (bench/RESULTS.md). A name the node
+ * does not allow without CAP_NET_ADMIN falls back to reno. Set on a socket before its
+ * connection exists (the connecting side's, and the listener, whose connections inherit
+ * it): switched on a live connection, it keeps what the node's started there, BBR's
+ * pacing included (4 pods, 256 KiB allreduce: 452 us switched, 235 us set before). */
 static void set_congestion(struct net *n, int fd)
 {
     const char *want = n->cfg->node.tcp_congestion;
