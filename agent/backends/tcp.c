@@ -354,6 +354,24 @@ static int owed_check(struct tcp_comm *c, int p, char *why, size_t whylen)
     return COLL_OK;
 }
 
+/* Read up to want bytes of what pod p sent us, without waiting, after what is in, and
+ * check the owed acks now complete. */
+static int owed_read(struct tcp_comm *c, int p, size_t want, char *why, size_t whylen)
+{
+    struct tcp_owed *w = &c->acks->peer[p];
+    ssize_t r = recv(c->rfds[p], (char *)w->in + w->got, want, MSG_DONTWAIT);
+    if (r == 0) {
+        snprintf(why, whylen, "node %d closed the data connection", p);
+        return COLL_ERR_PEER_LOST;
+    }
+    if (r < 0 && errno != EAGAIN && errno != EINTR) {
+        snprintf(why, whylen, "data connection to node %d: %s", p, strerror(errno));
+        return COLL_ERR_PEER_LOST;
+    }
+    if (r > 0) w->got += (size_t)r;
+    return owed_check(c, p, why, whylen);
+}
+
 /* A broadcast root whose sends block, in a run (o->late_acks): read what the pods have
  * sent it, without waiting. Only owed acks are expected; a header beyond them is a pod
  * that runs another op and will not read ours. */
@@ -365,15 +383,7 @@ static int peek_acks(struct opctx *o)
     for (int p = 0; a && p < c->nodes; p++) {
         if (p == c->me) continue;
         struct tcp_owed *w = &a->peer[p];
-        size_t want = (w->n ? (size_t)w->n * hl : hl) - w->got;
-        ssize_t r = recv(c->rfds[p], (char *)w->in + w->got, want, MSG_DONTWAIT);
-        if (r == 0)
-            return tcp_failf(o, COLL_ERR_PEER_LOST, "node %d closed the data connection", p);
-        if (r < 0 && errno != EAGAIN && errno != EINTR)
-            return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s", p,
-                             strerror(errno));
-        if (r > 0) w->got += (size_t)r;
-        int st = owed_check(c, p, o->why, o->whylen);
+        int st = owed_read(c, p, (w->n ? (size_t)w->n * hl : hl) - w->got, o->why, o->whylen);
         if (st != COLL_OK) return st;
         if (!w->n && w->got >= hl) {
             st = hdr_agree(o->why, o->whylen, p, &o->hdr, &w->in[0]);
@@ -409,18 +419,7 @@ int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
     for (int p = 0; a->owed && p < a->nodes; p++) {
         struct tcp_owed *w = &a->peer[p];
         if (w->n <= keep) continue;
-        ssize_t r =
-            recv(c->rfds[p], (char *)w->in + w->got, (size_t)w->n * hl - w->got, MSG_DONTWAIT);
-        if (r == 0) {
-            snprintf(why, whylen, "node %d closed the data connection", p);
-            return COLL_ERR_PEER_LOST;
-        }
-        if (r < 0 && errno != EAGAIN && errno != EINTR) {
-            snprintf(why, whylen, "data connection to node %d: %s", p, strerror(errno));
-            return COLL_ERR_PEER_LOST;
-        }
-        if (r > 0) w->got += (size_t)r;
-        int st = owed_check(c, p, why, whylen);
+        int st = owed_read(c, p, (size_t)w->n * hl - w->got, why, whylen);
         if (st != COLL_OK) return st;
         short_of += w->n > keep;
     }
