@@ -126,7 +126,7 @@ int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
 }
 
 static int check_hdr(struct opctx *o, int peer);
-static int peek_acks(struct opctx *o);
+static int peek_acks(struct opctx *o, const struct xfer *x, int nx);
 
 /* Move every transfer to completion, checking each received header against ours as
  * soon as it is in (so callers need not). Relays (sends with a gate) go after the
@@ -234,7 +234,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
             if (r != 0) continue; /* ready (or failed: the calls say how) */
         }
         if (o->late_acks) { /* the pods may have told us they disagree */
-            int st = peek_acks(o);
+            int st = peek_acks(o, x, nx);
             if (st != COLL_OK) return st;
         }
         int64_t rem = c->deadline_ns - t;
@@ -296,7 +296,9 @@ struct tcp_acks *tcp_acks_new(int nodes)
 void tcp_acks_reset(struct tcp_acks *a)
 {
     if (!a) return;
-    for (int p = 0; a->owed && p < a->nodes; p++) {
+    /* every pod: bytes a blocked root read from one that owed nothing (peek_acks) are
+     * kept with nothing owed, and belong to the old connections */
+    for (int p = 0; p < a->nodes; p++) {
         a->peer[p].n = 0;
         a->peer[p].got = 0;
     }
@@ -372,16 +374,17 @@ static int owed_read(struct tcp_comm *c, int p, size_t want, char *why, size_t w
     return owed_check(c, p, why, whylen);
 }
 
-/* A broadcast root whose sends block, in a run (o->late_acks): read what the pods have
- * sent it, without waiting. Only owed acks are expected; a header beyond them is a pod
- * that runs another op and will not read ours. */
-static int peek_acks(struct opctx *o)
+/* A broadcast root whose sends block, in a run (o->late_acks): read what the pods it
+ * sends to have sent it, without waiting. Only owed acks are expected; a header beyond
+ * them is a pod that runs another op and will not read ours. */
+static int peek_acks(struct opctx *o, const struct xfer *x, int nx)
 {
     struct tcp_comm *c = o->c;
     struct tcp_acks *a = c->acks;
     const size_t hl = sizeof(o->hdr);
-    for (int p = 0; a && p < c->nodes; p++) {
-        if (p == c->me) continue;
+    for (int i = 0; a && i < nx; i++) {
+        if (!x[i].is_send) continue;
+        int p = x[i].peer;
         struct tcp_owed *w = &a->peer[p];
         int st = owed_read(c, p, (w->n ? (size_t)w->n * hl : hl) - w->got, o->why, o->whylen);
         if (st != COLL_OK) return st;
