@@ -49,7 +49,9 @@ struct tcp_comm {
  * with up to TCP_ACK_WINDOW per pod outstanding: before anything else is read from that
  * pod, when the window is full, and whenever its sends block. A pod that disagrees
  * mid-run fails at once if it reads from the root, and the root fails on its next op
- * other than the run's, or within the window: late, never lost (docs/ARCHITECTURE.md).
+ * other than the run's, or within the window: late, never lost. A root that leaves right
+ * after a run may leave the others' last ops of it undelivered (they fail with EPOCH):
+ * docs/ARCHITECTURE.md.
  */
 #define TCP_ACK_EVERY 4
 #define TCP_ACK_WINDOW 8
