@@ -103,6 +103,8 @@ static int start_gpu(struct engine *eng)
     return epoll_ctl(eng->epfd, EPOLL_CTL_ADD, gpu_notify_fd(eng->gpu), &ev);
 }
 
+static int engine_nap(void *ctx, int asleep);
+
 int engine_init(struct engine *eng, struct config *cfg)
 {
     memset(eng, 0, sizeof(*eng));
@@ -133,6 +135,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     for (int i = 0; i < eng->ngroups; i++)
         gpu_group[i] = eng->groups[i].be == &backend_nccl;
     eng->net = net_start(cfg, gpu_group, gpu_new_commid, why, sizeof(why));
+    if (eng->net) net_engine_nap(eng->net, eng->epfd, engine_nap, eng);
     if (!eng->net && why[0]) {
         log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
         return -1;
@@ -510,6 +513,15 @@ static int pending_submissions(struct engine *eng)
     for (struct session *s = eng->sessions; s; s = s->next)
         if (session_has_work(s)) return 1;
     return 0;
+}
+
+/* net_engine_nap: a tiny op the engine runs itself is about to sleep in it (asleep 1:
+ * clients ring the bells from now on; nonzero if one has work already) or woke (0) */
+static int engine_nap(void *ctx, int asleep)
+{
+    struct engine *eng = ctx;
+    set_sleeping(eng, (uint32_t)asleep);
+    return asleep && pending_submissions(eng);
 }
 
 int engine_run(struct engine *eng)

@@ -29,8 +29,11 @@
 #include "ring.h"
 #include "wire.h"
 
-#define NET_SPIN_NS 200000LL     /* look for the next op at most this long (spin.h) */
-#define INLINE_BUDGET_NS 50000LL /* the engine gives a tiny op this long, then hands it over */
+#define NET_SPIN_NS 200000LL /* look for the next op at most this long (spin.h) */
+/* The engine gives a tiny op at most this long (spinning, then asleep on it: tcp.h's
+ * nap), then hands it over to the net thread; sooner when it has other work or the net
+ * thread wants coll_lock */
+#define INLINE_BUDGET_NS 20000000LL
 
 /* ---- queues -------------------------------------------------------------------- */
 
@@ -243,7 +246,9 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .deadline_ns = t->deadline_ns,
                              .scratch = &g->scratch,
                              .spin = g->spin,
-                             .acks = g->acks};
+                             .acks = g->acks,
+                             .wake_fd = {-1, -1},
+                             .short_spin = g->short_spin};
 }
 
 /* Whether the pairs t needs are up (asking for the missing ones when on the net
@@ -259,6 +264,13 @@ static int peers_ready(struct net *n, struct ngroup *g, const struct net_task *t
     return 1;
 }
 
+void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx)
+{
+    n->engine_fd = fd;
+    n->nap = nap;
+    n->nap_ctx = ctx;
+}
+
 int net_inline(struct net *n, struct net_task *t)
 {
     struct ngroup *g = t->group < n->ngroups ? n->groups[t->group] : NULL;
@@ -267,6 +279,12 @@ int net_inline(struct net *n, struct net_task *t)
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
         !g->handoff && !g->inline_abort && t->lepoch >= g->floor && peers_ready(n, g, t, 0)) {
         struct tcp_comm c = comm_for(g, t);
+        if (n->nap) {
+            c.nap = n->nap;
+            c.nap_ctx = n->nap_ctx;
+            c.wake_fd[0] = n->engine_fd;
+            c.wake_fd[1] = n->knock_efd;
+        }
         char why0[160];
         /* acks a broadcast root went on without, within the budget (else the net thread
          * waits for the rest) */
@@ -275,6 +293,7 @@ int net_inline(struct net *n, struct net_task *t)
             tcp_settle(&c, t, why0, sizeof(why0)) == COLL_OK ? tcp_tiny_start(g->tiny, &c, t) : -1;
         if (started == 0) {
             int64_t t0 = now_ns();
+            c.short_spin = g->short_spin = tcp_tune_start(g->tune, t, t0);
             char why[160] = "";
             c.budget_until = now_ns() + INLINE_BUDGET_NS;
             int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
@@ -284,6 +303,7 @@ int net_inline(struct net *n, struct net_task *t)
                 g->handoff = t;
                 rc = NET_INLINE_HANDED;
             } else {
+                tcp_tune_end(g->tune, st == COLL_OK, now_ns());
                 g->ops_done++;
                 t->status = st;
                 t->why[0] = '\0';
@@ -372,6 +392,7 @@ static int run_ready_ops(struct net *n)
             char why[160] = "";
             g->running = t;
             int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
+            tcp_tune_end(g->tune, st == COLL_OK, now_ns());
             g->running = NULL;
             g->handoff = NULL;
             net_return_task(n, t, st, why);
@@ -407,7 +428,9 @@ static int run_ready_ops(struct net *n)
             if (!g->q_head) g->q_tail = NULL;
             g->running = t;
             ran++;
+            c.short_spin = g->short_spin = tcp_tune_start(g->tune, t, now_ns());
             int st = tcp_run(&c, t, why, sizeof(why));
+            tcp_tune_end(g->tune, st == COLL_OK, now_ns());
             g->running = NULL;
             net_return_task(n, t, st, why); /* t is the engine's from here on */
             g->ops_done++;
@@ -466,7 +489,15 @@ static void *net_main(void *arg)
         slept |= !busy;
         zmq_poll(items, ni, busy ? 0 : 20);
         atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
-        pthread_mutex_lock(&n->coll_lock);
+        if (pthread_mutex_trylock(&n->coll_lock) != 0) {
+            /* the engine runs a tiny op, perhaps asleep in it: knock (it hands the op
+             * over and lets go), then take the knock back */
+            uint64_t v = 1;
+            ssize_t w = write(n->knock_efd, &v, sizeof(v));
+            pthread_mutex_lock(&n->coll_lock);
+            w = read(n->knock_efd, &v, sizeof(v));
+            (void)w;
+        }
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
             if (g && g->inline_abort) {
@@ -557,7 +588,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
     }
     n->cfg = cfg;
     n->commid = commid;
-    n->lfd = n->in_efd = n->out_efd = -1;
+    n->lfd = n->in_efd = n->out_efd = n->engine_fd = n->knock_efd = -1;
     pthread_mutex_init(&n->in_lock, NULL);
     pthread_mutex_init(&n->out_lock, NULL);
     pthread_mutex_init(&n->coll_lock, NULL);
@@ -565,7 +596,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
     n->groups = calloc((size_t)cfg->ngroups, sizeof(*n->groups));
     n->in_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     n->out_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!n->groups || n->in_efd < 0 || n->out_efd < 0) {
+    n->knock_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!n->groups || n->in_efd < 0 || n->out_efd < 0 || n->knock_efd < 0) {
         snprintf(why, whylen, "setting up the net thread: %s", strerror(errno));
         goto free_net;
     }
@@ -585,9 +617,11 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         g->gpu = gpu_group && gpu_group[i];
         g->tiny = malloc(tcp_tiny_size());
         g->acks = tcp_acks_new(g->nodes);
-        if (!g->tiny || !g->acks) {
+        g->tune = tcp_tune_new();
+        if (!g->tiny || !g->acks || !g->tune) {
             free(g->tiny);
             free(g->acks);
+            free(g->tune);
             free(g);
             goto free_net;
         }
@@ -662,8 +696,14 @@ void net_free(struct net **np)
         dataconn_close(n->groups[i]);
         dataconn_close_grave(n->groups[i]);
         p2p_free(n->groups[i]);
+        uint64_t learnt = 0, shrt = 0;
+        if (n->groups[i]->tune) tcp_tune_counts(n->groups[i]->tune, &learnt, &shrt);
+        if (learnt + shrt)
+            log_msg(LOG_INFO, "net.spin", "group=%s ops_learnt_spin=%llu ops_short_spin=%llu",
+                    n->groups[i]->cfg->name, (unsigned long long)learnt, (unsigned long long)shrt);
         free(n->groups[i]->tiny);
         free(n->groups[i]->acks);
+        free(n->groups[i]->tune);
         free(n->groups[i]->scratch.p[0]);
         free(n->groups[i]->scratch.p[1]);
         free(n->groups[i]);
@@ -675,6 +715,7 @@ void net_free(struct net **np)
                 (double)n->inline_ns / (double)n->inline_n / 1000.0);
     net_epoch_close(n);
     if (n->in_efd >= 0) close(n->in_efd);
+    if (n->knock_efd >= 0) close(n->knock_efd);
     /* tasks the engine did not collect are its own memory */
     if (n->out_efd >= 0) close(n->out_efd);
     pthread_mutex_destroy(&n->in_lock);

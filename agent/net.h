@@ -81,6 +81,14 @@ void net_free(struct net **n);
 
 /* Engine thread. Queue t (FIFO per group). Never blocks. */
 void net_submit(struct net *n, struct net_task *t);
+/* Engine thread, once: how a tiny op the engine runs itself (net_inline) may sleep
+ * there instead of going to the net thread when its peers are slow. fd (the engine's
+ * epoll set) becomes readable when the engine has other work, once nap(ctx, 1) has told
+ * its clients that it sleeps; nap returns nonzero if work is waiting already (it does not
+ * sleep then), and nap(ctx, 0) is called on waking. Without it, such an op is handed
+ * over at the end of its spin. */
+typedef int (*net_nap_fn)(void *ctx, int asleep);
+void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx);
 /*
  * Engine thread: run t (an op that crosses pods) right here if it is tiny (an allreduce
  * of a few KiB, a barrier), the group is formed and idle, and the net thread is not

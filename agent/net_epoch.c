@@ -49,6 +49,7 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     g->ready = 0;
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
     tcp_acks_reset(g->acks);
+    tcp_tune_reset(g->tune);
     g->has_commid = c->has_commid != 0;
     memcpy(g->commid, c->commid, sizeof(g->commid));
     memcpy(g->secret, c->secret, sizeof(g->secret));

@@ -141,6 +141,8 @@ struct ngroup {
     uint64_t ops_done;
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
     struct tcp_acks *acks;      /* ... and the acks broadcast roots are owed (tcp.h) */
+    struct tcp_tune *tune;      /* ... and the spin each op class waits with (tcp.h) */
+    int short_spin;             /* ... the op under way's (tcp_tune_start) */
     /* how long to spin for each pod's bytes before sleeping in poll (spin.h), learnt
      * by whoever holds coll_lock */
     struct spin_adapt spin[RDV_MAX_NODES];
@@ -186,6 +188,11 @@ struct net {
      * engine while it runs a tiny op: whoever holds it owns the groups' connections */
     pthread_mutex_t coll_lock;
     int64_t inline_ns, inline_n; /* coll_lock */
+    /* net_engine_nap's; and the net thread's knock, readable while it waits for
+     * coll_lock: an op asleep on the engine hands itself over then */
+    int engine_fd, knock_efd;
+    net_nap_fn nap;
+    void *nap_ctx;
     struct pending_conn pend[MAX_PENDING_ACCEPTS];
     int npend;
     net_commid_fn commid; /* NCCL groups: the backend makes each epoch's id */

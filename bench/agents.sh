@@ -26,7 +26,7 @@ _start_agents() {
         cat >"$dir/$i.yaml" <<YAML
 agent:
   socket: $dir/$i.sock
-  log_level: warn
+  log_level: ${LOG_LEVEL:-warn}
 $extra
 node:
   index: $i

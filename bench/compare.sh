@@ -10,21 +10,23 @@
 # busbw.png to OUTDIR (bench/compare_report.py rebuilds the last four from raw.txt).
 #
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
-#                         [-l "quiet loaded"] [-n ITERS] [-u] [-d OUTDIR]
+#                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-u] [-d OUTDIR]
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 200 iterations up to
-#   1 MiB (fewer above: bench_iters), bench/results/host-<UTC date>
+#   1 MiB (fewer above: bench_iters), 100 untimed ops first for every system (1 above
+#   1 MiB; coll tries two ways of waiting on its first 64 ops of a kind and size:
+#   agent/backends/tcp.h), bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
-sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=200
+sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=200 warmup=100
 bind=1 out=""
-while getopts "b:p:o:s:r:l:n:ud:" c; do
+while getopts "b:p:o:s:r:l:n:w:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
-    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
+    *) sed -n '2,18p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)
@@ -53,7 +55,7 @@ raw=$out/raw.txt
 {
     echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
-    echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters bind $bind gloo $gloo"
+    echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
@@ -78,22 +80,22 @@ ceiling() { # one TCP stream over loopback, server and client as two pods
 run_coll() { # N OP
     local n=$1 op=$2
     timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
-        -n "$iters" -w 5 -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
+        -n "$iters" -w "$warmup" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
 }
 run_mpi() { # N OP
     local n=$1 op=$2 wrap=""
     [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
     timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
-        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w 5" 2>&1
+        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup" 2>&1
 }
 run_gloo() { # N OP
     local n=$1 op=$2 port=$((30000 + RANDOM % 20000)) r pids=()
     for r in $(seq 0 $((n - 1))); do
         if [ $bind = 1 ]; then
-            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" &
+            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" &
         else
-            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" &
+            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" &
         fi
         pids+=($!)
     done

@@ -3,9 +3,10 @@
 (Debian's python3-torch), the same ops, sizes and columns. bench/compare.sh runs it when
 torch imports. Not part of the product.
 
-    gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS
+    gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS [WARMUP]
 
-ITERS up to 1 MiB, then about 256 MiB of data per size, at least 3 (coll-bench -L's rule).
+ITERS up to 1 MiB, then about 256 MiB of data per size, at least 3 (coll-bench -L's rule);
+WARMUP untimed ops first (default 3; 1 above 1 MiB, as coll-bench and mpi_bench).
 """
 import sys
 import time
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 rank, world, port, op = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sizes, iters0 = [int(x) for x in sys.argv[5].split(",")], int(sys.argv[6])
+warmup0 = int(sys.argv[7]) if len(sys.argv) > 7 else 3
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 if rank == 0:
@@ -39,7 +41,7 @@ for size in sizes:
             dist.reduce_scatter(r, ins)  # Gloo may not implement it
 
     try:
-        for _ in range(3):
+        for _ in range(warmup0 if size <= 1 << 20 else 1):
             run()
         dist.barrier()
         t0 = time.perf_counter()

@@ -35,9 +35,17 @@ struct tcp_comm {
     uint64_t seq; /* this op's number in the epoch, checked against every peer's */
     int64_t deadline_ns;
     struct tcp_scratch *scratch; /* the caller's, grown on demand */
-    int64_t budget_until;        /* nonzero: on the engine thread; never sleep, stop here */
-    struct spin_adapt *spin;     /* by node index: spin this long for its bytes (NULL: none) */
-    struct tcp_acks *acks;       /* the epoch's owed acks (tcp_settle); NULL: never deferred */
+    int64_t budget_until;        /* nonzero: on the engine thread; stop here (TCP_AGAIN) */
+    /* ... where a wait, after its spin, may sleep until the budget ends if nap(nap_ctx, 1)
+     * lets it (0: the engine has no other work), waking for the op's sockets or either
+     * wake_fd (the engine has other work, the net thread wants coll_lock: TCP_AGAIN);
+     * nap(nap_ctx, 0) after. NULL: no sleep on the engine, TCP_AGAIN at once */
+    int (*nap)(void *ctx, int asleep);
+    void *nap_ctx;
+    int wake_fd[2];
+    int short_spin;          /* tcp_tune_start's choice: spin at most TCP_SPIN_SHORT_NS per wait */
+    struct spin_adapt *spin; /* by node index: spin this long for its bytes (NULL: none) */
+    struct tcp_acks *acks;   /* the epoch's owed acks (tcp_settle); NULL: never deferred */
 };
 
 /*
@@ -87,6 +95,38 @@ struct tcp_tiny;
 /* spin.h's budgets for a pod's bytes: where each starts, and its cap */
 #define TCP_SPIN_START_NS 50000
 #define TCP_SPIN_MAX_NS 200000
+/*
+ * spin.h learns per pod how long a wait for its bytes may spin, from whether waits end
+ * while spinning; it cannot see whom a spin keeps off the CPU. Where pods share CPUs (4
+ * pods on 2), a pod spinning for a pod on the other CPU keeps the pod beside it from
+ * sending, so waits end while spinning and still take long, and a short spin is faster;
+ * one pod per CPU, the learnt spin is (bench/RESULTS.md). So each op class (kind and
+ * size to a power of two, the TCP_TUNE_CLASSES used last) tries both, from its
+ * TCP_TUNE_WARM-th op in an epoch on: TCP_TUNE_TURNS turns of TCP_TUNE_RUN ops each way,
+ * aligned by the op's number in its class (every pod tries the same way at once), then
+ * keeps the way with the lower median op time (the short one only if TCP_TUNE_MARGIN_PCT
+ * lower) and tries again later: after TCP_TUNE_KEEP / 16 ops, doubling up to
+ * TCP_TUNE_KEEP.
+ */
+#define TCP_SPIN_SHORT_NS 10000
+#define TCP_TUNE_CLASSES 16
+#define TCP_TUNE_RUN 4
+#define TCP_TUNE_TURNS 6
+#define TCP_TUNE_KEEP 4096
+#define TCP_TUNE_WARM 16
+#define TCP_TUNE_MARGIN_PCT 5
+enum { TCP_TUNE_LEARNT = 0, TCP_TUNE_SHORT = 1 };
+struct tcp_tune;
+struct tcp_tune *tcp_tune_new(void);      /* NULL if out of memory */
+void tcp_tune_reset(struct tcp_tune *tu); /* a new epoch: every class from its first op */
+/* Op t starts at now (one op at a time): the way it waits (c->short_spin). tu may be
+ * NULL (the learnt spin). */
+int tcp_tune_start(struct tcp_tune *tu, const struct net_task *t, int64_t now);
+/* ... and ended at now, ok or not (a failed op is not sampled). */
+void tcp_tune_end(struct tcp_tune *tu, int ok, int64_t now);
+/* Ops started each way since tcp_tune_new. */
+void tcp_tune_counts(const struct tcp_tune *tu, uint64_t *learnt, uint64_t *shrt);
+
 size_t tcp_tiny_size(void);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
  * -2 if there was no memory for it. */

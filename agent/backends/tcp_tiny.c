@@ -271,6 +271,11 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
 {
     /* the caller's view: budget (engine) or service (net thread) */
     s->c.budget_until = c->budget_until;
+    s->c.nap = c->nap;
+    s->c.nap_ctx = c->nap_ctx;
+    s->c.wake_fd[0] = c->wake_fd[0];
+    s->c.wake_fd[1] = c->wake_fd[1];
+    s->c.short_spin = c->short_spin;
     s->c.service = c->service;
     s->c.service_ctx = c->service_ctx;
     int st = tcp_exchange(&s->o, s->x, s->nx);

@@ -1,0 +1,405 @@
+/*
+ * test_tcp.c: the host backend's waiting, below the agent: two "pods" run a tiny
+ * allreduce over real nonblocking socket pairs, one as the engine runs it (a budget, a
+ * nap, wake fds) and one as the net thread does, started late or not at all; and the
+ * spin tuner (tcp.h) fed op sequences and op times.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include "backends/tcp.h"
+#include "coll/coll.h"
+#include "harness.h"
+#include "net.h"
+#include "wire.h"
+
+#define N 512 /* floats: 2 KiB, a tiny op */
+
+static int64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+struct pod {
+    int fds[2], rfds[2];
+    struct tcp_comm c;
+    struct tcp_scratch scratch;
+    struct net_task t;
+    float in[N], out[N];
+    int delay_ms; /* the peer thread: start this late */
+    int st;
+};
+
+static void pod_init(struct pod *p, int me, int send_fd, int recv_fd)
+{
+    memset(p, 0, sizeof(*p));
+    p->fds[0] = p->fds[1] = p->rfds[0] = p->rfds[1] = -1;
+    p->fds[1 - me] = send_fd;
+    p->rfds[1 - me] = recv_fd;
+    p->c = (struct tcp_comm){.nodes = 2,
+                             .me = me,
+                             .nlocal = 1,
+                             .fds = p->fds,
+                             .rfds = p->rfds,
+                             .deadline_ns = clock_ns() + 20000000000LL,
+                             .scratch = &p->scratch,
+                             .wake_fd = {-1, -1}};
+    for (int i = 0; i < N; i++) {
+        p->in[i] = (float)(1000 * me + i);
+        p->out[i] = -1.0f;
+    }
+    p->t = (struct net_task){.type = NET_TASK_OP,
+                             .kind = WIRE_OP_ALLREDUCE,
+                             .dtype = COLL_FLOAT32,
+                             .redop = COLL_SUM,
+                             .count = N,
+                             .deadline_ns = p->c.deadline_ns};
+    p->t.send[0] = p->in;
+    p->t.recv[0] = p->out;
+}
+
+static void pod_fini(struct pod *p)
+{
+    free(p->scratch.p[0]);
+    free(p->scratch.p[1]);
+}
+
+static void check_sum(const struct pod *p)
+{
+    for (int i = 0; i < N; i++)
+        assert_true(p->out[i] == (float)(1000 + 2 * i));
+}
+
+/* the net thread's way: no budget, waits as long as the deadline allows */
+static void *peer_main(void *arg)
+{
+    struct pod *p = arg;
+    if (p->delay_ms) usleep((useconds_t)p->delay_ms * 1000);
+    char why[160] = "";
+    p->st = tcp_run(&p->c, &p->t, why, sizeof(why));
+    if (p->st != COLL_OK) fprintf(stderr, "peer: %s\n", why);
+    return NULL;
+}
+
+static int naps_on, naps_off, nap_answer;
+static int nap(void *ctx, int asleep)
+{
+    (void)ctx;
+    if (asleep)
+        naps_on++;
+    else
+        naps_off++;
+    return asleep ? nap_answer : 0;
+}
+
+struct kit {
+    struct pod eng, peer;
+    pthread_t th;
+    struct tcp_tiny *tiny;
+    int wake[2];
+};
+
+/* Pod 0 as the engine runs it (budget_ms from now, the nap, two eventfds to wake it),
+ * pod 1 on a thread of its own, delay_ms late. */
+static void kit_start(struct kit *k, int budget_ms, int delay_ms)
+{
+    int a[2], b[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, a), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, b), 0);
+    pod_init(&k->eng, 0, a[0], b[1]);
+    pod_init(&k->peer, 1, b[0], a[1]);
+    for (int i = 0; i < 2; i++) {
+        k->wake[i] = eventfd(0, EFD_NONBLOCK);
+        assert_true(k->wake[i] >= 0);
+    }
+    k->eng.c.budget_until = clock_ns() + (int64_t)budget_ms * 1000000;
+    k->eng.c.nap = nap;
+    k->eng.c.wake_fd[0] = k->wake[0];
+    k->eng.c.wake_fd[1] = k->wake[1];
+    naps_on = naps_off = nap_answer = 0;
+    k->tiny = malloc(tcp_tiny_size());
+    assert_non_null(k->tiny);
+    assert_int_equal(tcp_tiny_start(k->tiny, &k->eng.c, &k->eng.t), 0);
+    k->peer.delay_ms = delay_ms;
+    assert_int_equal(pthread_create(&k->th, NULL, peer_main, &k->peer), 0);
+}
+
+/* What the engine got back: finish the op as the net thread would, check both. */
+static void kit_finish(struct kit *k, int st)
+{
+    if (st == TCP_AGAIN) {
+        k->eng.c.budget_until = 0;
+        k->eng.c.nap = NULL;
+        char why[160] = "";
+        st = tcp_tiny_progress(k->tiny, &k->eng.c, why, sizeof(why));
+    }
+    assert_int_equal(st, COLL_OK);
+    pthread_join(k->th, NULL);
+    assert_int_equal(k->peer.st, COLL_OK);
+    check_sum(&k->eng);
+    check_sum(&k->peer);
+    assert_int_equal(naps_on, naps_off); /* every nap ends with a wake-up */
+    for (int i = 0; i < 2; i++) {
+        close(k->eng.fds[i]);
+        close(k->eng.rfds[i]);
+        close(k->peer.fds[i]);
+        close(k->peer.rfds[i]);
+        close(k->wake[i]);
+    }
+    free(k->tiny);
+    pod_fini(&k->eng);
+    pod_fini(&k->peer);
+}
+
+static int progress(struct kit *k)
+{
+    char why[160] = "";
+    int st = tcp_tiny_progress(k->tiny, &k->eng.c, why, sizeof(why));
+    if (st != COLL_OK && st != TCP_AGAIN) fprintf(stderr, "engine: %s\n", why);
+    return st;
+}
+
+/* A peer 30 ms late, a budget of 2 s: the engine sleeps in the op (a nap, no hand-over)
+ * and finishes it when the bytes come. */
+static void engine_sleeps_in_an_op_until_its_bytes_come(void **state)
+{
+    (void)state;
+    struct kit k;
+    kit_start(&k, 2000, 30);
+    int64_t t0 = clock_ns();
+    int st = progress(&k);
+    int64_t took = clock_ns() - t0;
+    assert_int_equal(st, COLL_OK);
+    assert_true(naps_on >= 1);
+    assert_true(took >= 20000000 && took < 1900000000);
+    kit_finish(&k, st);
+}
+
+/* The same op with a budget of 20 ms and the peer 300 ms late: handed over when the
+ * budget ends, finished by the net thread's way. */
+static void a_spent_budget_hands_the_op_over(void **state)
+{
+    (void)state;
+    struct kit k;
+    kit_start(&k, 20, 300);
+    int64_t t0 = clock_ns();
+    int st = progress(&k);
+    int64_t took = clock_ns() - t0;
+    assert_int_equal(st, TCP_AGAIN);
+    assert_true(took >= 19000000 && took < 250000000);
+    kit_finish(&k, st);
+}
+
+static void *knock_main(void *arg)
+{
+    usleep(20000);
+    uint64_t one = 1;
+    assert_int_equal(write(*(int *)arg, &one, sizeof(one)), (ssize_t)sizeof(one));
+    return NULL;
+}
+
+/* Asleep in the op with 10 s of budget, the engine is wanted (its epoll set, or the
+ * net thread wanting its lock): either fd hands the op over at once. */
+static void either_wake_fd_hands_the_op_over(void **state)
+{
+    (void)state;
+    for (int w = 0; w < 2; w++) {
+        struct kit k;
+        kit_start(&k, 10000, 500);
+        pthread_t knocker;
+        assert_int_equal(pthread_create(&knocker, NULL, knock_main, &k.wake[w]), 0);
+        int64_t t0 = clock_ns();
+        int st = progress(&k);
+        int64_t took = clock_ns() - t0;
+        pthread_join(knocker, NULL);
+        assert_int_equal(st, TCP_AGAIN);
+        assert_true(naps_on >= 1);
+        assert_true(took >= 15000000 && took < 400000000); /* the knock, not the peer */
+        kit_finish(&k, st);
+    }
+}
+
+/* Work waiting already when the engine would nap: it does not sleep, hands over. */
+static void waiting_work_keeps_the_engine_awake(void **state)
+{
+    (void)state;
+    struct kit k;
+    kit_start(&k, 10000, 100);
+    nap_answer = 1;
+    int64_t t0 = clock_ns();
+    int st = progress(&k);
+    assert_int_equal(st, TCP_AGAIN);
+    assert_true(clock_ns() - t0 < 80000000);
+    assert_int_equal(naps_on, 1);
+    kit_finish(&k, st);
+}
+
+/* Without a nap (an engine that never set one up) the op is handed over at once. */
+static void no_nap_no_sleep(void **state)
+{
+    (void)state;
+    struct kit k;
+    kit_start(&k, 10000, 100);
+    k.eng.c.nap = NULL;
+    int64_t t0 = clock_ns();
+    int st = progress(&k);
+    assert_int_equal(st, TCP_AGAIN);
+    assert_true(clock_ns() - t0 < 80000000);
+    assert_int_equal(naps_on, 0);
+    kit_finish(&k, st);
+}
+
+/* ---- the spin tuner ------------------------------------------------------------------ */
+
+static struct net_task op_of(int kind, uint64_t count)
+{
+    return (struct net_task){.kind = (uint8_t)kind, .dtype = COLL_FLOAT32, .count = count};
+}
+
+#define TRIAL (2 * TCP_TUNE_TURNS * TCP_TUNE_RUN)
+
+/* Run ops of one class through tu: op i takes learnt_ns or short_ns by the way it waits;
+ * returns the way of the last. */
+static int feed(struct tcp_tune *tu, const struct net_task *t, int ops, int64_t learnt_ns,
+                int64_t short_ns, int64_t *clock)
+{
+    int way = -1;
+    for (int i = 0; i < ops; i++) {
+        way = tcp_tune_start(tu, t, *clock);
+        *clock += way == TCP_TUNE_SHORT ? short_ns : learnt_ns;
+        tcp_tune_end(tu, 1, *clock);
+        *clock += 1000; /* the application between ops */
+    }
+    return way;
+}
+
+/* The warm-up and the trial's turns are a function of the op's number in its class
+ * only: pods whose op times differ try the same way at the same op. */
+static void every_pod_tries_the_same_way_at_the_same_op(void **state)
+{
+    (void)state;
+    struct tcp_tune *a = tcp_tune_new(), *b = tcp_tune_new();
+    assert_non_null(a);
+    assert_non_null(b);
+    struct net_task t = op_of(WIRE_OP_ALLREDUCE, 8192);
+    int64_t ca = 0, cb = 5000000;
+    for (int i = 0; i < TCP_TUNE_WARM + TRIAL; i++) {
+        int wa = tcp_tune_start(a, &t, ca), wb = tcp_tune_start(b, &t, cb);
+        assert_int_equal(wa, wb);
+        int want = i < TCP_TUNE_WARM                        ? TCP_TUNE_LEARNT
+                   : (i - TCP_TUNE_WARM) / TCP_TUNE_RUN % 2 ? TCP_TUNE_SHORT
+                                                            : TCP_TUNE_LEARNT;
+        assert_int_equal(wa, want);
+        ca += 1000 + (i % 7) * 300;
+        cb += 40000 - (i % 5) * 900;
+        tcp_tune_end(a, 1, ca);
+        tcp_tune_end(b, 1, cb);
+    }
+    uint64_t l, s;
+    tcp_tune_counts(a, &l, &s);
+    assert_int_equal(l + s, TCP_TUNE_WARM + TRIAL);
+    assert_int_equal(s, TRIAL / 2);
+    free(a);
+    free(b);
+}
+
+/* After a trial: the short spin where it was clearly faster, the learnt where it was not
+ * (or only within the margin), and a later trial can change its mind. */
+static void the_faster_way_is_kept_until_the_next_trial(void **state)
+{
+    (void)state;
+    struct tcp_tune *tu = tcp_tune_new();
+    struct net_task t = op_of(WIRE_OP_ALLGATHER, 2048);
+    int64_t clock = 0;
+    feed(tu, &t, TCP_TUNE_WARM + TRIAL, 100000, 70000, &clock);
+    assert_int_equal(feed(tu, &t, 100, 100000, 70000, &clock), TCP_TUNE_SHORT);
+    /* the next trial comes after TCP_TUNE_KEEP / 16 ops: now the short way is slower */
+    feed(tu, &t, TCP_TUNE_KEEP / 16 - 100 + TRIAL, 100000, 150000, &clock);
+    assert_int_equal(feed(tu, &t, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    /* within the margin: the learnt */
+    tcp_tune_reset(tu);
+    feed(tu, &t, TCP_TUNE_WARM + TRIAL, 100000, 100000 - 100000 * TCP_TUNE_MARGIN_PCT / 200,
+         &clock);
+    assert_int_equal(feed(tu, &t, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    free(tu);
+}
+
+/* A failed op spoils its turn: no sample from it (and with no sample of a way, the
+ * learnt is kept). */
+static void failed_ops_are_not_samples(void **state)
+{
+    (void)state;
+    struct tcp_tune *tu = tcp_tune_new();
+    struct net_task t = op_of(WIRE_OP_ALLREDUCE, 64);
+    int64_t clock = 0;
+    feed(tu, &t, TCP_TUNE_WARM, 1000, 1000, &clock);
+    for (int i = 0; i < TRIAL; i++) {
+        int way = tcp_tune_start(tu, &t, clock);
+        clock += way == TCP_TUNE_SHORT ? 10 : 100000; /* short: far faster, but fails */
+        tcp_tune_end(tu, way != TCP_TUNE_SHORT, clock);
+    }
+    assert_int_equal(feed(tu, &t, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    free(tu);
+}
+
+/* Classes by kind and size to a power of two; the least recently used gives way to a
+ * new one, which starts from its first op again; a new epoch starts every class again. */
+static void classes_are_kept_apart_and_forgotten_in_order(void **state)
+{
+    (void)state;
+    struct tcp_tune *tu = tcp_tune_new();
+    int64_t clock = 0;
+    struct net_task big = op_of(WIRE_OP_ALLREDUCE, 1 << 20);
+    feed(tu, &big, TCP_TUNE_WARM + TRIAL, 100000, 50000, &clock);
+    /* another size, another kind: warming (learnt), the first class keeps its way */
+    struct net_task small = op_of(WIRE_OP_ALLREDUCE, 1000),
+                    other = op_of(WIRE_OP_BROADCAST, 1 << 20);
+    assert_int_equal(feed(tu, &small, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    assert_int_equal(feed(tu, &other, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    assert_int_equal(feed(tu, &big, 1, 1, 1, &clock), TCP_TUNE_SHORT);
+    /* a count in the same power of two is the same class */
+    struct net_task near = op_of(WIRE_OP_ALLREDUCE, (1 << 20) + 1000);
+    assert_int_equal(feed(tu, &near, 1, 1, 1, &clock), TCP_TUNE_SHORT);
+    /* TCP_TUNE_CLASSES other classes since: big was the least recently used, forgotten */
+    for (int k = 0; k < TCP_TUNE_CLASSES; k++) {
+        struct net_task t = op_of(WIRE_OP_ALLGATHER, (uint64_t)1 << k);
+        feed(tu, &t, 1, 1, 1, &clock);
+    }
+    assert_int_equal(feed(tu, &big, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    /* a new epoch: from the first op */
+    feed(tu, &big, TCP_TUNE_WARM + TRIAL, 100000, 50000, &clock);
+    assert_int_equal(feed(tu, &big, 1, 1, 1, &clock), TCP_TUNE_SHORT);
+    tcp_tune_reset(tu);
+    assert_int_equal(feed(tu, &big, 1, 1, 1, &clock), TCP_TUNE_LEARNT);
+    /* no tuner (out of memory at set-up): always the learnt spin */
+    assert_int_equal(tcp_tune_start(NULL, &big, clock), TCP_TUNE_LEARNT);
+    tcp_tune_end(NULL, 1, clock);
+    free(tu);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(engine_sleeps_in_an_op_until_its_bytes_come),
+        cmocka_unit_test(a_spent_budget_hands_the_op_over),
+        cmocka_unit_test(either_wake_fd_hands_the_op_over),
+        cmocka_unit_test(waiting_work_keeps_the_engine_awake),
+        cmocka_unit_test(no_nap_no_sleep),
+        cmocka_unit_test(every_pod_tries_the_same_way_at_the_same_op),
+        cmocka_unit_test(the_faster_way_is_kept_until_the_next_trial),
+        cmocka_unit_test(failed_ops_are_not_samples),
+        cmocka_unit_test(classes_are_kept_apart_and_forgotten_in_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
