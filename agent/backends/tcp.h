@@ -104,9 +104,9 @@ struct tcp_tiny;
  * size to a power of two, the TCP_TUNE_CLASSES used last) tries both, from its
  * TCP_TUNE_WARM-th op in an epoch on: TCP_TUNE_TURNS turns of TCP_TUNE_RUN ops each way,
  * aligned by the op's number in its class (every pod tries the same way at once), then
- * keeps the way with the lower median op time (the short one only if TCP_TUNE_MARGIN_PCT
- * lower) and tries again later: after TCP_TUNE_KEEP / 16 ops, doubling up to
- * TCP_TUNE_KEEP.
+ * changes its way (the learnt at first) where the other's median turn is
+ * TCP_TUNE_MARGIN_PCT lower, and tries again later: after TCP_TUNE_KEEP / 16 ops,
+ * doubling up to TCP_TUNE_KEEP.
  */
 #define TCP_SPIN_SHORT_NS 10000
 #define TCP_TUNE_CLASSES 16

@@ -132,11 +132,12 @@ void tcp_tune_end(struct tcp_tune *tu, int ok, int64_t now)
     if (tu->ok && k->got[tu->way] < TCP_TUNE_TURNS)
         k->ns[tu->way][k->got[tu->way]++] = now - k->turn_t0;
     if (k->n - k->trial_at != TRIAL) return;
-    /* the trial's last op: keep the short spin only where it is clearly faster */
+    /* the trial's last op: the other way only where it is clearly faster (from the
+     * learnt at first; a pod that changes alone slows the others) */
     if (k->got[0] && k->got[1]) {
-        int64_t learnt = median(k->ns[0], k->got[0]), shrt = median(k->ns[1], k->got[1]);
-        k->best =
-            shrt * 100 < learnt * (100 - TCP_TUNE_MARGIN_PCT) ? TCP_TUNE_SHORT : TCP_TUNE_LEARNT;
+        int64_t t[2] = {median(k->ns[0], k->got[0]), median(k->ns[1], k->got[1])};
+        int other = !k->best;
+        if (t[other] * 100 < t[k->best] * (100 - TCP_TUNE_MARGIN_PCT)) k->best = (uint8_t)other;
     }
     k->got[0] = k->got[1] = 0;
     /* the next trial: soon at first, then ever later */
