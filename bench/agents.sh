@@ -2,7 +2,8 @@
 # Starts N agents of BUILD on loopback, node i with socket DIR/i.sock and log DIR/i.log,
 # all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
 # added to each agent section (e.g. "  spin_us: 0"), $NODE_EXTRA to each node section
-# (e.g. "  tcp_congestion: bbr"). Appends the agents' pids to
+# (e.g. "  tcp_congestion: bbr"); $LOG_LEVEL sets their log level (default warn; info
+# logs the path and spin counts at exit). Appends the agents' pids to
 # AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
 # socket exists (at most 5 s each). With PIN=1, agent i runs on CPU i mod nproc (and
 # coll-bench -a pins application i the same way): one CPU per "pod".

@@ -12,21 +12,23 @@
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
 #                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-u] [-d OUTDIR]
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
-#   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 200 iterations up to
-#   1 MiB (fewer above: bench_iters), 100 untimed ops first for every system (1 above
+#   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
+#   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
+#   neighbour's 10 ms period, so it fell in its busy or idle half by chance), 100 untimed
+#   ops first for every system (1 above
 #   1 MiB; coll tries two ways of waiting on its first 64 ops of a kind and size:
 #   agent/backends/tcp.h), bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
-sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=200 warmup=100
+sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=2000 warmup=100
 bind=1 out=""
 while getopts "b:p:o:s:r:l:n:w:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,18p' "$0"; exit 2 ;;
+    *) sed -n '2,20p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)
