@@ -11,6 +11,9 @@
  * doubles the next spin (up to a cap), one that had to sleep halves it; at zero it sleeps
  * at once and, one wait in SPIN_PROBE_EVERY, spins SPIN_PROBE_NS (longer than a small
  * exchange takes, so that a producer on another CPU is noticed again) to learn anew.
+ * What this cannot see is whom a spin keeps off the CPU while it ends "in time"; the
+ * agent's exchanges therefore also measure a short cap against it, per op class
+ * (agent/backends/tcp.h).
  *
  * The spin is pause instructions only, never sched_yield(2): a yield hands the CPU to any
  * runnable task, a nice-19 batch job included, which then keeps it until the scheduler's
