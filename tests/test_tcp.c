@@ -230,34 +230,23 @@ static void either_wake_fd_hands_the_op_over(void **state)
     }
 }
 
-/* Work waiting already when the engine would nap: it does not sleep, hands over. */
-static void waiting_work_keeps_the_engine_awake(void **state)
+/* When the engine may not sleep (work waits already: the nap says so; or it never set a
+ * nap up) the op is handed over at once, and a nap that was asked for is ended. */
+static void an_engine_that_may_not_sleep_hands_over_at_once(void **state)
 {
     (void)state;
-    struct kit k;
-    kit_start(&k, 10000, 100);
-    nap_answer = 1;
-    int64_t t0 = clock_ns();
-    int st = progress(&k);
-    assert_int_equal(st, TCP_AGAIN);
-    assert_true(clock_ns() - t0 < 80000000);
-    assert_int_equal(naps_on, 1);
-    kit_finish(&k, st);
-}
-
-/* Without a nap (an engine that never set one up) the op is handed over at once. */
-static void no_nap_no_sleep(void **state)
-{
-    (void)state;
-    struct kit k;
-    kit_start(&k, 10000, 100);
-    k.eng.c.nap = NULL;
-    int64_t t0 = clock_ns();
-    int st = progress(&k);
-    assert_int_equal(st, TCP_AGAIN);
-    assert_true(clock_ns() - t0 < 80000000);
-    assert_int_equal(naps_on, 0);
-    kit_finish(&k, st);
+    for (int no_nap = 0; no_nap < 2; no_nap++) {
+        struct kit k;
+        kit_start(&k, 10000, 100);
+        nap_answer = 1;
+        if (no_nap) k.eng.c.nap = NULL;
+        int64_t t0 = clock_ns();
+        int st = progress(&k);
+        assert_int_equal(st, TCP_AGAIN);
+        assert_true(clock_ns() - t0 < 80000000);
+        assert_int_equal(naps_on, !no_nap);
+        kit_finish(&k, st);
+    }
 }
 
 /* ---- the spin tuner ------------------------------------------------------------------ */
@@ -399,8 +388,7 @@ int main(void)
         cmocka_unit_test(engine_sleeps_in_an_op_until_its_bytes_come),
         cmocka_unit_test(a_spent_budget_hands_the_op_over),
         cmocka_unit_test(either_wake_fd_hands_the_op_over),
-        cmocka_unit_test(waiting_work_keeps_the_engine_awake),
-        cmocka_unit_test(no_nap_no_sleep),
+        cmocka_unit_test(an_engine_that_may_not_sleep_hands_over_at_once),
         cmocka_unit_test(every_pod_tries_the_same_way_at_the_same_op),
         cmocka_unit_test(the_faster_way_is_kept_until_the_next_trial),
         cmocka_unit_test(failed_ops_are_not_samples),
