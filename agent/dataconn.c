@@ -57,9 +57,6 @@ void dataconn_close(struct ngroup *g)
     }
 }
 
-/* A non-blocking connect to addr ("ip:port", numeric: checked when the member table
- * arrived, so nothing is resolved here) from our node.address, the address the member
- * table lists for us and which the peer checks. */
 /* The congestion control of data connections (node.tcp_congestion, "" for the node's
  * own). Reno by default: these connections stay within a cluster, every kernel allows
  * reno to every process, and BBR, the default of some nodes, paces every burst with a
@@ -84,6 +81,9 @@ static void set_congestion(struct net *n, int fd)
     n->cc_warned = 1;
 }
 
+/* A non-blocking connect to addr ("ip:port", numeric: checked when the member table
+ * arrived, so nothing is resolved here) from our node.address, the address the member
+ * table lists for us and which the peer checks. */
 static int connect_to(struct net *n, const char *self, const char *addr, char *why, size_t whylen)
 {
     struct sockaddr_in dst, src = {.sin_family = AF_INET};

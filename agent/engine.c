@@ -515,8 +515,9 @@ static int pending_submissions(struct engine *eng)
     return 0;
 }
 
-/* net_engine_nap: a tiny op the engine runs itself is about to sleep in it (asleep 1:
- * clients ring the bells from now on; nonzero if one has work already) or woke (0) */
+/* The engine is about to sleep (asleep 1: clients ring the bells from now on; nonzero if
+ * one has work already, and it must not) or woke (0): in its loop, and in a tiny op it
+ * runs itself (net_engine_nap) */
 static int engine_nap(void *ctx, int asleep)
 {
     struct engine *eng = ctx;
@@ -583,9 +584,8 @@ int engine_run(struct engine *eng)
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */
-        set_sleeping(eng, 1);
-        if (pending_submissions(eng)) {
-            set_sleeping(eng, 0);
+        if (engine_nap(eng, 1)) {
+            engine_nap(eng, 0);
             continue;
         }
         next_deadline = check_deadlines(eng, now);

@@ -269,15 +269,9 @@ int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t)
 
 int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t whylen)
 {
-    /* the caller's view: budget (engine) or service (net thread) */
-    s->c.budget_until = c->budget_until;
-    s->c.nap = c->nap;
-    s->c.nap_ctx = c->nap_ctx;
-    s->c.wake_fd[0] = c->wake_fd[0];
-    s->c.wake_fd[1] = c->wake_fd[1];
-    s->c.short_spin = c->short_spin;
-    s->c.service = c->service;
-    s->c.service_ctx = c->service_ctx;
+    /* the caller's view, whole: the same group and op, waited for its own way (budget and
+     * nap on the engine, service on the net thread; s->o points at s->c, not at c) */
+    s->c = *c;
     int st = tcp_exchange(&s->o, s->x, s->nx);
     while (st == COLL_OK && s->nsteps && ++s->step < s->nsteps) {
         rd_step(s);

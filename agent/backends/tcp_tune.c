@@ -61,9 +61,7 @@ void tcp_tune_counts(const struct tcp_tune *tu, uint64_t *learnt, uint64_t *shrt
 static uint32_t tune_key(const struct net_task *t)
 {
     uint64_t bytes = (uint64_t)t->count * coll_dtype_size((coll_dtype)t->dtype);
-    uint32_t lg = 0;
-    while (lg < 63 && (bytes >> lg) > 1)
-        lg++;
+    uint32_t lg = 63 - (uint32_t)__builtin_clzll(bytes | 1); /* floor(log2), 0 for 0 */
     return ((uint32_t)t->kind << 8 | lg) + 1;
 }
 
