@@ -593,13 +593,15 @@ int engine_run(struct engine *eng)
             set_sleeping(eng, 0);
             break;
         }
+        /* wake for the nearest deadline, and for the next publication (the texts are at
+         * most PUBLISH_NS old, and /livez sees the loop turn) */
+        int64_t wake = next_deadline;
+        if (eng->http && eng->next_publish < wake) wake = eng->next_publish;
         int timeout = -1;
-        if (next_deadline != INT64_MAX) {
-            int64_t left = next_deadline - now;
+        if (wake != INT64_MAX) {
+            int64_t left = wake - now;
             timeout = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
         }
-        if (eng->http && (timeout < 0 || timeout > (int)(PUBLISH_NS / NS_PER_MS)))
-            timeout = (int)(PUBLISH_NS / NS_PER_MS); /* /livez sees the loop turn */
         eng->stats.sleeps++;
         slept = 1;
         int n = epoll_wait(eng->epfd, evs, 64, timeout);
