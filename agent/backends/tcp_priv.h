@@ -62,6 +62,13 @@ struct tcp_tiny {
     char *vec;        /* the pod's vector, one block per pod: reduced (reduce_scatter, reduce),
                        * packed (all-to-all), or the result itself (allgather, and allreduce
                        * by doubling: its running result; NULL for a barrier) */
+    /* where our contribution is read by the first step (reduce_scatter: the send buffer
+     * or vec; allreduce by doubling: the send buffer, or NULL for vec) and, for
+     * reduce_scatter, where our block ends (the result, or in vec); direct: those are
+     * the participant's own buffers, so neither is copied */
+    const char *src;
+    char *out;
+    int direct;
     char why[160];
 };
 

@@ -52,21 +52,33 @@ static void rd_step(struct tcp_tiny *s)
          * holds its block and fold its copy of our half into ours */
         int h = s->c.nodes >> (s->step + 1), lo = me & ~(2 * h - 1);
         int keep = me & h ? lo + h : lo, give = me & h ? lo : lo + h;
+        /* the first step reads our contribution where it is; the last folds our block
+         * where it ends (keep is then me) */
+        const char *from = s->step == 0 ? s->src : s->vec;
         p = me ^ h;
-        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? s->vec + (size_t)give * b : NULL,
+        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? from + (size_t)give * b : NULL,
                    (size_t)h * b);
         tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp + (size_t)keep * b : NULL,
                    (size_t)h * b);
-        if (b) s->x[1].red_dst = s->vec + (size_t)keep * b;
+        if (b) {
+            s->x[1].red_dst = s->step == s->nsteps - 1 ? s->out : s->vec + (size_t)keep * b;
+            s->x[1].red_src = from + (size_t)keep * b;
+        }
         return;
     }
+    /* the first step may send our input where it is and fold into the result beside it;
+     * later ones send the running result, folding only behind what has gone */
+    const char *from = s->step == 0 && s->src ? s->src : s->vec;
     p = me ^ (1 << s->step);
     if (!s->vec) b = 0;
-    tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, s->vec, b);
+    tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? from : NULL, b);
     tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp : NULL, b);
     if (b) {
         s->x[1].red_dst = s->vec;
-        s->x[1].red_after = &s->x[0];
+        if (from != s->vec)
+            s->x[1].red_src = from;
+        else
+            s->x[1].red_after = &s->x[0];
     }
 }
 
@@ -129,6 +141,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     s->nx = 0;
     s->tmp = NULL;
     s->nsteps = 0;
+    s->direct = 0;
+    s->src = NULL;
     if (t->kind == WIRE_OP_BROADCAST) {
         int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
         char *buf = t->recv[0];
@@ -189,19 +203,32 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         /* each pod sends block p of its reduced vector to pod p and reduces the blocks
          * it gets for itself in pod order (or halves, above) */
         size_t block = L * t->count, bb = block * s->o.es, N = (size_t)c->nodes;
+        int halve = use_doubling(c, bb);
         s->vec = tcp_scratch(&s->c, 0, bb * N);
         s->tmp = tcp_scratch(&s->c, 1, bb * N);
         if (!s->vec || !s->tmp) return -2;
-        tcp_local_reduce(&s->o, s->vec, 0, block * N);
-        if (use_doubling(c, bb)) {
+        /* one participant with its buffers apart, and a fold of two operands at a time
+         * (halving, or two pods): its input is sent and folded where it is and its
+         * block folded straight into its result, with no copy of either (each fold adds
+         * the same two operands as it would in vec, so the bits are the same) */
+        s->direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) &&
+                    tcp_apart(t->send[0], bb * N, t->recv[0], bb);
+        s->src = s->direct ? t->send[0] : s->vec;
+        s->out = s->direct ? t->recv[0] : s->vec + (size_t)c->me * bb;
+        if (!s->direct) tcp_local_reduce(&s->o, s->vec, 0, block * N);
+        if (halve) {
             start_steps(s, s->vec, bb);
             return 0;
         }
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
-            tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->vec + (size_t)p * bb, bb);
+            tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), s->src + (size_t)p * bb, bb);
             tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                        s->tmp + (size_t)p * bb, bb);
+        }
+        if (s->direct) { /* two pods: fold the other's copy of our block as it arrives */
+            s->x[1].red_dst = s->out;
+            s->x[1].red_src = s->src + (size_t)c->me * bb;
         }
         return 0;
     }
@@ -227,10 +254,12 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     }
     void *buf = NULL;
     const char *own = t->send[0];
-    /* two pods, one participant, two buffers apart: send straight from its send buffer
-     * and fold into its result, with no copy between them first */
-    int direct = c->nodes == 2 && L == 1 && t->kind == WIRE_OP_ALLREDUCE && bytes &&
-                 tcp_apart(own, bytes, t->recv[0], bytes);
+    /* two pods or doubling's first step, one participant, two buffers apart: send
+     * straight from its send buffer and fold into its result, with no copy between them
+     * first (the same two operands in the same order) */
+    int direct = (c->nodes == 2 || use_doubling(c, bytes)) && L == 1 &&
+                 t->kind == WIRE_OP_ALLREDUCE && bytes && tcp_apart(own, bytes, t->recv[0], bytes);
+    s->src = direct ? own : NULL;
     if (t->kind == WIRE_OP_ALLREDUCE) {
         buf = t->recv[0];
         if (!direct) tcp_local_reduce(&s->o, buf, 0, t->count);
@@ -294,11 +323,11 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     }
     if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
         size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
-        char *mine = s->vec + (size_t)s->c.me * bb;
-        if (!s->nsteps) /* halving folded on arrival */
+        char *mine = s->out;
+        if (!s->nsteps && !s->direct) /* halving and direct folded on arrival */
             tcp_reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
         tcp_finish_avg(&s->o, mine, block);
-        for (size_t k = 0; k < L; k++)
+        for (size_t k = 0; !s->direct && k < L; k++)
             if (t->recv[k] && t->count)
                 memcpy(t->recv[k], mine + k * t->count * s->o.es, t->count * s->o.es);
     }
