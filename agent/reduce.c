@@ -85,6 +85,39 @@ uint16_t reduce_float_to_bf16(float f)
 #define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
 #define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
 
+/* Min and max of floats give the same bits whichever operand comes first, so that the
+ * two pods of a pair, each folding its own operand first, agree: a tie (equal values,
+ * -0 and +0 among them) or a NaN is settled on the bits, -0 for min and +0 for max, and
+ * a NaN stays a NaN (its bits OR-ed with the other operand's keep an all-ones exponent
+ * and a mantissa that is not zero). */
+#define DEF_FMINMAX(T, U)                                                                          \
+    static inline T min_sym_##T(T a, T b)                                                          \
+    {                                                                                              \
+        U x, y;                                                                                    \
+        memcpy(&x, &a, sizeof(x));                                                                 \
+        memcpy(&y, &b, sizeof(y));                                                                 \
+        U t = x | y;                                                                               \
+        T tie;                                                                                     \
+        memcpy(&tie, &t, sizeof(t));                                                               \
+        return a < b ? a : b < a ? b : tie;                                                        \
+    }                                                                                              \
+    static inline T max_sym_##T(T a, T b)                                                          \
+    {                                                                                              \
+        U x, y;                                                                                    \
+        memcpy(&x, &a, sizeof(x));                                                                 \
+        memcpy(&y, &b, sizeof(y));                                                                 \
+        U t = a == b ? x & y : x | y;                                                              \
+        T tie;                                                                                     \
+        memcpy(&tie, &t, sizeof(t));                                                               \
+        return a > b ? a : b > a ? b : tie;                                                        \
+    }
+DEF_FMINMAX(float, uint32_t)
+DEF_FMINMAX(double, uint64_t)
+#define OP_FMIN(a, b) min_sym_float(a, b)
+#define OP_FMAX(a, b) max_sym_float(a, b)
+#define OP_DMIN(a, b) min_sym_double(a, b)
+#define OP_DMAX(a, b) max_sym_double(a, b)
+
 /* One kernel per (type, op): dst = srcs[0] op srcs[1] op ... */
 #define DEF_KERNEL(T, NAME, OPM)                                                                   \
     static void NAME(T *restrict dst, const void *const *srcs, int nsrc, size_t n)                 \
@@ -104,11 +137,11 @@ uint16_t reduce_float_to_bf16(float f)
         }                                                                                          \
     }
 
-#define DEF_TYPE(T, SUF)                                                                           \
+#define DEF_TYPE(T, SUF, MINOP, MAXOP)                                                             \
     DEF_KERNEL(T, sum_##SUF, OP_SUM)                                                               \
     DEF_KERNEL(T, prod_##SUF, OP_PROD)                                                             \
-    DEF_KERNEL(T, min_##SUF, OP_MIN)                                                               \
-    DEF_KERNEL(T, max_##SUF, OP_MAX)                                                               \
+    DEF_KERNEL(T, min_##SUF, MINOP)                                                                \
+    DEF_KERNEL(T, max_##SUF, MAXOP)                                                                \
     static void div_##SUF(T *dst, size_t n, uint32_t d)                                            \
     {                                                                                              \
         for (size_t i = 0; i < n; i++)                                                             \
@@ -137,14 +170,14 @@ uint16_t reduce_float_to_bf16(float f)
         }                                                                                          \
     }
 
-DEF_TYPE(int8_t, i8)
-DEF_TYPE(uint8_t, u8)
-DEF_TYPE(int32_t, i32)
-DEF_TYPE(uint32_t, u32)
-DEF_TYPE(int64_t, i64)
-DEF_TYPE(uint64_t, u64)
-DEF_TYPE(float, f32)
-DEF_TYPE(double, f64)
+DEF_TYPE(int8_t, i8, OP_MIN, OP_MAX)
+DEF_TYPE(uint8_t, u8, OP_MIN, OP_MAX)
+DEF_TYPE(int32_t, i32, OP_MIN, OP_MAX)
+DEF_TYPE(uint32_t, u32, OP_MIN, OP_MAX)
+DEF_TYPE(int64_t, i64, OP_MIN, OP_MAX)
+DEF_TYPE(uint64_t, u64, OP_MIN, OP_MAX)
+DEF_TYPE(float, f32, OP_FMIN, OP_FMAX)
+DEF_TYPE(double, f64, OP_DMIN, OP_DMAX)
 
 /* float16 / bfloat16: widen into a float chunk, reduce there, narrow once. */
 static void reduce_16(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,

@@ -100,6 +100,66 @@ static void every_kernel_matches_a_scalar_reference(void **state)
     }
 }
 
+/* The two pods of a pair fold the same two operands each with its own first: min and max
+ * of floats must not depend on that order (-0 and +0, NaNs), or the pods' results differ.
+ * Every pair of special values, both ways, every floating dtype. */
+static void float_min_and_max_ignore_the_order_of_operands(void **state)
+{
+    (void)state;
+    static const uint64_t f64[] = {0,
+                                   0x8000000000000000u,
+                                   0x7ff8000000000000u,
+                                   0xfff8000000000000u,
+                                   0x7ff8000000000123u,
+                                   0x7ff0000000000000u,
+                                   0xfff0000000000000u,
+                                   0x3ff0000000000000u,
+                                   0xc004000000000000u,
+                                   1};
+    static const uint64_t f32[] = {0,          0x80000000, 0x7fc00000, 0xffc00000, 0x7fc00123,
+                                   0x7f800000, 0xff800000, 0x3f800000, 0xc0200000, 1};
+    static const uint64_t f16[] = {0,      0x8000, 0x7e00, 0xfe00, 0x7e01,
+                                   0x7c00, 0xfc00, 0x3c00, 0xc100, 1};
+    static const uint64_t b16[] = {0,      0x8000, 0x7fc0, 0xffc0, 0x7fc1,
+                                   0x7f80, 0xff80, 0x3f80, 0xc020, 1};
+    enum { K = 10, NP = K * K };
+    const struct {
+        int dt;
+        const uint64_t *v;
+    } cases[] = {
+        {COLL_FLOAT64, f64}, {COLL_FLOAT32, f32}, {COLL_FLOAT16, f16}, {COLL_BFLOAT16, b16}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        int dt = cases[c].dt;
+        size_t es = coll_dtype_size((coll_dtype)dt);
+        unsigned char a[NP * 8], b[NP * 8], ab[NP * 8], ba[NP * 8];
+        for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) { /* little-endian: the low es bytes */
+                memcpy(a + (size_t)(i * K + j) * es, &cases[c].v[i], es);
+                memcpy(b + (size_t)(i * K + j) * es, &cases[c].v[j], es);
+            }
+        for (int op = COLL_MIN; op <= COLL_MAX; op++) {
+            const void *s1[2] = {a, b}, *s2[2] = {b, a};
+            reduce_n(dt, op, ab, s1, 2, NP, 2);
+            reduce_n(dt, op, ba, s2, 2, NP, 2);
+            for (int k = 0; k < NP; k++) {
+                if (memcmp(ab + (size_t)k * es, ba + (size_t)k * es, es) != 0)
+                    fail_msg("dtype %s op %s pair %d,%d: the result depends on the order",
+                             coll_dtype_name(dt), coll_redop_name(op), k / K, k % K);
+                double x = val_get(a, (size_t)k, dt), y = val_get(b, (size_t)k, dt),
+                       got = val_get(ab, (size_t)k, dt);
+                if (isnan(x) || isnan(y)) {
+                    assert_true(isnan(got));   /* a NaN stays a NaN */
+                } else if (x == y && x == 0) { /* -0 for min, +0 for max, if either is */
+                    int neg = op == COLL_MIN ? signbit(x) || signbit(y) : signbit(x) && signbit(y);
+                    assert_true(got == 0 && !signbit(got) == !neg);
+                } else {
+                    assert_true(got == (op == COLL_MIN ? fmin(x, y) : fmax(x, y)));
+                }
+            }
+        }
+    }
+}
+
 static void destination_may_be_the_first_source(void **state)
 {
     (void)state;
@@ -116,6 +176,7 @@ int main(void)
         cmocka_unit_test(half_conversions_match_the_definition),
         cmocka_unit_test(bf16_conversions_round_to_nearest_even),
         cmocka_unit_test(every_kernel_matches_a_scalar_reference),
+        cmocka_unit_test(float_min_and_max_ignore_the_order_of_operands),
         cmocka_unit_test(destination_may_be_the_first_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
