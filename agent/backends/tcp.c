@@ -72,6 +72,15 @@ void tcp_x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t 
     x->check_hdr = hdr != NULL;
 }
 
+void tcp_x_fold(struct xfer *x, void *dst, const void *mine)
+{
+    x->red_dst = dst;
+    x->red_src = mine;
+    /* a separate operand of ours: what arrives lands in dst and is folded there, so no
+     * scratch passes through the caches */
+    if (mine && mine != dst && x->total > x->hl) x->iov[x->niov - 1].iov_base = dst;
+}
+
 /* The iovec of x from its current offset up to limit. */
 static int x_iov(const struct xfer *x, size_t limit, struct iovec *out)
 {
@@ -108,9 +117,10 @@ static void fold(struct opctx *o, struct xfer *x, int final)
         size_t len = upto - x->red_done;
         size_t max = (size_t)REDUCE_CHUNK * o->es;
         if (len > max) len = max;
-        char *d = (char *)x->red_dst + x->red_done;
+        char *d = (char *)x->red_dst + x->red_done, *in = (char *)pl->iov_base + x->red_done;
         const void *mine = x->red_src ? (const char *)x->red_src + x->red_done : d;
-        const void *srcs[2] = {mine, (char *)pl->iov_base + x->red_done};
+        /* landed in red_dst itself: folded where it is (the arrived operand first) */
+        const void *srcs[2] = {in == d ? (const void *)in : mine, in == d ? mine : in};
         reduce_n(o->t->dtype, o->red_op, d, srcs, 2, len / o->es, 1);
         x->red_done += len;
     }
@@ -595,8 +605,9 @@ static int ring_reduce_scatter(struct opctx *o, void *buf, size_t units, size_t 
         const char *from = s == 0 && src ? (const char *)src : (const char *)buf;
         tcp_x_send(&x[0], right, s == 0 ? &o->hdr : NULL, sizeof(o->hdr), from + so * es, sl * es);
         tcp_x_recv(&x[1], left, s == 0 ? &o->peer_hdr[left] : NULL, sizeof(o->hdr), tmp, rl * es);
-        x[1].red_dst = rl ? (rc == me && last ? (char *)last : (char *)buf + ro * es) : NULL;
-        if (rl && src) x[1].red_src = (const char *)src + ro * es; /* each is received once */
+        if (rl) /* with src, each chunk is received once: folded with src's */
+            tcp_x_fold(&x[1], rc == me && last ? (char *)last : (char *)buf + ro * es,
+                       src ? (const char *)src + ro * es : NULL);
         int st = tcp_exchange(o, x, 2);
         if (st != COLL_OK) return st;
     }

@@ -20,8 +20,9 @@ struct xfer {
     int niov;
     size_t hl; /* header bytes */
     size_t total, done;
-    /* receive with reduction: payload lands in iov[niov-1] (a scratch area) and is
-     * folded into red_dst segment by segment */
+    /* receive with reduction (tcp_x_fold): payload lands in iov[niov-1] (a scratch area,
+     * or red_dst itself when red_src is set) and is folded into red_dst segment by
+     * segment */
     void *red_dst;
     size_t red_done;
     /* when red_dst is also being sent (by this transfer), fold only what it has sent */
@@ -102,6 +103,9 @@ void tcp_owe(struct tcp_comm *c, int p, const struct data_op_hdr *h);
 
 void tcp_x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n);
 void tcp_x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n);
+/* Receive x with reduction: fold what arrives into dst, with our operand mine (NULL: dst
+ * holds it); with a separate operand the payload lands in dst itself. */
+void tcp_x_fold(struct xfer *x, void *dst, const void *mine);
 /* Run transfers x[0..nx) at once to completion (or the budget, TCP_AGAIN). */
 int tcp_exchange(struct opctx *o, struct xfer *x, int nx);
 int tcp_failf(struct opctx *o, int code, const char *fmt, ...)

@@ -60,10 +60,9 @@ static void rd_step(struct tcp_tiny *s)
                    (size_t)h * b);
         tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp + (size_t)keep * b : NULL,
                    (size_t)h * b);
-        if (b) {
-            s->x[1].red_dst = s->step == s->nsteps - 1 ? s->out : s->vec + (size_t)keep * b;
-            s->x[1].red_src = from + (size_t)keep * b;
-        }
+        if (b)
+            tcp_x_fold(&s->x[1], s->step == s->nsteps - 1 ? s->out : s->vec + (size_t)keep * b,
+                       from + (size_t)keep * b);
         return;
     }
     /* the first step may send our input where it is and fold into the result beside it;
@@ -74,11 +73,8 @@ static void rd_step(struct tcp_tiny *s)
     tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? from : NULL, b);
     tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? s->tmp : NULL, b);
     if (b) {
-        s->x[1].red_dst = s->vec;
-        if (from != s->vec)
-            s->x[1].red_src = from;
-        else
-            s->x[1].red_after = &s->x[0];
+        tcp_x_fold(&s->x[1], s->vec, from != s->vec ? from : NULL);
+        if (from == s->vec) s->x[1].red_after = &s->x[0];
     }
 }
 
@@ -226,10 +222,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
             tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                        s->tmp + (size_t)p * bb, bb);
         }
-        if (s->direct) { /* two pods: fold the other's copy of our block as it arrives */
-            s->x[1].red_dst = s->out;
-            s->x[1].red_src = s->src + (size_t)c->me * bb;
-        }
+        if (s->direct) /* two pods: fold the other's copy of our block as it arrives */
+            tcp_x_fold(&s->x[1], s->out, s->src + (size_t)c->me * bb);
         return 0;
     }
     if (t->kind == WIRE_OP_ALLGATHER) {
@@ -280,11 +274,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     if (buf && bytes && s->c.nodes == 2) {
         /* two pods: fold the other's vector into ours as it arrives, behind what we have
          * sent of ours; both add the same two operands, so the results are identical */
-        s->x[1].red_dst = buf;
-        if (direct)
-            s->x[1].red_src = own;
-        else
-            s->x[1].red_after = &s->x[0];
+        tcp_x_fold(&s->x[1], buf, direct ? own : NULL);
+        if (!direct) s->x[1].red_after = &s->x[0];
     }
     return 0;
 }
