@@ -19,6 +19,7 @@ import sys
 out = sys.argv[1]
 rows, ceil = [], collections.defaultdict(list)
 floors = collections.defaultdict(list)  # (load, where, name) -> p50 us
+copy_mean = collections.defaultdict(list)  # load -> mean us of coll-floors' copy round
 header = []
 rnd = load = pods = op = sysname = None
 for line in open(out + "/raw.txt"):
@@ -33,6 +34,9 @@ for line in open(out + "/raw.txt"):
     m = re.match(r"#floor (\S+) floor (\S+) .*p50_us=(\S+)", line)
     if m:
         floors[(load, m.group(1), m.group(2))].append(float(m.group(3)))
+        m2 = re.search(r"mean_us=(\S+)", line)
+        if m2 and m.group(2) == "copy":  # a load that comes and goes: the mean counts
+            copy_mean[load].append(float(m2.group(1)))
         continue
     m = re.match(r"### pods (\d+) op (\S+) system (\S+)", line)
     if m:
@@ -96,6 +100,13 @@ for load in loads:
     if fl:
         lines.append(f"Floors ({load}, coll-floors p50, median of rounds): " +
                      ", ".join(f"{k} {v:.2f} µs" for k, v in sorted(fl.items())))
+keep_copy = None
+if len(loads) == 2 and copy_mean[loads[0]] and copy_mean[loads[1]]:
+    cq, cl = statistics.median(copy_mean[loads[0]]), statistics.median(copy_mean[loads[1]])
+    keep_copy = cq / cl
+    lines.append(f"CPU-bound floor (coll-floors copy: both CPUs copy 2 MiB in step, mean, median "
+                 f"of rounds): {cq:.1f} µs {loads[0]}, {cl:.1f} µs {loads[1]}: work that needs "
+                 f"all of its CPU keeps {keep_copy:.2f} of its speed under this load")
 lines += ["", "Times are per op in µs, medians over rounds; ratio = reference time / coll time "
           "(median of the per-round ratios; above 1, coll is faster); steady = loaded ratio / "
           "quiet ratio.", ""]
@@ -134,8 +145,13 @@ for ref in refs:
                     st = None if not q or not l else l / q
                     cells.append("-" if st is None else f"{st:.2f}")
                     if st is not None and st < 0.90:
+                        # what each keeps of its quiet speed, beside what CPU-bound work keeps
+                        keep = [med_time(loads[0], pods, op, b, x) /
+                                med_time(loads[1], pods, op, b, x) for x in ("coll", ref)]
+                        floor = "" if keep_copy is None else f", CPU-bound work {keep_copy:.2f}"
                         bad.append(f"{pods} pods {op} {fmt_size(b)}: loaded ratio {l:.2f} vs "
-                                   f"quiet {q:.2f} against {ref} (steady {st:.2f})")
+                                   f"quiet {q:.2f} against {ref} (steady {st:.2f}; speed kept "
+                                   f"under load: coll {keep[0]:.2f}, {ref} {keep[1]:.2f}{floor})")
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
 wrong = [r for r in rows if r["wrong"]]

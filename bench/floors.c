@@ -13,11 +13,15 @@
  * tcp_swap:  both sides send 8 bytes and receive the other's 8 over one loopback TCP
  *            connection (non-blocking, looking again with a yield): what an 8-byte
  *            allreduce between two processes costs at the least over TCP.
+ * copy:      with two CPUs named, both sides copy 2 MiB, in step: a round ends when both
+ *            have copied (two CPU-bound pods in a collective, for what a load on the node
+ *            costs work that needs all of its CPU; the mean is the figure under a load
+ *            that comes and goes).
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
  * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
  * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
  * same way), so that both are measured across the same pair of CPUs. Prints p50 / p10 /
- * p90 in us.
+ * p90 and the mean in us.
  */
 
 #include <arpa/inet.h>
@@ -32,6 +36,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -105,9 +110,46 @@ static int cmp(const void *a, const void *b)
 
 static void report(const char *name, double *lat, int n, long gap)
 {
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += lat[i];
     qsort(lat, (size_t)n, sizeof(double), cmp);
-    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f\n", name, gap, lat[n / 2],
-           lat[n / 10], lat[(n * 9) / 10]);
+    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n", name, gap,
+           lat[n / 2], lat[n / 10], lat[(n * 9) / 10], sum / n);
+}
+
+/* n rounds: in each both sides copy COPY_BYTES (buffers of their own), and the round
+ * ends when both have (w[0]: the round started, w[1]: the round the other side ended). */
+#define COPY_BYTES ((size_t)2 << 20)
+static int copy_floor(double *lat, int n, _Atomic uint32_t *w)
+{
+    char *buf = malloc(2 * COPY_BYTES);
+    if (!buf) return -1;
+    memset(buf, 1, 2 * COPY_BYTES);
+    atomic_store(&w[0], 0);
+    atomic_store(&w[1], 0);
+    pid_t p = fork();
+    if (p == 0) {
+        pin(cpu_child);
+        for (uint32_t i = 1; i <= (uint32_t)n; i++) {
+            while (atomic_load_explicit(&w[0], memory_order_acquire) != i)
+                ;
+            memcpy(buf + COPY_BYTES, buf, COPY_BYTES);
+            atomic_store_explicit(&w[1], i, memory_order_release);
+        }
+        _exit(0);
+    }
+    for (uint32_t i = 1; i <= (uint32_t)n; i++) {
+        double t0 = now_us();
+        atomic_store_explicit(&w[0], i, memory_order_release);
+        memcpy(buf + COPY_BYTES, buf, COPY_BYTES);
+        while (atomic_load_explicit(&w[1], memory_order_acquire) != i)
+            ;
+        lat[i - 1] = now_us() - t0;
+    }
+    waitpid(p, NULL, 0);
+    free(buf);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -207,5 +249,11 @@ int main(int argc, char **argv)
     }
     waitpid(p, NULL, 0);
     report("tcp_swap", lat, n, gap);
+
+    if (cpu_parent >= 0 && cpu_child >= 0 && cpu_parent != cpu_child) {
+        int nc = n / 4 > 100 ? n / 4 : 100; /* 20000: about half a second */
+        if (copy_floor(lat, nc, w) != 0) return 1;
+        report("copy", lat, nc, 0);
+    }
     return 0;
 }
