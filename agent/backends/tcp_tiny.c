@@ -205,8 +205,9 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         if (!s->vec || !s->tmp) return -2;
         /* one participant with its buffers apart, and a fold of two operands at a time
          * (halving, or two pods): its input is sent and folded where it is and its
-         * block folded straight into its result, with no copy of either (each fold adds
-         * the same two operands as it would in vec, so the bits are the same) */
+         * block folded straight into its result, with no copy of either (each fold
+         * takes the same two operands as it would in vec; reduce.c's reductions give the
+         * same bits in either order, but for which NaN a sum of two keeps) */
         s->direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) &&
                     tcp_apart(t->send[0], bb * N, t->recv[0], bb);
         s->src = s->direct ? t->send[0] : s->vec;
