@@ -85,31 +85,35 @@ uint16_t reduce_float_to_bf16(float f)
 #define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
 #define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
 
-/* Min and max of floats give the same bits whichever operand comes first, so that the
- * two pods of a pair, each folding its own operand first, agree: a tie (equal values,
- * -0 and +0 among them) or a NaN is settled on the bits, -0 for min and +0 for max, and
- * a NaN stays a NaN (its bits OR-ed with the other operand's keep an all-ones exponent
- * and a mantissa that is not zero). */
+/* Min and max of floats as C's fmin and fmax (a NaN gives way to a number; -0 is below
+ * +0), and with the same bits whichever operand comes first, so that the two pods of a
+ * pair, each folding its own operand first, agree: equal operands (-0 and +0 among them)
+ * and two NaNs are settled on their bits (OR for min, which makes -0 win; AND for max,
+ * which makes +0 win; OR for two NaNs, which stays a NaN). */
 #define DEF_FMINMAX(T, U)                                                                          \
-    static inline T min_sym_##T(T a, T b)                                                          \
+    static inline T tie_##T(T a, T b, int and_bits)                                                \
     {                                                                                              \
         U x, y;                                                                                    \
         memcpy(&x, &a, sizeof(x));                                                                 \
         memcpy(&y, &b, sizeof(y));                                                                 \
-        U t = x | y;                                                                               \
-        T tie;                                                                                     \
-        memcpy(&tie, &t, sizeof(t));                                                               \
-        return a < b ? a : b < a ? b : tie;                                                        \
+        U t = and_bits ? x & y : x | y;                                                            \
+        T r;                                                                                       \
+        memcpy(&r, &t, sizeof(t));                                                                 \
+        return r;                                                                                  \
+    }                                                                                              \
+    static inline T min_sym_##T(T a, T b)                                                          \
+    {                                                                                              \
+        T tie = tie_##T(a, b, 0), r = a < b ? a : b; /* equal or unordered: b, mended below */     \
+        r = a == b ? tie : r;                                                                      \
+        r = a != a ? (b != b ? tie : b) : r;                                                       \
+        return b != b && a == a ? a : r;                                                           \
     }                                                                                              \
     static inline T max_sym_##T(T a, T b)                                                          \
     {                                                                                              \
-        U x, y;                                                                                    \
-        memcpy(&x, &a, sizeof(x));                                                                 \
-        memcpy(&y, &b, sizeof(y));                                                                 \
-        U t = a == b ? x & y : x | y;                                                              \
-        T tie;                                                                                     \
-        memcpy(&tie, &t, sizeof(t));                                                               \
-        return a > b ? a : b > a ? b : tie;                                                        \
+        T tie = tie_##T(a, b, a == b), r = a > b ? a : b;                                          \
+        r = a == b ? tie : r;                                                                      \
+        r = a != a ? (b != b ? tie : b) : r;                                                       \
+        return b != b && a == a ? a : r;                                                           \
     }
 DEF_FMINMAX(float, uint32_t)
 DEF_FMINMAX(double, uint64_t)

@@ -92,7 +92,9 @@ typedef enum coll_dtype {
 } coll_dtype;
 
 /* Reductions. COLL_AVG is the sum divided by the group size (integer division for
- * integer types). float16 and bfloat16 are reduced in float32 and rounded once. */
+ * integer types). float16 and bfloat16 are reduced in float32 and rounded once. On the
+ * host backend, COLL_MIN and COLL_MAX of floats are C's fmin and fmax (a NaN gives way to
+ * a number), with -0 below +0. */
 typedef enum coll_redop {
     COLL_SUM = 0,
     COLL_PROD,
