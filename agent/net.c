@@ -248,7 +248,7 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .spin = g->spin,
                              .acks = g->acks,
                              .wake_fd = {-1, -1},
-                             .short_spin = g->short_spin};
+                             .short_spin = tcp_tune_way(g->tune)};
 }
 
 /* Whether the pairs t needs are up (asking for the missing ones when on the net
@@ -293,7 +293,7 @@ int net_inline(struct net *n, struct net_task *t)
             tcp_settle(&c, t, why0, sizeof(why0)) == COLL_OK ? tcp_tiny_start(g->tiny, &c, t) : -1;
         if (started == 0) {
             int64_t t0 = now_ns();
-            c.short_spin = g->short_spin = tcp_tune_start(g->tune, t, t0);
+            c.short_spin = tcp_tune_start(g->tune, t, t0);
             char why[160] = "";
             c.budget_until = now_ns() + INLINE_BUDGET_NS;
             int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
@@ -428,7 +428,7 @@ static int run_ready_ops(struct net *n)
             if (!g->q_head) g->q_tail = NULL;
             g->running = t;
             ran++;
-            c.short_spin = g->short_spin = tcp_tune_start(g->tune, t, now_ns());
+            c.short_spin = tcp_tune_start(g->tune, t, now_ns());
             int st = tcp_run(&c, t, why, sizeof(why));
             tcp_tune_end(g->tune, st == COLL_OK, now_ns());
             g->running = NULL;

@@ -142,7 +142,6 @@ struct ngroup {
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
     struct tcp_acks *acks;      /* ... and the acks broadcast roots are owed (tcp.h) */
     struct tcp_tune *tune;      /* ... and the spin each op class waits with (tcp.h) */
-    int short_spin;             /* ... the op under way's (tcp_tune_start) */
     /* how long to spin for each pod's bytes before sleeping in poll (spin.h), learnt
      * by whoever holds coll_lock */
     struct spin_adapt spin[RDV_MAX_NODES];

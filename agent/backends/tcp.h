@@ -122,6 +122,8 @@ void tcp_tune_reset(struct tcp_tune *tu); /* a new epoch: every class from its f
 /* Op t starts at now (one op at a time): the way it waits (c->short_spin). tu may be
  * NULL (the learnt spin). */
 int tcp_tune_start(struct tcp_tune *tu, const struct net_task *t, int64_t now);
+/* The way of the op under way, or of the last one (a handed-over op keeps its way). */
+int tcp_tune_way(const struct tcp_tune *tu);
 /* ... and ended at now, ok or not (a failed op is not sampled). */
 void tcp_tune_end(struct tcp_tune *tu, int ok, int64_t now);
 /* Ops started each way since tcp_tune_new. */

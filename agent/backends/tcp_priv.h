@@ -65,11 +65,10 @@ struct tcp_tiny {
                        * by doubling: its running result; NULL for a barrier) */
     /* where our contribution is read by the first step (reduce_scatter: the send buffer
      * or vec; allreduce by doubling: the send buffer, or NULL for vec) and, for
-     * reduce_scatter, where our block ends (the result, or in vec); direct: those are
-     * the participant's own buffers, so neither is copied */
+     * reduce_scatter, where our block ends (the result, or in vec); the send buffer means
+     * neither is copied */
     const char *src;
     char *out;
-    int direct;
     char why[160];
 };
 

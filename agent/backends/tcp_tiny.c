@@ -137,7 +137,6 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     s->nx = 0;
     s->tmp = NULL;
     s->nsteps = 0;
-    s->direct = 0;
     s->src = NULL;
     if (t->kind == WIRE_OP_BROADCAST) {
         int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
@@ -208,11 +207,11 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
          * block folded straight into its result, with no copy of either (each fold
          * takes the same two operands as it would in vec; reduce.c's reductions give the
          * same bits in either order, but for which NaN a sum of two keeps) */
-        s->direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) &&
-                    tcp_apart(t->send[0], bb * N, t->recv[0], bb);
-        s->src = s->direct ? t->send[0] : s->vec;
-        s->out = s->direct ? t->recv[0] : s->vec + (size_t)c->me * bb;
-        if (!s->direct) tcp_local_reduce(&s->o, s->vec, 0, block * N);
+        int direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) &&
+                     tcp_apart(t->send[0], bb * N, t->recv[0], bb);
+        s->src = direct ? t->send[0] : s->vec;
+        s->out = direct ? t->recv[0] : s->vec + (size_t)c->me * bb;
+        if (!direct) tcp_local_reduce(&s->o, s->vec, 0, block * N);
         if (halve) {
             start_steps(s, s->vec, bb);
             return 0;
@@ -223,7 +222,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
             tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                        s->tmp + (size_t)p * bb, bb);
         }
-        if (s->direct) /* two pods: fold the other's copy of our block as it arrives */
+        if (direct) /* two pods: fold the other's copy of our block as it arrives */
             tcp_x_fold(&s->x[1], s->out, s->src + (size_t)c->me * bb);
         return 0;
     }
@@ -316,10 +315,11 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     if (st == COLL_OK && t->kind == WIRE_OP_REDUCE_SCATTER) {
         size_t L = (size_t)s->c.nlocal, block = L * t->count, bb = block * s->o.es;
         char *mine = s->out;
-        if (!s->nsteps && !s->direct) /* halving and direct folded on arrival */
+        int direct = s->src != s->vec; /* read and folded in the participant's buffers */
+        if (!s->nsteps && !direct)     /* halving and direct folded on arrival */
             tcp_reduce_in_pod_order(&s->o, mine, s->tmp, bb, block);
         tcp_finish_avg(&s->o, mine, block);
-        for (size_t k = 0; !s->direct && k < L; k++)
+        for (size_t k = 0; !direct && k < L; k++)
             if (t->recv[k] && t->count)
                 memcpy(t->recv[k], mine + k * t->count * s->o.es, t->count * s->o.es);
     }

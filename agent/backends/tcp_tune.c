@@ -35,8 +35,8 @@ struct tcp_tune {
     uint64_t ops;           /* in this epoch */
     uint64_t total[2];      /* ops by the way they waited, since the start (not reset) */
     struct tune_class *cur; /* the op under way ends a turn (NULL: not) */
-    int way;
-    int ok; /* ... and every op of its turn went well */
+    int way;                /* the op under way's (or the last one's) */
+    int ok;                 /* every op of the turn under way went well */
 };
 
 struct tcp_tune *tcp_tune_new(void)
@@ -100,24 +100,26 @@ int tcp_tune_start(struct tcp_tune *tu, const struct net_task *t, int64_t now)
     uint32_t i = k->n++;
     if (i < k->trial_at || i - k->trial_at >= TRIAL) {
         tu->total[k->best]++;
-        return k->best;
+        return tu->way = k->best;
     }
     /* trying: turns of TCP_TUNE_RUN ops, each way in turn. A turn is timed whole, from
      * its first op's start to its last op's end: the gaps between ops count (a spin that
      * keeps a neighbour off the CPU shows there), and in a loop of ops every pod times
      * the same span, so that they tend to choose alike */
     uint32_t p = i - k->trial_at;
-    int way = (int)(p / TCP_TUNE_RUN % 2);
+    int way = tu->way = (int)(p / TCP_TUNE_RUN % 2);
     tu->total[way]++;
     if (p % TCP_TUNE_RUN == 0) {
         k->turn_t0 = now;
         tu->ok = 1;
     }
-    if (p % TCP_TUNE_RUN == TCP_TUNE_RUN - 1) {
-        tu->cur = k;
-        tu->way = way;
-    }
+    if (p % TCP_TUNE_RUN == TCP_TUNE_RUN - 1) tu->cur = k;
     return way;
+}
+
+int tcp_tune_way(const struct tcp_tune *tu)
+{
+    return tu ? tu->way : TCP_TUNE_LEARNT;
 }
 
 void tcp_tune_end(struct tcp_tune *tu, int ok, int64_t now)
