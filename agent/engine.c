@@ -134,7 +134,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     uint8_t gpu_group[CONFIG_MAX_GROUPS] = {0};
     for (int i = 0; i < eng->ngroups; i++)
         gpu_group[i] = eng->groups[i].be == &backend_nccl;
-    eng->net = net_start(cfg, gpu_group, gpu_new_commid, why, sizeof(why));
+    eng->net = net_start(cfg, gpu_group, gpu_new_commid, &eng->gate, why, sizeof(why));
     if (eng->net) net_engine_nap(eng->net, eng->epfd, engine_nap, eng);
     if (!eng->net && why[0]) {
         log_msg(LOG_ERROR, "agent.net", "error=\"%s\"", why);
@@ -331,6 +331,7 @@ static void publish(struct engine *eng)
                             .ngroups = eng->ngroups,
                             .sessions = eng->nsessions - eng->nclosing,
                             .sessions_opened = eng->stats.sessions_opened,
+                            .yield_closed = atomic_load(&eng->gate.closed),
                             .draining = eng->draining,
                             .gpu_imports = imports,
                             .up_s = (double)(now_ns() - eng->started_ns) / 1e9};
@@ -578,9 +579,7 @@ int engine_run(struct engine *eng)
                 if (n > 0) handle_events(eng, evs, n);
                 next_ctl = now + CTL_POLL_NS;
             }
-            /* pause only (spin.h): a yield would hand this CPU to any runnable task, a
-             * nice-19 batch job included, until the next tick */
-            ring_cpu_relax();
+            spin_relax(&eng->gate, now); /* a yield while safe (spin.h) */
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */
@@ -654,7 +653,8 @@ void engine_fini(struct engine *eng)
     }
     if (eng->sigfd >= 0) close(eng->sigfd);
     if (eng->epfd >= 0) close(eng->epfd);
-    log_msg(LOG_INFO, "agent.stopped", "sessions_opened=%llu ops=%llu sleeps=%llu",
-            (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
-            (unsigned long long)eng->stats.sleeps);
+    log_msg(
+        LOG_INFO, "agent.stopped", "sessions_opened=%llu ops=%llu sleeps=%llu yield_closed=%llu",
+        (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
+        (unsigned long long)eng->stats.sleeps, (unsigned long long)atomic_load(&eng->gate.closed));
 }

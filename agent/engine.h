@@ -49,6 +49,7 @@ struct engine {
     char *metrics_buf;
     int64_t spin_ns;
     struct spin_adapt idle;  /* how long to spin for the next work (spin.h) */
+    struct spin_gate gate;   /* whether this agent's spins may yield (spin.h; net's too) */
     struct session_env senv; /* what sessions see of the engine */
     struct engine_stats stats;
     struct net *net; /* NULL when every group lives in this pod */

@@ -59,6 +59,11 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         "# TYPE coll_sessions_opened_total counter\ncoll_sessions_opened_total %llu\n",
         (unsigned long long)in->sessions_opened);
     put(&o,
+        "# HELP coll_spin_yield_closed_total Times the agent's spins stopped yielding for a "
+        "while: yields handed the CPU to other work for long (a busy node).\n"
+        "# TYPE coll_spin_yield_closed_total counter\ncoll_spin_yield_closed_total %llu\n",
+        (unsigned long long)in->yield_closed);
+    put(&o,
         "# HELP coll_gpu_buffer_imports Client GPU buffers the agent holds open.\n"
         "# TYPE coll_gpu_buffer_imports gauge\ncoll_gpu_buffer_imports %d\n",
         in->gpu_imports);

@@ -15,6 +15,7 @@ struct metrics_in {
     int ngroups;
     int sessions;
     uint64_t sessions_opened;
+    uint64_t yield_closed; /* the agent's spin gate closings (spin.h) */
     int draining;
     int gpu_imports;
     double up_s;

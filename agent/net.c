@@ -246,6 +246,7 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .deadline_ns = t->deadline_ns,
                              .scratch = &g->scratch,
                              .spin = g->spin,
+                             .gate = g->net->gate,
                              .acks = g->acks,
                              .wake_fd = {-1, -1},
                              .short_spin = tcp_tune_way(g->tune)};
@@ -450,11 +451,12 @@ static void *net_main(void *arg)
     int slept = 0; /* since the last op ran */
     while (!atomic_load(&n->stop)) {
         atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
-        /* spin while ops flow, like the engine (pause only, as long as spinning has
-         * paid: spin.h), then sleep in zmq_poll */
-        if (now_ns() - last_work < budget &&
+        /* spin while ops flow, like the engine (as long as spinning has paid, yielding
+         * while safe: spin.h), then sleep in zmq_poll */
+        int64_t now = now_ns();
+        if (now - last_work < budget &&
             !atomic_load_explicit(&n->in_pending, memory_order_acquire)) {
-            ring_cpu_relax();
+            spin_relax(n->gate, now);
             continue;
         }
         zmq_pollitem_t items[ITEMS_MAX];
@@ -562,7 +564,7 @@ static int sodium_ready(char *why, size_t whylen)
 }
 
 struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_commid_fn commid,
-                      char *why, size_t whylen)
+                      struct spin_gate *gate, char *why, size_t whylen)
 {
     /* JOIN's identity: the pod's UID, else one of this process (a restart is a new pod) */
     char uid_buf[RDV_NAME_MAX];
@@ -581,6 +583,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
     if (!any) return NULL;
     struct net *n = calloc(1, sizeof(*n));
     if (n) n->spin_cap = coll_usable_cpus() < 2 ? 0 : NET_SPIN_NS; /* as the engine's */
+    if (n) n->gate = gate;
     if (n) spin_init(&n->idle, n->spin_cap < 50000 ? (int32_t)n->spin_cap : 50000);
     if (!n) {
         snprintf(why, whylen, "out of memory");

@@ -16,6 +16,7 @@
 
 struct net;
 struct op;
+struct spin_gate;
 
 enum net_task_kind {
     NET_TASK_OP = 0, /* a matched op (kind below) */
@@ -72,7 +73,7 @@ typedef int (*net_commid_fn)(uint8_t *id, char *why, size_t whylen);
  * to "".
  */
 struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_commid_fn commid,
-                      char *why, size_t whylen);
+                      struct spin_gate *gate, char *why, size_t whylen);
 /* Stop the thread: what is in flight is abandoned (its transfers see the stop within
  * ~20 ms) and every task comes back with COLL_ERR_SHUTDOWN; collect them with
  * net_collect, then net_free. */

@@ -176,6 +176,7 @@ struct net {
     _Atomic int in_pending; /* cheap look for the spin loop */
     struct spin_adapt idle; /* the net thread's: how long to look for the next op */
     int64_t spin_cap;       /* ... at most (0 on one CPU) */
+    struct spin_gate *gate; /* the agent's (spin.h): whether spins may yield */
     /* net -> engine, guarded by out_lock */
     pthread_mutex_t out_lock;
     struct net_task *done_head, *done_tail;

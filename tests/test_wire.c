@@ -4,8 +4,11 @@
  * random and mutated bytes. Also libcoll's count of usable CPUs (cpus.c), which shares
  * the library's internal objects.
  */
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -314,11 +317,61 @@ static void spin_budget_is_learnt(void **state)
     assert_int_equal(s.ns, 0);
 }
 
+/* Spins yield while yields come back promptly (spin.h). Next to a real nice-19 busy loop
+ * on our CPU, the yields that hand it its slices close the gate for the whole process;
+ * when they come back within a closing's length of its end, the next closing is twice as
+ * long; a closed gate only pauses. */
+static void slow_yields_close_the_gate(void **state)
+{
+    (void)state;
+    assert_true(spin_relax(NULL, 0) > 0); /* no gate: a pause */
+    cpu_set_t old, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &old))
+        cpu++;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+    pid_t hog = fork();
+    assert_true(hog >= 0);
+    if (hog == 0) {
+        if (setpriority(PRIO_PROCESS, 0, 19) != 0) _exit(1);
+        for (;;) {
+        }
+    }
+    /* the hog is killed before anything is asserted */
+    struct spin_gate g = {0};
+    int64_t t = now_ns(), end = t + 10 * NS_PER_S;
+    while (atomic_load(&g.closed) == 0 && t < end)
+        t = spin_relax(&g, t);
+    uint64_t closed1 = atomic_load(&g.closed);
+    int64_t off1 = atomic_load(&g.off_ns), ahead = atomic_load(&g.closed_until) - t;
+    for (int i = 0; i < 100000; i++) /* closed: pauses, whatever runs beside us */
+        t = spin_relax(&g, t);
+    uint64_t closed_paused = atomic_load(&g.closed);
+    /* the period ends (as if it had passed); the loop is still there */
+    atomic_store(&g.closed_until, now_ns());
+    end = now_ns() + 10 * NS_PER_S;
+    while (atomic_load(&g.closed) == 1 && t < end)
+        t = spin_relax(&g, t);
+    kill(hog, SIGKILL);
+    waitpid(hog, NULL, 0);
+    assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+    assert_int_equal(closed1, 1);
+    assert_int_equal(off1, SPIN_YIELD_OFF_NS);
+    assert_true(ahead > 0);
+    assert_int_equal(closed_paused, 1);
+    assert_int_equal(atomic_load(&g.closed), 2);
+    assert_int_equal(atomic_load(&g.off_ns), 2 * SPIN_YIELD_OFF_NS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_type_round_trips),
         cmocka_unit_test(spin_budget_is_learnt),
+        cmocka_unit_test(slow_yields_close_the_gate),
         cmocka_unit_test(short_messages_are_refused),
         cmocka_unit_test(bad_magic_type_and_length_are_refused),
         cmocka_unit_test(other_versions_are_named),

@@ -148,6 +148,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
     int idx[2 * RDV_MAX_NODES + 2];
     int64_t wait_from = 0, budget = 0; /* the wait now under way (0: none) and its spin */
     int slept = 0;                     /* ... and whether it slept in poll */
+    int capped = 0;                    /* ... and whether the short way capped its spin */
     for (;;) {
         int left = 0, np = 0, moved = 0;
         for (int pass = 0; pass < 2; pass++) {
@@ -170,7 +171,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                     if (r > 0) {
                         t->done += (size_t)r;
                         /* what ended the wait (a short spin tells nothing of the learnt) */
-                        if (wait_from && c->spin && !c->short_spin && !moved)
+                        if (wait_from && c->spin && !capped && !moved)
                             spin_learn(&c->spin[t->peer], !slept, TCP_SPIN_MAX_NS);
                         moved = 1;
                         if (t->is_send) continue;
@@ -216,9 +217,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
         if (moved) { /* look again at once: more is usually there */
             wait_from = 0;
             slept = 0;
+            capped = 0;
             continue;
         }
-        /* Nothing moved: spin (pause only, spin.h) for as long as the slowest learner
+        /* Nothing moved: spin (yielding while safe, spin.h) for as long as the slowest learner
          * among the pods we wait for allows, then sleep in poll, which lets whoever must
          * produce the bytes run if it shares this CPU. */
         int64_t t = now_ns();
@@ -230,7 +232,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                 if (b < budget) budget = b;
             }
             if (budget == INT64_MAX) budget = 0;
-            if (c->short_spin && budget > TCP_SPIN_SHORT_NS) budget = TCP_SPIN_SHORT_NS;
+            /* the short way keeps a pausing spin off a neighbour's CPU time; a yielding
+             * one gives it way at every look */
+            capped = c->short_spin && budget > TCP_SPIN_SHORT_NS && !spin_yields(c->gate, t);
+            if (capped) budget = TCP_SPIN_SHORT_NS;
         }
         if (t - wait_from < budget && (!c->budget_until || t < c->budget_until)) {
             /* spin on readiness, not on the calls: a readv that finds nothing takes the
@@ -239,8 +244,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
              * 2-6% faster, large ones level: bench/ab.sh) */
             int r;
             while ((r = poll(pf, (nfds_t)np, 0)) == 0) {
-                ring_cpu_relax();
-                t = now_ns();
+                t = spin_relax(c->gate, t);
                 if (t - wait_from >= budget || (c->budget_until && t >= c->budget_until)) break;
             }
             if (r != 0) continue; /* ready (or failed: the calls say how) */

@@ -45,6 +45,7 @@ struct tcp_comm {
     int wake_fd[2];
     int short_spin;          /* tcp_tune_start's choice: spin at most TCP_SPIN_SHORT_NS per wait */
     struct spin_adapt *spin; /* by node index: spin this long for its bytes (NULL: none) */
+    struct spin_gate *gate;  /* whether a spin may yield (spin.h; NULL: pause only) */
     struct tcp_acks *acks;   /* the epoch's owed acks (tcp_settle); NULL: never deferred */
 };
 

@@ -15,15 +15,35 @@
  * agent's exchanges therefore also measure a short cap against it, per op class
  * (agent/backends/tcp.h).
  *
- * The spin is pause instructions only, never sched_yield(2): a yield hands the CPU to any
- * runnable task, a nice-19 batch job included, which then keeps it until the scheduler's
- * next tick (milliseconds), while a sleeping thread that is woken preempts such a task
- * at once. Not thread-safe: one waiter per struct spin_adapt.
+ * Not thread-safe: one waiter per struct spin_adapt.
+ *
+ * Between looks the agent's spins yield the CPU (sched_yield(2)) while that is safe,
+ * else pause (spin_relax; libcoll's pause only: the application's CPU is not ours to
+ * lend). Where the producer shares our CPU (two pods' agents on one CPU) a pause keeps
+ * it off and a sleep costs a wake-up each time, while a yield lets it run at once and
+ * costs a context switch (4 pods on 2 CPUs, 8 B to 32 KiB: bench/RESULTS.md). But a
+ * yield hands the CPU to any runnable task, a nice-19 batch job included, which then
+ * keeps it until the scheduler's next tick: next to a nice-19 busy loop on one CPU, one
+ * yield in about 190 took 3-4 ms and every other under 2 µs (a woken sleeper would have
+ * preempted it at once; where the tick is shorter, each such slice is shorter and comes
+ * as often). So yields that kept us off the CPU long enough to be someone else's slice
+ * (SPIN_YIELD_LONG_NS each, adding up to SPIN_YIELD_LOST_NS within SPIN_YIELD_WINDOW_NS)
+ * turn yielding off for the whole process (every spinner sharing the struct spin_gate)
+ * for SPIN_YIELD_OFF_NS, doubling while the node stays busy, and spins pause only, as
+ * they did before yielding was tried. A busy node costs each agent a slice when it
+ * starts and then one every SPIN_YIELD_OFF_MAX_NS at most. On a quiet node another
+ * thread's run (yields of 0.1-2.3 ms, a few a second, 4 pods on 2 CPUs) sometimes closes
+ * it too: that agent then waits as it did before yields for a second.
  */
 #ifndef COLL_SPIN_H
 #define COLL_SPIN_H
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
+
+#include "ring.h"
+#include "util.h"
 
 #define SPIN_PROBE_NS 30000
 #define SPIN_PROBE_EVERY 16u
@@ -58,6 +78,68 @@ static inline void spin_learn(struct spin_adapt *s, int while_spinning, int32_t 
         s->ns /= 2;
         if (s->ns < SPIN_MIN_NS) s->ns = 0;
     }
+}
+
+#define SPIN_YIELD_LONG_NS 200000LL       /* a yield this long: someone else ran a while */
+#define SPIN_YIELD_LOST_NS 2000000LL      /* ... and this much of it within ... */
+#define SPIN_YIELD_WINDOW_NS 1000000000LL /* ... this long closes the gate */
+#define SPIN_YIELD_OFF_NS 1000000000LL    /* closed this long at first */
+#define SPIN_YIELD_OFF_MAX_NS 16000000000LL
+
+/* Whether a process's spinners may yield; zeroed: they may. Thread-safe (each field on
+ * its own; races between slow yields blur a window or a period, nothing more). */
+struct spin_gate {
+    _Atomic int64_t closed_until; /* now_ns() before which spins pause only */
+    _Atomic int64_t off_ns;       /* the last closing's length */
+    _Atomic int64_t window_t0;    /* the window of long yields under way ... */
+    _Atomic int64_t lost_ns;      /* ... and the time they took */
+    _Atomic uint64_t closed;      /* how many times long yields closed it */
+};
+
+/* A yield took d ns, ending at t: count it, and close g where the window's long yields
+ * reach SPIN_YIELD_LOST_NS (for SPIN_YIELD_OFF_NS, or twice the last closing up to
+ * SPIN_YIELD_OFF_MAX_NS where they did so again within that long of reopening). */
+static inline void spin_gate_note(struct spin_gate *g, int64_t d, int64_t t)
+{
+    if (d <= SPIN_YIELD_LONG_NS) return;
+    int64_t w0 = atomic_load_explicit(&g->window_t0, memory_order_relaxed);
+    if (t - w0 > SPIN_YIELD_WINDOW_NS) {
+        atomic_store_explicit(&g->window_t0, t - d, memory_order_relaxed);
+        atomic_store_explicit(&g->lost_ns, 0, memory_order_relaxed);
+    }
+    if (atomic_fetch_add_explicit(&g->lost_ns, d, memory_order_relaxed) + d < SPIN_YIELD_LOST_NS)
+        return;
+    int64_t until = atomic_load_explicit(&g->closed_until, memory_order_relaxed);
+    int64_t off = atomic_load_explicit(&g->off_ns, memory_order_relaxed);
+    if (until && off && t - until < off)
+        off = off * 2 > SPIN_YIELD_OFF_MAX_NS ? SPIN_YIELD_OFF_MAX_NS : off * 2;
+    else
+        off = SPIN_YIELD_OFF_NS;
+    atomic_store_explicit(&g->off_ns, off, memory_order_relaxed);
+    atomic_store_explicit(&g->closed_until, t + off, memory_order_relaxed);
+    atomic_store_explicit(&g->window_t0, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g->closed, 1, memory_order_relaxed);
+}
+
+/* Whether a spin at now yields (g NULL: never). */
+static inline int spin_yields(struct spin_gate *g, int64_t now)
+{
+    return g && now >= atomic_load_explicit(&g->closed_until, memory_order_relaxed);
+}
+
+/* One step of a spin that began no later than now (now_ns()): a yield if g allows
+ * (NULL: pause only), else a pause. Returns now_ns() after it. */
+static inline int64_t spin_relax(struct spin_gate *g, int64_t now)
+{
+    if (!spin_yields(g, now)) {
+        ring_cpu_relax();
+        return now_ns();
+    }
+    int64_t t0 = now_ns();
+    sched_yield();
+    int64_t t = now_ns();
+    spin_gate_note(g, t - t0, t);
+    return t;
 }
 
 #endif

@@ -22,10 +22,11 @@ def fail(msg):
 
 
 for name in ("coll_build_info", "coll_ops", "coll_op_duration_seconds", "coll_group_formed",
-             "coll_group_epoch", "coll_sessions", "coll_draining"):
+             "coll_group_epoch", "coll_sessions", "coll_draining", "coll_spin_yield_closed"):
     if name not in families:
         fail("no family " + name)
-if families["coll_ops"].type != "counter" or families["coll_op_duration_seconds"].type != "histogram":
+if families["coll_ops"].type != "counter" or families["coll_op_duration_seconds"].type != "histogram" \
+        or families["coll_spin_yield_closed"].type != "counter":
     fail("wrong types")
 for s in families["coll_ops"].samples:
     if s.name == "coll_ops_total":
