@@ -15,9 +15,10 @@
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
 #   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
 #   neighbour's 10 ms period, so it fell in its busy or idle half by chance), 100 untimed
-#   ops first for every system (1 above
-#   1 MiB; coll tries two ways of waiting on its first 64 ops of a kind and size:
-#   agent/backends/tcp.h), bench/results/host-<UTC date>
+#   ops first for every system (1 above 1 MiB, 1000 for a run's first size: its processes
+#   are fresh; coll tries two ways of waiting on its first 64 ops of a kind and size,
+#   agent/backends/tcp.h, and under load an agent loses one slice before it stops
+#   yielding, libcoll/src/spin.h), bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -6,7 +6,8 @@ torch imports. Not part of the product.
     gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS [WARMUP]
 
 ITERS up to 1 MiB, then about 256 MiB of data per size, at least 3 (coll-bench -L's rule);
-WARMUP untimed ops first (default 3; 1 above 1 MiB, as coll-bench and mpi_bench).
+WARMUP untimed ops first (default 3; 1 above 1 MiB; 10x for the first size; as coll-bench
+and mpi_bench).
 """
 import sys
 import time
@@ -41,7 +42,7 @@ for size in sizes:
             dist.reduce_scatter(r, ins)  # Gloo may not implement it
 
     try:
-        for _ in range(warmup0 if size <= 1 << 20 else 1):
+        for _ in range((warmup0 if size <= 1 << 20 else 1) * (10 if size == sizes[0] else 1)):
             run()
         dist.barrier()
         t0 = time.perf_counter()

@@ -6,7 +6,8 @@
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
  *                          [-L SIZE,SIZE...]
- * -L: the listed sizes, with coll-bench's rule for iterations (bench_iters). The time
+ * -L: the listed sizes, with coll-bench's rules for iterations (bench_iters) and warmup
+ * (10x WARMUP for the first size). The time
  * per op is rank 0's loop ended by a barrier, as coll-bench's: a broadcast's root, whose
  * eager sends complete at once, would otherwise time only itself.
  */
@@ -68,6 +69,7 @@ int main(int argc, char **argv)
         int count = (int)(bytes / 4);
         int it = nsizes ? bench_iters(bytes, iters) : iters;
         int wu = nsizes && bytes > (1u << 20) ? 1 : warmup;
+        if (nsizes && si == 0) wu *= 10;
         double t0 = 0;
         for (int i = -wu; i < it; i++) {
             if (i == 0) {
