@@ -653,8 +653,10 @@ void engine_fini(struct engine *eng)
     }
     if (eng->sigfd >= 0) close(eng->sigfd);
     if (eng->epfd >= 0) close(eng->epfd);
-    log_msg(
-        LOG_INFO, "agent.stopped", "sessions_opened=%llu ops=%llu sleeps=%llu yield_closed=%llu",
-        (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
-        (unsigned long long)eng->stats.sleeps, (unsigned long long)atomic_load(&eng->gate.closed));
+    log_msg(LOG_INFO, "agent.stopped",
+            "sessions_opened=%llu ops=%llu sleeps=%llu yields=%llu yield_closed=%llu",
+            (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
+            (unsigned long long)eng->stats.sleeps,
+            (unsigned long long)atomic_load(&eng->gate.yields),
+            (unsigned long long)atomic_load(&eng->gate.closed));
 }

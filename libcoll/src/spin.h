@@ -26,14 +26,15 @@
  * keeps it until the scheduler's next tick: next to a nice-19 busy loop on one CPU, one
  * yield in about 190 took 3-4 ms and every other under 2 µs (a woken sleeper would have
  * preempted it at once; where the tick is shorter, each such slice is shorter and comes
- * as often). So yields that kept us off the CPU long enough to be someone else's slice
- * (SPIN_YIELD_LONG_NS each, adding up to SPIN_YIELD_LOST_NS within SPIN_YIELD_WINDOW_NS)
- * turn yielding off for the whole process (every spinner sharing the struct spin_gate)
- * for SPIN_YIELD_OFF_NS, doubling while the node stays busy, and spins pause only, as
- * they did before yielding was tried. A busy node costs each agent a slice when it
- * starts and then one every SPIN_YIELD_OFF_MAX_NS at most. On a quiet node another
- * thread's run (yields of 0.1-2.3 ms, a few a second, 4 pods on 2 CPUs) sometimes closes
- * it too: that agent then waits as it did before yields for a second.
+ * as often). A long yield alone proves nothing: on a quiet node kernel threads take
+ * the CPU for 0.6-4 ms a few times a second, and those would have run anyway. What marks
+ * the batch job is that it comes back: a second long yield (SPIN_YIELD_LONG_NS) within
+ * SPIN_YIELD_DENSE yields of the first (beside the busy loop every ~190th yield is one;
+ * on a quiet node with 4 pods on 2 CPUs, one in some 20000) turns yielding off for the
+ * whole process (every spinner sharing the struct spin_gate) for SPIN_YIELD_OFF_NS,
+ * doubling up to SPIN_YIELD_OFF_MAX_NS while the node stays busy, and spins pause only,
+ * as they did before yielding was tried. A busy node costs each agent two slices when it
+ * starts and then two per SPIN_YIELD_OFF_MAX_NS at most.
  */
 #ifndef COLL_SPIN_H
 #define COLL_SPIN_H
@@ -80,35 +81,30 @@ static inline void spin_learn(struct spin_adapt *s, int while_spinning, int32_t 
     }
 }
 
-#define SPIN_YIELD_LONG_NS 200000LL       /* a yield this long: someone else ran a while */
-#define SPIN_YIELD_LOST_NS 2000000LL      /* ... and this much of it within ... */
-#define SPIN_YIELD_WINDOW_NS 1000000000LL /* ... this long closes the gate */
-#define SPIN_YIELD_OFF_NS 1000000000LL    /* closed this long at first */
-#define SPIN_YIELD_OFF_MAX_NS 16000000000LL
+#define SPIN_YIELD_LONG_NS 500000LL    /* a yield this long: someone else ran a slice */
+#define SPIN_YIELD_DENSE 2000u         /* ... and again within this many yields: close */
+#define SPIN_YIELD_OFF_NS 4000000000LL /* closed this long at first */
+#define SPIN_YIELD_OFF_MAX_NS 64000000000LL
 
 /* Whether a process's spinners may yield; zeroed: they may. Thread-safe (each field on
- * its own; races between slow yields blur a window or a period, nothing more). */
+ * its own; a race between two long yields blurs a count, nothing more). */
 struct spin_gate {
     _Atomic int64_t closed_until; /* now_ns() before which spins pause only */
     _Atomic int64_t off_ns;       /* the last closing's length */
-    _Atomic int64_t window_t0;    /* the window of long yields under way ... */
-    _Atomic int64_t lost_ns;      /* ... and the time they took */
+    _Atomic uint64_t yields;      /* yields so far */
+    _Atomic uint64_t long_at;     /* ... when the last long one ended (0: none since opening) */
     _Atomic uint64_t closed;      /* how many times long yields closed it */
 };
 
-/* A yield took d ns, ending at t: count it, and close g where the window's long yields
- * reach SPIN_YIELD_LOST_NS (for SPIN_YIELD_OFF_NS, or twice the last closing up to
- * SPIN_YIELD_OFF_MAX_NS where they did so again within that long of reopening). */
+/* A yield took d ns, ending at t: close g where it is the second long yield within
+ * SPIN_YIELD_DENSE (for SPIN_YIELD_OFF_NS, or twice the last closing up to
+ * SPIN_YIELD_OFF_MAX_NS where it closes again within that long of reopening). */
 static inline void spin_gate_note(struct spin_gate *g, int64_t d, int64_t t)
 {
+    uint64_t n = atomic_fetch_add_explicit(&g->yields, 1, memory_order_relaxed) + 1;
     if (d <= SPIN_YIELD_LONG_NS) return;
-    int64_t w0 = atomic_load_explicit(&g->window_t0, memory_order_relaxed);
-    if (t - w0 > SPIN_YIELD_WINDOW_NS) {
-        atomic_store_explicit(&g->window_t0, t - d, memory_order_relaxed);
-        atomic_store_explicit(&g->lost_ns, 0, memory_order_relaxed);
-    }
-    if (atomic_fetch_add_explicit(&g->lost_ns, d, memory_order_relaxed) + d < SPIN_YIELD_LOST_NS)
-        return;
+    uint64_t prev = atomic_exchange_explicit(&g->long_at, n, memory_order_relaxed);
+    if (!prev || n - prev >= SPIN_YIELD_DENSE) return; /* a stray: a kernel thread's run */
     int64_t until = atomic_load_explicit(&g->closed_until, memory_order_relaxed);
     int64_t off = atomic_load_explicit(&g->off_ns, memory_order_relaxed);
     if (until && off && t - until < off)
@@ -117,7 +113,7 @@ static inline void spin_gate_note(struct spin_gate *g, int64_t d, int64_t t)
         off = SPIN_YIELD_OFF_NS;
     atomic_store_explicit(&g->off_ns, off, memory_order_relaxed);
     atomic_store_explicit(&g->closed_until, t + off, memory_order_relaxed);
-    atomic_store_explicit(&g->window_t0, 0, memory_order_relaxed);
+    atomic_store_explicit(&g->long_at, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&g->closed, 1, memory_order_relaxed);
 }
 
