@@ -317,6 +317,49 @@ static void spin_budget_is_learnt(void **state)
     assert_int_equal(s.ns, 0);
 }
 
+/* The gate's rule (spin.h), on given yield times: a long yield alone (a kernel thread's
+ * run) leaves it open, a second within SPIN_YIELD_DENSE yields closes it; closing again
+ * right after it reopens doubles the period up to its cap, later starts it anew. */
+static void long_yields_that_come_back_close_the_gate(void **state)
+{
+    (void)state;
+    struct spin_gate g = {0};
+    int64_t t = 1000 * NS_PER_S;
+    spin_gate_note(&g, SPIN_YIELD_LONG_NS + 1, t); /* the first long yield */
+    for (unsigned i = 0; i < SPIN_YIELD_DENSE; i++)
+        spin_gate_note(&g, 1000, t);
+    spin_gate_note(&g, 4 * NS_PER_MS, t); /* another, SPIN_YIELD_DENSE + 1 yields later */
+    assert_int_equal(atomic_load(&g.closed), 0);
+    assert_true(spin_yields(&g, t));
+    for (int i = 0; i < 100; i++)
+        spin_gate_note(&g, 1000, t);
+    spin_gate_note(&g, SPIN_YIELD_LONG_NS, t); /* not longer than the mark: not long */
+    assert_int_equal(atomic_load(&g.closed), 0);
+    spin_gate_note(&g, 4 * NS_PER_MS, t); /* 102 yields after the last long one */
+    assert_int_equal(atomic_load(&g.closed), 1);
+    assert_false(spin_yields(&g, t));
+    assert_false(spin_yields(&g, t + SPIN_YIELD_OFF_NS - 1));
+    assert_true(spin_yields(&g, t + SPIN_YIELD_OFF_NS));
+    int64_t off = SPIN_YIELD_OFF_NS;
+    for (int k = 0; k < 8; k++) { /* busy still: every reopening closes again at once */
+        t = atomic_load(&g.closed_until) + NS_PER_MS;
+        spin_gate_note(&g, 4 * NS_PER_MS, t); /* the first long one since it reopened */
+        assert_true(spin_yields(&g, t));
+        spin_gate_note(&g, 4 * NS_PER_MS, t);
+        off = off * 2 > SPIN_YIELD_OFF_MAX_NS ? SPIN_YIELD_OFF_MAX_NS : off * 2;
+        assert_int_equal(atomic_load(&g.off_ns), off);
+        assert_int_equal(atomic_load(&g.closed_until), t + off);
+    }
+    assert_int_equal(off, SPIN_YIELD_OFF_MAX_NS);
+    /* quiet for long after it reopened: the next closing is short again */
+    t = atomic_load(&g.closed_until) + 2 * SPIN_YIELD_OFF_MAX_NS;
+    spin_gate_note(&g, 4 * NS_PER_MS, t);
+    spin_gate_note(&g, 4 * NS_PER_MS, t);
+    assert_int_equal(atomic_load(&g.off_ns), SPIN_YIELD_OFF_NS);
+    assert_int_equal(atomic_load(&g.closed), 10);
+    assert_false(spin_yields(NULL, t));
+}
+
 /* Spins yield while yields come back promptly (spin.h). Next to a real nice-19 busy loop
  * on our CPU, the yields that hand it its slices close the gate for the whole process;
  * when they come back within a closing's length of its end, the next closing is twice as
@@ -371,6 +414,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_type_round_trips),
         cmocka_unit_test(spin_budget_is_learnt),
+        cmocka_unit_test(long_yields_that_come_back_close_the_gate),
         cmocka_unit_test(slow_yields_close_the_gate),
         cmocka_unit_test(short_messages_are_refused),
         cmocka_unit_test(bad_magic_type_and_length_are_refused),
