@@ -323,6 +323,91 @@ static void four_and_eight_pods_double_bitwise(void **state)
     }
 }
 
+/* ---- allgather: the input is sent from where it is and copied into place as it goes -- */
+
+/* Allgathers of each of counts, out of place (the input apart from the result) and in
+ * place: every block has the bits of its pod's input, the input is left as it was, and
+ * nothing past the result is written. */
+static int allgather_rank_main(void *arg)
+{
+    const struct bitwise *o = arg;
+    size_t maxc = 0;
+    for (int k = 0; k < o->ncounts; k++)
+        if (o->counts[k] > maxc) maxc = o->counts[k];
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    const size_t maxn = 4; /* pods */
+    int rc = rank_open(o->sock, maxc * 4 * (maxn + 2), &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *in = mem, *out = in + maxc; /* out: maxn blocks and a guard block */
+    for (int k = 0; k < o->ncounts; k++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            size_t n = o->counts[k], np = (size_t)info.size;
+            for (size_t i = 0; i < n * (np + 1); i++)
+                out[i] = -3.0f;
+            float *src = inplace ? out + (size_t)info.rank * n : in;
+            for (size_t i = 0; i < n; i++)
+                src[i] = tree_input(info.rank, i);
+            coll_request r;
+            coll_err e = coll_allgather(g, src, out, n, COLL_FLOAT32, NULL, &r);
+            if (e == COLL_OK) e = coll_wait(c, r, 30000);
+            if (e != COLL_OK) {
+                fprintf(stderr, "rank %d: allgather count %zu: %s (%s)\n", info.rank, n,
+                        coll_strerror(e), coll_last_error());
+                return 103;
+            }
+            for (size_t p = 0; p < np; p++)
+                for (size_t i = 0; i < n; i++) {
+                    float want = tree_input((int)p, i), got = out[p * n + i];
+                    if (memcmp(&got, &want, 4) != 0) {
+                        fprintf(stderr,
+                                "rank %d: allgather count %zu inplace %d: block %zu element "
+                                "%zu is %a, want %a\n",
+                                info.rank, n, inplace, p, i, (double)got, (double)want);
+                        return 104;
+                    }
+                }
+            for (size_t i = 0; i < n; i++) {
+                float want = tree_input(info.rank, i);
+                if (!inplace && memcmp(&in[i], &want, 4) != 0) {
+                    fprintf(stderr, "rank %d: allgather count %zu changed its input at %zu\n",
+                            info.rank, n, i);
+                    return 105;
+                }
+                if (out[np * n + i] != -3.0f) {
+                    fprintf(stderr, "rank %d: allgather count %zu wrote past its result\n",
+                            info.rank, n);
+                    return 106;
+                }
+            }
+        }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Two, three and four pods, one participant each, every way an allgather goes, with its
+ * input copied first (results under TCP_COPY_AS_SENT_BYTES) and as it is sent: two pods
+ * one exchange (up to 524288 floats, the pair limit) and the ring past it (524289),
+ * three pods the ring from 64 KiB, four pods doubling up to 1 MiB in all (65536) and
+ * the ring past it. */
+static void allgathers_copy_the_input_into_place_as_it_is_sent(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {1, 16385, 65536, 524288, 524289};
+    for (int n = 2; n <= 4; n++) {
+        struct agent a[4];
+        int port;
+        start_all(a, n, 1, &port);
+        struct bitwise jobs[4];
+        for (int i = 0; i < n; i++)
+            jobs[i] = (struct bitwise){a[i].sock, 0, counts, 5};
+        run_ranks(allgather_rank_main, jobs, sizeof(jobs[0]), n, 120000);
+        stop_all(a, n);
+    }
+}
+
 /* ---- broadcast chains: each pod relays bytes as they arrive -------------------------- */
 
 struct bc {
@@ -1710,6 +1795,7 @@ int main(void)
         cmocka_unit_test(ops_8_agents),
         cmocka_unit_test(two_pods_mid_sizes_bitwise),
         cmocka_unit_test(four_and_eight_pods_double_bitwise),
+        cmocka_unit_test(allgathers_copy_the_input_into_place_as_it_is_sent),
         cmocka_unit_test(four_pods_broadcast_relays),
         cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(a_pod_that_turns_away_mid_run_is_a_mismatch),

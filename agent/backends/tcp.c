@@ -50,6 +50,17 @@ static size_t x_limit(const struct xfer *x)
     return lim < x->total ? lim : x->total;
 }
 
+/* A send with copy_to has moved from done_before to done: copy what went of its first
+ * payload piece (TCP_COPY_AS_SENT_BYTES). */
+static void x_copy_sent(const struct xfer *x, size_t done_before)
+{
+    const struct iovec *pl = &x->iov[x->hl ? 1 : 0];
+    size_t from = done_before > x->hl ? done_before - x->hl : 0;
+    size_t to = x_payload_done(x);
+    if (to > pl->iov_len) to = pl->iov_len;
+    if (to > from) memcpy(x->copy_to + from, (const char *)pl->iov_base + from, to - from);
+}
+
 void tcp_x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n)
 {
     memset(x, 0, sizeof(*x));
@@ -163,13 +174,14 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                 size_t lim;
                 int calls = 0;
                 while (t->done < (lim = x_limit(t)) && !calls++) {
-                    struct iovec v[3];
+                    struct iovec v[4];
                     if (lim - t->done > CALL_BYTES) lim = t->done + CALL_BYTES;
                     int nv = x_iov(t, lim, v);
                     ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
                                            : readv(c->rfds[t->peer], v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
+                        if (t->copy_to) x_copy_sent(t, t->done - (size_t)r);
                         /* what ended the wait (a short spin tells nothing of the learnt) */
                         if (wait_from && c->spin && !capped && !moved)
                             spin_learn(&c->spin[t->peer], !slept, TCP_SPIN_MAX_NS);
@@ -191,7 +203,9 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                         /* the peer closed: it either finished this op and left (and needs
                          * nothing more from us) or failed; our own result depends only on
                          * what we receive, so carry on and let the receives decide */
+                        size_t before = t->done;
                         t->done = t->total;
+                        if (t->copy_to) x_copy_sent(t, before);
                         break;
                     }
                     return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s",
@@ -640,19 +654,22 @@ static void x_add_chunks(struct xfer *x, char *buf, size_t units, int n, int k0,
 /* Ring allgather: this node holds chunk `me`; afterwards every chunk. One exchange:
  * chunks travel leftwards, and each pod passes on what it receives from its right as it
  * arrives, so no step waits for the slowest pod of the one before. */
-static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit, int with_hdr)
+static int ring_allgather(struct opctx *o, void *buf, size_t units, size_t unit, int with_hdr,
+                          const char *own)
 {
     struct tcp_comm *c = o->c;
     int n = c->nodes, me = c->me, right = (me + 1) % n, left = (me + n - 1) % n;
     size_t es = o->es * unit, off, len;
     struct xfer x[2];
     /* in: chunks me+1 .. me+n-1; out: chunks me .. me+n-2, the first ours, the rest as
-     * they come in (out's position len(me) + j is in's position j) */
+     * they come in (out's position len(me) + j is in's position j). own: our chunk is
+     * read there and copied into buf as it is sent */
     tcp_x_recv(&x[0], right, with_hdr ? &o->peer_hdr[right] : NULL, sizeof(o->hdr), NULL, 0);
     x_add_chunks(&x[0], buf, units, n, (me + 1) % n, n - 1, es);
-    tcp_x_send(&x[1], left, with_hdr ? &o->hdr : NULL, sizeof(o->hdr), NULL, 0);
-    x_add_chunks(&x[1], buf, units, n, me, n - 1, es);
     chunk(units, n, me, &off, &len);
+    tcp_x_send(&x[1], left, with_hdr ? &o->hdr : NULL, sizeof(o->hdr), own, own ? len * es : 0);
+    if (own && len) x[1].copy_to = (char *)buf + off * es;
+    x_add_chunks(&x[1], buf, units, n, own ? (me + 1) % n : me, own ? n - 2 : n - 1, es);
     x[1].gate = &x[0];
     x[1].gate_base = len * es;
     return tcp_exchange(o, x, 2);
@@ -671,7 +688,7 @@ static int op_allreduce(struct opctx *o)
     if (!src) tcp_local_reduce(o, buf, 0, count);
     /* small ones went the tiny way (tcp_run) */
     int st = ring_reduce_scatter(o, buf, count, 1, src, NULL);
-    if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0);
+    if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0, NULL);
     if (st != COLL_OK) return st;
     tcp_finish_avg(o, buf, count);
     tcp_copy_to_locals(o, buf, bytes);
@@ -708,11 +725,15 @@ static int op_allgather(struct opctx *o)
     size_t count = t->count, L = (size_t)c->nlocal, N = (size_t)c->nodes;
     size_t bb = L * count * o->es; /* bytes per pod */
     char *buf = t->recv[0];
-    for (size_t s = 0; s < L; s++) {
+    /* one participant whose input lies outside the result: sent from where it is */
+    int direct = L == 1 && count && bb * N >= TCP_COPY_AS_SENT_BYTES &&
+                 tcp_apart(t->send[0], bb, buf, bb * N);
+    for (size_t s = 0; !direct && s < L; s++) {
         char *dst = buf + ((size_t)c->me * L + s) * count * o->es;
         if (t->send[s] != dst && count) memcpy(dst, t->send[s], count * o->es);
     }
-    int st = ring_allgather(o, buf, N, L * count, 1); /* small ones went the tiny way */
+    /* small ones went the tiny way */
+    int st = ring_allgather(o, buf, N, L * count, 1, direct ? t->send[0] : NULL);
     if (st != COLL_OK) return st;
     tcp_copy_to_locals(o, buf, bb * N);
     return COLL_OK;
@@ -725,7 +746,13 @@ static int op_broadcast(struct opctx *o, int plan)
     size_t bytes = t->count * o->es;
     int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
     char *buf = t->recv[0];
-    if (c->me == rnode && t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
+    /* the root's input, apart from its result: sent from where it is, copied as it goes */
+    const char *own = c->me == rnode && bytes >= TCP_COPY_AS_SENT_BYTES &&
+                              tcp_apart(t->send[rslot], bytes, buf, bytes)
+                          ? t->send[rslot]
+                          : NULL;
+    if (c->me == rnode && !own && t->send[rslot] != buf && bytes)
+        memcpy(buf, t->send[rslot], bytes);
     int n = c->nodes, pos = (c->me - rnode + n) % n;
     int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
     /* a chain from the root; each pod passes bytes on as they arrive (small ones went
@@ -740,8 +767,9 @@ static int op_broadcast(struct opctx *o, int plan)
         tcp_x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), pos != 0 ? buf : NULL,
                    pos != 0 ? bytes : 0);
     if (pos != n - 1 || !(plan & TCP_ACK_NONE)) {
-        tcp_x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), pos != n - 1 ? buf : NULL,
+        tcp_x_send(&x[nx], next, &o->hdr, sizeof(o->hdr), pos != n - 1 ? own ? own : buf : NULL,
                    pos != n - 1 ? bytes : 0);
+        if (own) x[nx].copy_to = buf;
         if (pos != 0 && pos != n - 1) x[nx].gate = &x[0];
         nx++;
     }

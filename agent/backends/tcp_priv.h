@@ -16,7 +16,7 @@
 struct xfer {
     int peer;
     int is_send;
-    struct iovec iov[3]; /* a header, then the payload in up to two pieces */
+    struct iovec iov[4]; /* a header, then the payload in up to three pieces */
     int niov;
     size_t hl; /* header bytes */
     size_t total, done;
@@ -35,7 +35,19 @@ struct xfer {
     size_t gate_base;
     /* a receive whose header is checked against ours as soon as it is in */
     int check_hdr;
+    /* a send whose first payload piece is also copied here as it goes, while it is
+     * still in this CPU's caches (our input, to its place in the result) */
+    char *copy_to;
 };
+
+/* From this size of result (allgather's whole, broadcast's vector), an input apart from
+ * the result is sent from where it is and copied into place as it goes (copy_to), not
+ * copied first and sent from its copy: the copy then reads what the send has just
+ * brought into the caches. 2 pods (2 MiB allgather 0.92 of the time, 1 MiB 0.94; 2 MiB
+ * broadcast root 0.89) and 4 pods (256 KiB allgather, 1 MiB in all: 0.94). Below it the
+ * copy first was as fast or faster (2 pods, broadcast 256 KiB 1.07, 512 KiB 1.03):
+ * bench/RESULTS.md. */
+#define TCP_COPY_AS_SENT_BYTES ((size_t)1 << 20)
 
 struct opctx {
     struct tcp_comm *c;
@@ -66,7 +78,9 @@ struct tcp_tiny {
     /* where our contribution is read by the first step (reduce_scatter: the send buffer
      * or vec; allreduce by doubling: the send buffer, or NULL for vec) and, for
      * reduce_scatter, where our block ends (the result, or in vec); the send buffer means
-     * neither is copied */
+     * neither is copied. Allgather: its input, which doubling's first step sends (then NULL)
+     * and copies into vec as it goes (TCP_COPY_AS_SENT_BYTES), and a direct exchange's
+     * every send */
     const char *src;
     char *out;
     char why[160];

@@ -38,12 +38,16 @@ static void rd_step(struct tcp_tiny *s)
     size_t hl = sizeof(s->o.hdr), b = s->bytes;
     s->nx = 0;
     if (s->o.t->kind == WIRE_OP_ALLGATHER) {
-        /* both sides hold 2^step blocks (of bytes each), aligned: swap them */
+        /* both sides hold 2^step blocks (of bytes each), aligned: swap them (step 0 may
+         * send our input from where it is, copying it into place as it goes) */
         int w = 1 << s->step;
         p = me ^ w;
         char *mine = s->vec + (size_t)(me & ~(w - 1)) * b;
         char *theirs = s->vec + (size_t)(p & ~(w - 1)) * b;
-        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? mine : NULL, (size_t)w * b);
+        tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, hl, b ? s->src ? s->src : mine : NULL,
+                   (size_t)w * b);
+        if (s->src) s->x[0].copy_to = mine;
+        s->src = NULL;
         tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], hl, b ? theirs : NULL, (size_t)w * b);
         return;
     }
@@ -228,8 +232,13 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     }
     if (t->kind == WIRE_OP_ALLGATHER) {
         char *buf = t->recv[0];
-        size_t bb = L * bytes; /* per pod */
-        for (size_t k = 0; bytes && k < L; k++) {
+        size_t bb = L * bytes, all = bb * (size_t)c->nodes; /* per pod, in all */
+        /* one participant whose input lies outside the result: sent from where it is and
+         * copied into place by the first send (tcp_priv.h: TCP_COPY_AS_SENT_BYTES) */
+        int direct = L == 1 && bytes && all >= TCP_COPY_AS_SENT_BYTES &&
+                     tcp_apart(t->send[0], bytes, buf, all);
+        s->src = direct ? t->send[0] : NULL;
+        for (size_t k = 0; !direct && bytes && k < L; k++) {
             char *dst = buf + ((size_t)c->me * L + k) * bytes;
             if (t->send[k] != dst) memcpy(dst, t->send[k], bytes);
         }
@@ -240,7 +249,11 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         for (int p = 0; p < c->nodes; p++) {
             if (p == c->me) continue;
             tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr),
-                       bb ? buf + (size_t)c->me * bb : NULL, bb);
+                       direct ? s->src
+                       : bb   ? buf + (size_t)c->me * bb
+                              : NULL,
+                       bb);
+            if (direct && s->nx == 1) s->x[0].copy_to = buf + (size_t)c->me * bb;
             tcp_x_recv(&s->x[s->nx++], p, &s->o.peer_hdr[p], sizeof(s->o.hdr),
                        bb ? buf + (size_t)p * bb : NULL, bb);
         }
