@@ -5,6 +5,7 @@
 # 2-CPU VMs swing by 2x between runs, so only ratios taken within one round count; the
 # order flips every round.
 # PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
+# BENCH_ARGS: more coll-bench options for both (e.g. -i: in place, as compare.sh runs broadcast).
 # Usage: bench/ab.sh BUILD_A BUILD_B AGENTS OP MIN MAX ITERS ROUNDS
 #   e.g. bench/ab.sh /tmp/base/build build-rel 4 broadcast 1048576 67108864 5 5
 set -euo pipefail
@@ -21,7 +22,7 @@ run() { # build label
     start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
     echo "## $lab" >>"$out"
     "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
-        -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
+        -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
     kill "${AGENT_PIDS[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
     rm -rf "$dir"

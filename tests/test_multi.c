@@ -412,14 +412,18 @@ static void allgathers_copy_the_input_into_place_as_it_is_sent(void **state)
 
 struct bc {
     const char *sock;
-    size_t count; /* this rank's count for the mismatch test; 0: the full run */
+    size_t count;         /* this rank's count for the mismatch test; 0: the full run */
+    const size_t *counts; /* the full run's counts (NULL: bcast_rank_main's own) */
+    int ncounts;
 };
 
 static int bcast_rank_main(void *arg)
 {
     const struct bc *o = arg;
     /* just past the tiny limit, and a few MiB (many socket buffers in flight) */
-    static const size_t counts[] = {16385, 1000003};
+    static const size_t own_counts[] = {16385, 1000003};
+    const size_t *counts = o->counts ? o->counts : own_counts;
+    int ncounts = o->counts ? o->ncounts : 2;
     const size_t maxc = 1000003;
     coll_conn *c;
     coll_group *g;
@@ -429,7 +433,7 @@ static int bcast_rank_main(void *arg)
     if (rc) return rc;
     float *in = mem, *out = in + maxc;
     for (int root = 0; root < info.size; root++)
-        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+        for (int k = 0; k < ncounts; k++)
             for (int inplace = 0; inplace < 2; inplace++) {
                 size_t n = counts[k];
                 for (size_t i = 0; i < n; i++) {
@@ -469,14 +473,20 @@ static int bcast_rank_main(void *arg)
 static void four_pods_broadcast_relays(void **state)
 {
     (void)state;
-    struct agent a[4];
-    int port;
-    start_all(a, 4, 1, &port);
-    struct bc jobs[4];
-    for (int i = 0; i < 4; i++)
-        jobs[i] = (struct bc){.sock = a[i].sock};
-    run_ranks(bcast_rank_main, jobs, sizeof(jobs[0]), 4, 120000);
-    stop_all(a, 4);
+    /* and two pods: up to 2 MiB on the engine (524288 floats: the pair limit exactly),
+     * past it the chain */
+    static const size_t pair_counts[] = {16385, 262144, 524288, 524289};
+    for (int n = 4; n >= 2; n -= 2) {
+        struct agent a[4];
+        int port;
+        start_all(a, n, 1, &port);
+        struct bc jobs[4];
+        for (int i = 0; i < n; i++)
+            jobs[i] =
+                (struct bc){.sock = a[i].sock, .counts = n == 2 ? pair_counts : NULL, .ncounts = 4};
+        run_ranks(bcast_rank_main, jobs, sizeof(jobs[0]), n, 120000);
+        stop_all(a, n);
+    }
 }
 
 /* One pod's count disagrees with its neighbour's: that pod's application gets an error

@@ -80,9 +80,9 @@ int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
  * larger allreduces, allgathers and reduce_scatters below) as a resumable state. */
 struct tcp_tiny;
 #define TCP_TINY_BYTES (64 * 1024)
-/* ... and between two pods, an allreduce or a reduce_scatter's input of up to this, or
- * an allgather whose blocks are (the direct way is then a ring's bytes in one step);
- * measured in bench/RESULTS.md */
+/* ... and between two pods, an allreduce, a broadcast or a reduce_scatter's input of up
+ * to this, or an allgather whose blocks are (the direct way is then a ring's bytes in one
+ * step, and a broadcast is one send either way); measured in bench/RESULTS.md */
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
 #define TCP_PAIR_ALLREDUCE_BYTES ((size_t)1 << 20) /* above: the ring (half the folding) */
 /* ... and among 4, 8, ... pods, by doubling or halving: allgather results and

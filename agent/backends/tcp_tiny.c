@@ -128,12 +128,15 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
                                        : TCP_TINY_BYTES;
     /* an allgather between two pods sends each block once: the pair limit per block */
     if (c->nodes == 2 && t->kind == WIRE_OP_ALLGATHER) vec_limit = 2 * TCP_PAIR_INLINE_BYTES;
-    int ok =
-        t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
-        ((t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_REDUCE) && bytes <= TCP_TINY_BYTES) ||
-        ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
-         bytes * L * (size_t)c->nodes <= vec_limit) ||
-        (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
+    /* a broadcast between two pods is one send however it goes (the chain has nothing to
+     * relay): the pair limit */
+    size_t bc_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES : TCP_TINY_BYTES;
+    int ok = t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
+             (t->kind == WIRE_OP_BROADCAST && bytes <= bc_limit) ||
+             (t->kind == WIRE_OP_REDUCE && bytes <= TCP_TINY_BYTES) ||
+             ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
+              bytes * L * (size_t)c->nodes <= vec_limit) ||
+             (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
     if (!ok) return -1;
     s->c = *c;
     tcp_init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
@@ -151,10 +154,18 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
          * broadcast, every TCP_ACK_EVERY-th op only, taken later: tcp.h) */
         int plan = tcp_ack_plan(&s->c, &s->o.hdr);
         if (c->me == rnode) {
-            if (t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
+            /* an input apart from the result is sent from where it is and copied into
+             * place by the first send (tcp_priv.h: TCP_COPY_AS_SENT_BYTES) */
+            const char *own =
+                bytes >= TCP_COPY_AS_SENT_BYTES && tcp_apart(t->send[rslot], bytes, buf, bytes)
+                    ? t->send[rslot]
+                    : NULL;
+            if (!own && t->send[rslot] != buf && bytes) memcpy(buf, t->send[rslot], bytes);
             for (int p = 0; p < c->nodes; p++) {
                 if (p == c->me) continue;
-                tcp_x_send(&s->x[s->nx++], p, &s->o.hdr, sizeof(s->o.hdr), buf, bytes);
+                tcp_x_send(&s->x[s->nx], p, &s->o.hdr, sizeof(s->o.hdr), own ? own : buf, bytes);
+                if (own && s->nx == 0) s->x[0].copy_to = buf;
+                s->nx++;
                 if (plan == TCP_ACK_LATE)
                     tcp_owe(&s->c, p, &s->o.hdr);
                 else if (!plan)
