@@ -236,12 +236,18 @@ struct bitwise {
 
 /* Allreduces whose every element must have the bits of the pairwise tree of the pods'
  * inputs (with two pods, simply a0 + a1). */
+static size_t largest(const size_t *v, int n)
+{
+    size_t m = 0;
+    for (int k = 0; k < n; k++)
+        if (v[k] > m) m = v[k];
+    return m;
+}
+
 static int bitwise_rank_main(void *arg)
 {
     const struct bitwise *o = arg;
-    size_t maxc = 0;
-    for (int k = 0; k < o->ncounts; k++)
-        if (o->counts[k] > maxc) maxc = o->counts[k];
+    size_t maxc = largest(o->counts, o->ncounts);
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
@@ -331,9 +337,7 @@ static void four_and_eight_pods_double_bitwise(void **state)
 static int allgather_rank_main(void *arg)
 {
     const struct bitwise *o = arg;
-    size_t maxc = 0;
-    for (int k = 0; k < o->ncounts; k++)
-        if (o->counts[k] > maxc) maxc = o->counts[k];
+    size_t maxc = largest(o->counts, o->ncounts);
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
