@@ -739,7 +739,7 @@ static int op_allgather(struct opctx *o)
     return COLL_OK;
 }
 
-static int op_broadcast(struct opctx *o, int plan)
+int tcp_bcast_chain(struct opctx *o, int plan, struct xfer *x)
 {
     struct tcp_comm *c = o->c;
     struct net_task *t = o->t;
@@ -755,13 +755,11 @@ static int op_broadcast(struct opctx *o, int plan)
         memcpy(buf, t->send[rslot], bytes);
     int n = c->nodes, pos = (c->me - rnode + n) % n;
     int next = (c->me + 1) % n, prev = (c->me + n - 1) % n;
-    /* a chain from the root; each pod passes bytes on as they arrive (small ones went
-     * the tiny way) */
+    /* a chain from the root; each pod passes bytes on as they arrive */
     /* the ring closes with a bare header from the last pod to the root, so every pod
      * hears its left neighbour: pods that disagree on the op fail with MISMATCH (in a
      * run of the same broadcast, the root takes it later, and every TCP_ACK_EVERY-th
      * op only: tcp.h) */
-    struct xfer x[2];
     int nx = 0;
     if (pos != 0 || !(plan & TCP_ACK_LATE))
         tcp_x_recv(&x[nx++], prev, &o->peer_hdr[prev], sizeof(o->hdr), pos != 0 ? buf : NULL,
@@ -775,9 +773,15 @@ static int op_broadcast(struct opctx *o, int plan)
     }
     o->late_acks = pos == 0 && (plan & TCP_ACK_LATE);
     if (pos == 0 && plan == TCP_ACK_LATE) tcp_owe(c, prev, &o->hdr); /* before it can come */
-    int st = tcp_exchange(o, x, nx);
+    return nx;
+}
+
+static int op_broadcast(struct opctx *o, int plan)
+{
+    struct xfer x[2];
+    int st = tcp_exchange(o, x, tcp_bcast_chain(o, plan, x)); /* small ones went the tiny way */
     if (st != COLL_OK) return st;
-    tcp_copy_to_locals(o, buf, bytes);
+    tcp_copy_to_locals(o, o->t->recv[0], o->t->count * o->es);
     return COLL_OK;
 }
 

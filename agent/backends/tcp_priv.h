@@ -113,6 +113,10 @@ int tcp_ack_plan(const struct tcp_comm *c, const struct data_op_hdr *h);
 void tcp_note_op(struct tcp_comm *c, const struct data_op_hdr *h);
 /* Pod p owes us its bare header for op h (within the window tcp_settle left). */
 void tcp_owe(struct tcp_comm *c, int p, const struct data_op_hdr *h);
+/* A broadcast's chain from the root, for o's op with tcp_ack_plan's plan: sets up x (two
+ * transfers at most: from the pod before, to the pod after, relaying as bytes arrive)
+ * and returns how many; the root's input is in its result or on its way (copy_to). */
+int tcp_bcast_chain(struct opctx *o, int plan, struct xfer *x);
 
 void tcp_x_send(struct xfer *x, int peer, const void *hdr, size_t hl, const void *p, size_t n);
 void tcp_x_recv(struct xfer *x, int peer, void *hdr, size_t hl, void *p, size_t n);

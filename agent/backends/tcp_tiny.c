@@ -129,8 +129,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     /* an allgather between two pods sends each block once: the pair limit per block */
     if (c->nodes == 2 && t->kind == WIRE_OP_ALLGATHER) vec_limit = 2 * TCP_PAIR_INLINE_BYTES;
     /* a broadcast between two pods is one send however it goes (the chain has nothing to
-     * relay): the pair limit */
-    size_t bc_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES : TCP_TINY_BYTES;
+     * relay): the pair limit; among more, the chain's */
+    size_t bc_limit = c->nodes == 2 ? TCP_PAIR_INLINE_BYTES : TCP_CHAIN_INLINE_BYTES;
     int ok = t->kind == WIRE_OP_BARRIER || (t->kind == WIRE_OP_ALLREDUCE && bytes <= ar_limit) ||
              (t->kind == WIRE_OP_BROADCAST && bytes <= bc_limit) ||
              (t->kind == WIRE_OP_REDUCE && bytes <= TCP_TINY_BYTES) ||
@@ -153,6 +153,10 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
          * instead of sending past each other and reporting success (in a run of the same
          * broadcast, every TCP_ACK_EVERY-th op only, taken later: tcp.h) */
         int plan = tcp_ack_plan(&s->c, &s->o.hdr);
+        if (c->nodes > 2 && bytes > TCP_TINY_BYTES) { /* the chain, as the net thread's */
+            s->nx = tcp_bcast_chain(&s->o, plan, s->x);
+            return 0;
+        }
         if (c->me == rnode) {
             /* an input apart from the result is sent from where it is and copied into
              * place by the first send (tcp_priv.h: TCP_COPY_AS_SENT_BYTES) */
