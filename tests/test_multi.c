@@ -995,8 +995,9 @@ static int run_turns_main(void *arg)
     /* the group serves the next op once reopened */
     e = allreduce_after_reform(c, &g, x, 16, info.rank);
     if (e == COLL_ERR_NOT_FOUND) return 113;
-    if (e != COLL_OK || x[64] != 3.0f) {
-        fprintf(stderr, "rank %d: op after the mismatch: %s\n", info.rank, coll_strerror(e));
+    if (e != COLL_OK || x[64] != (float)(info.size * (info.size + 1) / 2)) {
+        fprintf(stderr, "rank %d: op after the mismatch: %s, %g\n", info.rank, coll_strerror(e),
+                x[64]);
         return 114;
     }
     /* and a run of broadcasts in the new epoch, whose acks nothing of the old one spoils */
@@ -1028,22 +1029,28 @@ static int run_turns_main(void *arg)
 static void a_pod_that_turns_away_mid_run_is_a_mismatch(void **state)
 {
     (void)state;
+    /* two pods (one send each way) and three (the chain, small and large) */
     const struct {
         size_t count;
-        int turn;
-    } cases[] = {{16, 0}, {16, 1}, {(size_t)1 << 20, 0}, {(size_t)1 << 20, 1}};
+        int turn, pods;
+    } cases[] = {{16, 0, 2}, {16, 1, 2}, {(size_t)1 << 20, 0, 2}, {(size_t)1 << 20, 1, 2},
+                 {16, 0, 3}, {16, 1, 3}, {(size_t)1 << 20, 1, 3}};
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        struct agent a[2];
+        int n = cases[k].pods;
+        struct agent a[3];
         int port;
-        start_all(a, 2, 1, &port);
-        struct run jobs[2];
-        for (int i = 0; i < 2; i++)
+        start_all(a, n, 1, &port);
+        struct run jobs[3];
+        for (int i = 0; i < n; i++)
             jobs[i] = (struct run){a[i].sock, cases[k].count, cases[k].turn};
-        fprintf(stderr, "case: %zu floats, rank 1 turns to %s\n", cases[k].count,
+        fprintf(stderr, "case: %d pods, %zu floats, rank 1 turns to %s\n", n, cases[k].count,
                 cases[k].turn ? "an allreduce" : "its own broadcast");
-        run_ranks(run_turns_main, jobs, sizeof(jobs[0]), 2, 120000);
-        assert_true(agent_log_count(&a[0], "this node") + agent_log_count(&a[1], "this node") >= 1);
-        stop_all(a, 2);
+        run_ranks(run_turns_main, jobs, sizeof(jobs[0]), n, 120000);
+        int named = 0;
+        for (int i = 0; i < n; i++)
+            named += agent_log_count(&a[i], "this node");
+        assert_true(named >= 1);
+        stop_all(a, n);
     }
 }
 

@@ -85,8 +85,8 @@ struct tcp_tiny;
  * step, and a broadcast is one send either way); measured in bench/RESULTS.md */
 #define TCP_PAIR_INLINE_BYTES ((size_t)2 << 20)
 #define TCP_PAIR_ALLREDUCE_BYTES ((size_t)1 << 20) /* above: the ring (half the folding) */
-/* ... and among more pods, a broadcast of up to this as the chain (from TCP_TINY_BYTES:
- * below it the root sends to every pod itself) */
+/* ... and among more pods, a broadcast of up to this, as the chain (at every size: a
+ * root that sent to every pod itself was slower, bench/RESULTS.md) */
 #define TCP_CHAIN_INLINE_BYTES ((size_t)1 << 20)
 /* ... and among 4, 8, ... pods, by doubling or halving: allgather results and
  * reduce_scatter inputs up to TCP_DOUBLING_BYTES, allreduces up to

@@ -148,15 +148,16 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
     if (t->kind == WIRE_OP_BROADCAST) {
         int rnode = t->root / c->nlocal, rslot = t->root % c->nlocal;
         char *buf = t->recv[0];
-        /* every pod hears every pod it deals with: the root takes a bare header back from
-         * each, so pods that disagree on the root (or count) all fail with MISMATCH
-         * instead of sending past each other and reporting success (in a run of the same
-         * broadcast, every TCP_ACK_EVERY-th op only, taken later: tcp.h) */
+        /* every pod hears every pod it deals with, so pods that disagree on the root (or
+         * count) all fail with MISMATCH instead of sending past each other and reporting
+         * success (in a run of the same broadcast, every TCP_ACK_EVERY-th op only, taken
+         * later: tcp.h) */
         int plan = tcp_ack_plan(&s->c, &s->o.hdr);
-        if (c->nodes > 2 && bytes > TCP_TINY_BYTES) { /* the chain, as the net thread's */
+        if (c->nodes > 2) { /* the chain, as the net thread's, at every size (measured) */
             s->nx = tcp_bcast_chain(&s->o, plan, s->x);
             return 0;
         }
+        /* two pods: one send, and a bare header back to the root */
         if (c->me == rnode) {
             /* an input apart from the result is sent from where it is and copied into
              * place by the first send (tcp_priv.h: TCP_COPY_AS_SENT_BYTES) */
