@@ -193,11 +193,15 @@ static void a_spent_budget_hands_the_op_over(void **state)
     (void)state;
     struct kit k;
     kit_start(&k, 20, 300);
-    int64_t t0 = clock_ns();
+    /* measured against the budget's end, which kit_start set: under a sanitizer on a busy
+     * machine kit_start itself can take a good part of the 20 ms */
+    int64_t end = k.eng.c.budget_until;
     int st = progress(&k);
-    int64_t took = clock_ns() - t0;
+    int64_t past = clock_ns() - end; /* how long after the budget's end it came back */
+    if (st != TCP_AGAIN || past < -1000000 || past >= 230000000)
+        fprintf(stderr, "progress: %d, back %.1f ms after the budget's end\n", st, past / 1e6);
     assert_int_equal(st, TCP_AGAIN);
-    assert_true(took >= 19000000 && took < 250000000);
+    assert_true(past >= -1000000 && past < 230000000);
     kit_finish(&k, st);
 }
 

@@ -60,9 +60,16 @@ ip link set "$BR" up
 
 # a namespace NAME with address IP on the bridge, resolving through our dnsmasq
 make_ns() {
-    local ns=$1 ip=$2 n=$((RANDOM % 100000))
+    local ns=$1 ip=$2 n try
     ip netns add "$ns"
-    ip link add "v$n" type veth peer name "e$n"
+    # a fresh name: a deleted namespace's veth can outlive it for a moment, and $RANDOM
+    # repeats in subshells, so a name is drawn from the kernel's random and tried again
+    # if taken
+    for try in 1 2 3 4 5 6 7 8; do
+        n=$((SRANDOM % 1000000000))
+        ip link add "v$n" type veth peer name "e$n" 2>/dev/null && break
+        [ "$try" = 8 ] && { echo "make_ns: no free veth name for $ns" >&2; return 1; }
+    done
     ip link set "v$n" master "$BR" up
     ip link set "e$n" netns "$ns"
     ip -n "$ns" link set "e$n" name eth0
@@ -117,7 +124,7 @@ EOF
 start_pod() { # POD IP ENV...
     local pod=$1 ip=$2
     shift 2
-    local ns=$TAG-$pod-$RANDOM
+    local ns=$TAG-$pod-$SRANDOM
     make_ns "$ns" "$ip"
     NS_OF[$pod]=$ns
     IP_OF[$pod]=$ip
