@@ -10,6 +10,12 @@
  * shm_yield: the same, calling sched_yield(2) between looks: on one CPU, each round trip
  *            is two switches between processes.
  * eventfd:   both sides sleep in read(2) on an eventfd and wake the other by write(2).
+ * epoll:     both sides sleep in epoll_wait(2) on an edge-triggered eventfd, as the agent
+ *            and libcoll wait for each other's doorbells.
+ * futex:     both sides sleep in FUTEX_WAIT on a shared word and wake the other with
+ *            FUTEX_WAKE: the cheapest way for one process to sleep until another says so.
+ * futex_thread: the same between two threads of one process (no address-space switch:
+ *            what an agent running as a thread inside the application would pay).
  * tcp_swap:  both sides send 8 bytes and receive the other's 8 over one loopback TCP
  *            connection (non-blocking, looking again with a yield): what an 8-byte
  *            allreduce between two processes costs at the least over TCP.
@@ -27,8 +33,10 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -37,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -52,6 +61,58 @@ static void pin(int cpu)
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
     sched_setaffinity(0, sizeof(set), &set);
+}
+
+/* Sleep until *w is v (FUTEX_WAIT while it is not), and set *to to v, waking its
+ * sleeper: one half of a futex round trip. */
+static void futex_until(_Atomic uint32_t *w, uint32_t v, int priv)
+{
+    uint32_t cur;
+    while ((cur = atomic_load_explicit(w, memory_order_acquire)) != v)
+        syscall(SYS_futex, w, priv ? FUTEX_WAIT_PRIVATE : FUTEX_WAIT, cur, NULL, NULL, 0);
+}
+
+static void futex_set(_Atomic uint32_t *w, uint32_t v, int priv)
+{
+    atomic_store_explicit(w, v, memory_order_release);
+    syscall(SYS_futex, w, priv ? FUTEX_WAKE_PRIVATE : FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+/* Read an edge-triggered non-blocking eventfd, sleeping in epoll_wait until it has
+ * something. */
+static int epoll_take(int ep, int fd)
+{
+    uint64_t v;
+    struct epoll_event ev;
+    while (read(fd, &v, sizeof(v)) != sizeof(v)) {
+        if (errno != EAGAIN) return -1;
+        if (epoll_wait(ep, &ev, 1, -1) < 0 && errno != EINTR) return -1;
+    }
+    return 0;
+}
+
+static int epoll_on(int fd)
+{
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) return -1;
+    return ep;
+}
+
+struct futex_peer {
+    _Atomic uint32_t *w; /* w[0]: the round the timing side started, w[1]: ended */
+    int n;
+};
+
+static void *futex_thread_main(void *arg)
+{
+    struct futex_peer *fp = arg;
+    pin(cpu_child);
+    for (uint32_t i = 1; i <= (uint32_t)fp->n; i++) {
+        futex_until(&fp->w[0], i, 1);
+        futex_set(&fp->w[1], i, 1);
+    }
+    return NULL;
 }
 
 /* A connected pair of loopback TCP sockets, non-blocking, Nagle off. */
@@ -114,7 +175,7 @@ static void report(const char *name, double *lat, int n, long gap)
     for (int i = 0; i < n; i++)
         sum += lat[i];
     qsort(lat, (size_t)n, sizeof(double), cmp);
-    printf("floor %-9s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n", name, gap,
+    printf("floor %-12s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n", name, gap,
            lat[n / 2], lat[n / 10], lat[(n * 9) / 10], sum / n);
 }
 
@@ -231,6 +292,59 @@ int main(int argc, char **argv)
     }
     waitpid(p, NULL, 0);
     report("eventfd", lat, n, gap);
+
+    /* the same asleep in epoll_wait, as the agent and libcoll wait */
+    int ea = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), eb = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p = fork();
+    if (p == 0) {
+        pin(cpu_child);
+        int ep = epoll_on(ea);
+        uint64_t v = 1;
+        for (int i = 0; i < n; i++)
+            if (ep < 0 || epoll_take(ep, ea) != 0 || write(eb, &v, 8) != 8) _exit(1);
+        _exit(0);
+    }
+    int ep = epoll_on(eb);
+    for (int i = 0; i < n; i++) {
+        uint64_t v = 1;
+        if (gap) usleep((useconds_t)gap);
+        double t0 = now_us();
+        if (ep < 0 || write(ea, &v, 8) != 8 || epoll_take(ep, eb) != 0) return 1;
+        lat[i] = now_us() - t0;
+    }
+    waitpid(p, NULL, 0);
+    close(ep);
+    report("epoll", lat, n, gap);
+
+    /* futex on a shared word: between processes, then between two threads of one */
+    for (int thr = 0; thr < 2; thr++) {
+        atomic_store(&w[0], 0);
+        atomic_store(&w[1], 0);
+        struct futex_peer fp = {.w = w, .n = n};
+        pthread_t th;
+        if (thr) {
+            if (pthread_create(&th, NULL, futex_thread_main, &fp) != 0) return 1;
+        } else if ((p = fork()) == 0) {
+            pin(cpu_child);
+            for (uint32_t i = 1; i <= (uint32_t)n; i++) {
+                futex_until(&w[0], i, 0);
+                futex_set(&w[1], i, 0);
+            }
+            _exit(0);
+        }
+        for (uint32_t i = 1; i <= (uint32_t)n; i++) {
+            if (gap) usleep((useconds_t)gap);
+            double t0 = now_us();
+            futex_set(&w[0], i, thr);
+            futex_until(&w[1], i, thr);
+            lat[i - 1] = now_us() - t0;
+        }
+        if (thr)
+            pthread_join(th, NULL);
+        else
+            waitpid(p, NULL, 0);
+        report(thr ? "futex_thread" : "futex", lat, n, gap);
+    }
 
     int sv[2];
     if (tcp_pair(sv) != 0) return 1;
