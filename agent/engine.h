@@ -9,6 +9,7 @@
 #ifndef AGENT_ENGINE_H
 #define AGENT_ENGINE_H
 
+#include <sched.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -47,7 +48,9 @@ struct engine {
     _Atomic int64_t alive_ns; /* the loop's last turn, for /livez */
     int64_t started_ns, next_publish;
     char *metrics_buf;
-    int64_t spin_ns;
+    int64_t spin_ns;         /* agent.spin_us: the most it spins for the next work */
+    int one_cpu;             /* it may use one CPU only (engine_spin_cap) */
+    cpu_set_t cpus;          /* ... where it may run */
     struct spin_adapt idle;  /* how long to spin for the next work (spin.h) */
     struct spin_gate gate;   /* whether this agent's spins may yield (spin.h; net's too) */
     struct session_env senv; /* what sessions see of the engine */

@@ -3,6 +3,7 @@
  * embedded default config, one agent per socket, clean shutdown, JSON logs, an
  * idle agent that uses no CPU, and the demo (the README's main job) end to end.
  */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,95 @@ static void idle_agent_uses_no_cpu(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* Voluntary context switches of the agent's engine (its main thread): its sleeps. */
+static long engine_sleeps(pid_t pid)
+{
+    char path[64], line[128];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1) break;
+    if (f) fclose(f);
+    return v;
+}
+
+static void pin_self(int cpu)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+}
+
+#define LAYOUT_OPS 4000
+
+/* How many times the agent's engine slept during LAYOUT_OPS back-to-back 8-byte
+ * allreduces of a client on CPU client_cpu, the agent bound to CPU agent_cpu. */
+static long sleeps_for_layout(int agent_cpu, int client_cpu)
+{
+    cpu_set_t old;
+    assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+    struct agent a;
+    pin_self(agent_cpu); /* the agent inherits it, every thread of it */
+    int rc = agent_start(&a, "  spin_us: 2000\n", "groups:\n  - name: g\n");
+    pin_self(client_cpu);
+    assert_int_equal(rc, 0);
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "g", 0), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 64, COLL_DEVICE_HOST), COLL_OK);
+    float *x = coll_mem_ptr(b);
+    long before = 0;
+    for (int i = 0; i < 1000 + LAYOUT_OPS; i++) {
+        if (i == 1000) before = engine_sleeps(a.pid); /* the learners have settled */
+        x[0] = (float)i;
+        x[1] = 1.0f;
+        coll_request r;
+        assert_int_equal(coll_allreduce(g, x, x + 2, 2, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+        assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
+        assert_true(x[2] == (float)i && x[3] == 1.0f);
+    }
+    long after = engine_sleeps(a.pid);
+    coll_mem_release(&b);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+    assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+    assert_true(before >= 0 && after >= before);
+    return after - before;
+}
+
+/* An agent bound to one CPU spins for the next op only while its clients run elsewhere
+ * (engine.c, engine_spin_cap). With a CPU of its own, it answers back-to-back ops from
+ * its spin: found sleeping on every op (two wake-ups across CPUs, 13.5 µs a round trip
+ * on a 2-CPU VM against 1.2 spinning). Sharing the client's CPU, it must keep sleeping on
+ * (nearly) every op, or its spin would hold the client off that CPU. */
+static void an_agent_on_a_cpu_of_its_own_spins_and_one_sharing_it_sleeps(void **state)
+{
+    (void)state;
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+    int cpus[2], n = 0;
+    for (int i = 0; i < CPU_SETSIZE && n < 2; i++)
+        if (CPU_ISSET(i, &set)) cpus[n++] = i;
+    if (n < 2) {
+        fprintf(stderr, "skipped: needs two CPUs to run on (the affinity mask has one)\n");
+        skip();
+    }
+    long apart = sleeps_for_layout(cpus[1], cpus[0]);
+    long shared = sleeps_for_layout(cpus[0], cpus[0]);
+    fprintf(stderr, "engine sleeps in %d ops: %ld with a CPU of its own, %ld sharing one\n",
+            LAYOUT_OPS, apart, shared);
+    if (apart > LAYOUT_OPS / 4)
+        fail_msg("the agent slept %ld times in %d ops on a CPU of its own", apart, LAYOUT_OPS);
+    if (shared < LAYOUT_OPS / 2)
+        fail_msg("the agent slept only %ld times in %d ops on its client's CPU", shared,
+                 LAYOUT_OPS);
+}
+
 static void demo_runs_and_verifies(void **state)
 {
     (void)state;
@@ -272,6 +362,7 @@ int main(void)
         cmocka_unit_test(stale_socket_is_replaced),
         cmocka_unit_test(json_logs_are_one_object_per_line),
         cmocka_unit_test(idle_agent_uses_no_cpu),
+        cmocka_unit_test(an_agent_on_a_cpu_of_its_own_spins_and_one_sharing_it_sleeps),
         cmocka_unit_test(demo_runs_and_verifies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@
 #include "coll/coll.h"
 #include "cpus.h"
 #include "harness.h"
+#include "ring.h"
 #include "spin.h"
 #include "wire.h"
 
@@ -230,6 +231,35 @@ static void nested_cgroup_v2_quotas_are_read(void **state)
 
 /* A real cgroup with a one-CPU quota (v1 cpu controller, or v2 with cpu enabled), a
  * child moved into it: the child counts one CPU. Needs root and such a controller. */
+/* The sleeping words' cpu (wire.h) and what each side makes of the other's: a CPU
+ * outside our mask is elsewhere; an unknown, stale-format (0) or impossible one is not. */
+static void the_other_side_s_cpu_is_elsewhere_only_when_said_and_outside(void **state)
+{
+    (void)state;
+    struct wire_ring_idx w = {0};
+    assert_int_equal(ring_peer_cpu(&w), -1); /* a peer from before the field */
+    ring_say_cpu(&w, -1);                    /* sched_getcpu failed: nothing said */
+    assert_int_equal(ring_peer_cpu(&w), -1);
+    ring_say_cpu(&w, 0);
+    assert_int_equal(ring_peer_cpu(&w), 0);
+    ring_say_cpu(&w, 5);
+    assert_int_equal(ring_peer_cpu(&w), 5);
+    atomic_store(&w.cpu, 0xffffffffu); /* whatever the other side wrote */
+    assert_int_equal(ring_peer_cpu(&w), -1);
+    atomic_store(&w.cpu, (uint32_t)CPU_SETSIZE + 1);
+    cpu_set_t m;
+    CPU_ZERO(&m);
+    CPU_SET(1, &m);
+    CPU_SET(2, &m);
+    assert_false(coll_cpu_outside(&m, ring_peer_cpu(&w))); /* beyond any mask */
+    assert_false(coll_cpu_outside(&m, -1));
+    assert_false(coll_cpu_outside(&m, 1));
+    assert_false(coll_cpu_outside(&m, 2));
+    assert_true(coll_cpu_outside(&m, 0));
+    assert_true(coll_cpu_outside(&m, 3));
+    assert_false(coll_cpu_outside(&m, CPU_SETSIZE));
+}
+
 static void a_cgroup_quota_caps_the_count(void **state)
 {
     (void)state;
@@ -426,6 +456,7 @@ int main(void)
         cmocka_unit_test(cpu_quotas_are_read),
         cmocka_unit_test(nested_cgroup_v2_quotas_are_read),
         cmocka_unit_test(a_cgroup_quota_caps_the_count),
+        cmocka_unit_test(the_other_side_s_cpu_is_elsewhere_only_when_said_and_outside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -244,6 +244,9 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->spin_set = lc_env_int("COLL_SPIN_US", -1) >= 0;
     spin_init(&c->spin, c->spin_us > 0 ? c->spin_us * 1000 : 0);
     c->few_cpus = coll_usable_cpus() < SPIN_MIN_CPUS;
+    if (sched_getaffinity(0, sizeof(c->cpus), &c->cpus) != 0) /* unknown: no CPU is outside */
+        for (int i = 0; i < CPU_SETSIZE; i++)
+            CPU_SET(i, &c->cpus);
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -327,6 +330,9 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
         rc = lc_fail(COLL_ERR_PROTOCOL, "handshake: shared region has a bad header");
         goto fail_conn;
     }
+    /* where we run, before any op: the agent spins for our ops only while we are off its
+     * CPUs (agent/engine.c, engine_spin_cap) */
+    ring_say_cpu(&c->shm->client_sleeping, sched_getcpu());
     *out = c;
     return COLL_OK;
 fail_conn:

@@ -135,3 +135,8 @@ int coll_usable_cpus(void)
     if (cap > 0 && cap < n) n = cap;
     return n > 0 ? n : 1;
 }
+
+int coll_cpu_outside(const cpu_set_t *mask, int cpu)
+{
+    return cpu >= 0 && cpu < CPU_SETSIZE && !CPU_ISSET(cpu, mask);
+}

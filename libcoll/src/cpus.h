@@ -7,9 +7,17 @@
 #ifndef COLL_CPUS_H
 #define COLL_CPUS_H
 
+#include <sched.h>
+
 /* CPUs this process can keep busy (at least 1). Reads /proc/self/cgroup and the
  * cgroup's quota files under /sys/fs/cgroup; any of them missing means no cap. */
 int coll_usable_cpus(void);
+
+/* Whether a thread last seen on cpu (-1: not known) is outside mask: a spin by a thread
+ * bound to mask then never takes that thread's CPU. cpu may come from the other side of
+ * a shared region: any value is checked against the mask's size, and an unknown or
+ * impossible one is not outside. */
+int coll_cpu_outside(const cpu_set_t *mask, int cpu);
 
 /* The cap a quota of quota microseconds per period gives: CPUs rounded up, or 0 for
  * none (quota < 0, as v1 writes "no limit", or period <= 0). */

@@ -86,6 +86,7 @@ struct coll_conn {
     struct spin_adapt spin; /* coll_wait's: how long to spin before sleeping (c->lock) */
     int spin_set;           /* COLL_SPIN_US was given: spin that long for every op */
     int few_cpus;           /* fewer than SPIN_MIN_CPUS to run on: ops between pods sleep at once */
+    cpu_set_t cpus;         /* ... unless the agent says it runs outside these (submit.c) */
     coll_err lost;          /* COLL_OK while the agent is there */
     char lost_msg[WIRE_ERRMSG_MAX];
     struct req reqs[WIRE_RING_ENTRIES];

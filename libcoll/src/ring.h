@@ -70,6 +70,24 @@ static inline void ring_full_fence(void)
 #endif
 }
 
+/* Say in i (our side's sleeping word) that we run on cpu (sched_getcpu(); < 0: not
+ * known, nothing said). Stores only when it changed, so a pinned side writes the line
+ * once. */
+static inline void ring_say_cpu(struct wire_ring_idx *i, int cpu)
+{
+    if (cpu < 0) return;
+    uint32_t v = (uint32_t)cpu + 1;
+    if (atomic_load_explicit(&i->cpu, memory_order_relaxed) != v)
+        atomic_store_explicit(&i->cpu, v, memory_order_relaxed);
+}
+
+/* The CPU the other side said it last ran on, from its sleeping word (-1: not said). */
+static inline int ring_peer_cpu(struct wire_ring_idx *i)
+{
+    uint32_t v = atomic_load_explicit(&i->cpu, memory_order_relaxed);
+    return v && v <= (uint32_t)INT32_MAX ? (int)(v - 1) : -1;
+}
+
 /* After publishing: does the other side need its doorbell rung? */
 static inline int ring_peer_sleeping(struct wire_ring_idx *sleeping)
 {

@@ -150,13 +150,19 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     c->sq_next++;
     /* on a small machine an op that crosses pods takes longer than a spin is worth:
      * sleep at once and leave the CPU to the agent's threads (measured: bench/RESULTS.md,
-     * issue 3) */
-    r->rang = g->info.nodes > 1 && !c->spin_set && c->few_cpus;
+     * issue 3), unless the agent said it runs where we may not, so that our spin takes
+     * nothing from it. And say where we run, for the agent's same choice. */
+    ring_say_cpu(&c->shm->client_sleeping, sched_getcpu());
+    int agent_elsewhere = coll_cpu_outside(&c->cpus, ring_peer_cpu(&c->shm->agent_sleeping));
+    r->rang = g->info.nodes > 1 && !c->spin_set && c->few_cpus && !agent_elsewhere;
     if (ring_peer_sleeping(&c->shm->agent_sleeping)) {
         uint64_t one = 1;
         ssize_t w = write(c->efd_agent, &one, sizeof(one));
         (void)w;
-        r->rang = 1;
+        /* the agent needs tens of microseconds to wake: where it may share our CPU, a
+         * spin meanwhile only delays it; elsewhere, a spin sees its answer at once (and
+         * lets it keep spinning for our next op) */
+        if (!agent_elsewhere) r->rang = 1;
     }
     req->id = s.tag;
 out:

@@ -244,9 +244,13 @@ int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint
 
 #define WIRE_CACHELINE 64
 
+/* cpu: in agent_sleeping and client_sleeping, the CPU that side last ran on, plus one
+ * (0: not said; peers from before this field leave it 0, and a side that reads 0 keeps
+ * to its rules for an unknown layout). A hint for spinning only: any value is safe. */
 struct wire_ring_idx {
     _Atomic uint32_t v;
-    char pad[WIRE_CACHELINE - sizeof(uint32_t)];
+    _Atomic uint32_t cpu;
+    char pad[WIRE_CACHELINE - 2 * sizeof(uint32_t)];
 };
 
 /*
