@@ -31,6 +31,23 @@ double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+long proc_status(pid_t pid, pid_t tid, const char *key)
+{
+    char path[80], line[256];
+    if (tid)
+        snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid, (int)tid);
+    else
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t kl = strlen(key);
+    long v = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, kl) && line[kl] == ':' && sscanf(line + kl + 1, "%ld", &v) == 1)
+            break;
+    if (f) fclose(f);
+    return v;
+}
+
 void tmp_path(char *out, size_t cap, const char *what, int n)
 {
     static int seq;

@@ -50,6 +50,10 @@ pid_t child_run(int (*fn)(void *), void *arg);
 /* Wait for a child up to ms (SIGKILL after). Returns its exit status, or 128+signal. */
 int child_wait(pid_t pid, int ms);
 
+/* The number after "key:" in /proc/PID/task/TID/status (tid 0: /proc/PID/status, which
+ * speaks for the main thread, and of memory for the process), or -1. */
+long proc_status(pid_t pid, pid_t tid, const char *key);
+
 /* Unique path under /tmp for this process (n distinguishes several). */
 void tmp_path(char *out, size_t cap, const char *what, int n);
 double now_ms(void);

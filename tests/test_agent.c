@@ -247,14 +247,7 @@ static void idle_agent_uses_no_cpu(void **state)
 /* Voluntary context switches of the agent's engine (its main thread): its sleeps. */
 static long engine_sleeps(pid_t pid)
 {
-    char path[64], line[128];
-    snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid, (int)pid);
-    FILE *f = fopen(path, "r");
-    long v = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1) break;
-    if (f) fclose(f);
-    return v;
+    return proc_status(pid, pid, "voluntary_ctxt_switches");
 }
 
 static void pin_self(int cpu)
