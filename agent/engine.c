@@ -113,12 +113,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     eng->spin_ns = (int64_t)cfg->agent.spin_us * 1000;
     /* on one CPU, whatever the engine waits for may need that CPU (engine_spin_cap);
      * an unknown mask is one CPU that every client may share */
-    eng->one_cpu = coll_usable_cpus() < 2;
-    if (sched_getaffinity(0, sizeof(eng->cpus), &eng->cpus) != 0) {
-        eng->one_cpu = 1;
-        for (int i = 0; i < CPU_SETSIZE; i++)
-            CPU_SET(i, &eng->cpus);
-    }
+    eng->one_cpu = coll_affinity(&eng->cpus) != 0 || coll_usable_cpus() < 2;
     int64_t start = eng->one_cpu ? 0 : eng->spin_ns;
     spin_init(&eng->idle, (int32_t)(start < 50000 ? start : 50000));
     eng->groups = calloc((size_t)(cfg->ngroups ? cfg->ngroups : 1), sizeof(struct group));
@@ -558,14 +553,13 @@ static int64_t engine_spin_cap(struct engine *eng, int *known)
         n++;
         if (!coll_cpu_outside(&eng->cpus, ring_peer_cpu(&s->shm->client_sleeping))) elsewhere = 0;
     }
-    *known = 0;
-    if (!eng->one_cpu && !(n && elsewhere)) return eng->spin_ns;
-    if (!n || !elsewhere || (eng->one_cpu && eng->gpu)) return 0;
-    for (int i = 0; eng->one_cpu && eng->net && i < eng->ngroups; i++) {
+    *known = n && elsewhere;
+    if (!eng->one_cpu) return eng->spin_ns;
+    if (!*known || eng->gpu) return *known = 0;
+    for (int i = 0; eng->net && i < eng->ngroups; i++) {
         const struct group *g = &eng->groups[i];
-        if (g->be && g->be->outstanding && g->be->outstanding(g) > 0) return 0;
+        if (g->be && g->be->outstanding && g->be->outstanding(g) > 0) return *known = 0;
     }
-    *known = 1;
     return eng->spin_ns;
 }
 

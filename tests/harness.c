@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -46,6 +47,14 @@ long proc_status(pid_t pid, pid_t tid, const char *key)
             break;
     if (f) fclose(f);
     return v;
+}
+
+int pin_to_cpu(int cpu)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof(one), &one);
 }
 
 void tmp_path(char *out, size_t cap, const char *what, int n)

@@ -54,6 +54,9 @@ int child_wait(pid_t pid, int ms);
  * speaks for the main thread, and of memory for the process), or -1. */
 long proc_status(pid_t pid, pid_t tid, const char *key);
 
+/* Bind the calling thread (and what it starts from now on) to cpu. Returns 0 or -1. */
+int pin_to_cpu(int cpu);
+
 /* Unique path under /tmp for this process (n distinguishes several). */
 void tmp_path(char *out, size_t cap, const char *what, int n);
 double now_ms(void);

@@ -250,14 +250,6 @@ static long engine_sleeps(pid_t pid)
     return proc_status(pid, pid, "voluntary_ctxt_switches");
 }
 
-static void pin_self(int cpu)
-{
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
-}
-
 #define LAYOUT_OPS 4000
 
 /* How many times the agent's engine slept during LAYOUT_OPS back-to-back 8-byte
@@ -267,9 +259,9 @@ static long sleeps_for_layout(int agent_cpu, int client_cpu)
     cpu_set_t old;
     assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
     struct agent a;
-    pin_self(agent_cpu); /* the agent inherits it, every thread of it */
+    assert_int_equal(pin_to_cpu(agent_cpu), 0); /* the agent inherits it, every thread of it */
     int rc = agent_start(&a, "  spin_us: 2000\n", "groups:\n  - name: g\n");
-    pin_self(client_cpu);
+    assert_int_equal(pin_to_cpu(client_cpu), 0);
     assert_int_equal(rc, 0);
     coll_conn *c;
     coll_group *g;

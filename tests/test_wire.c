@@ -229,8 +229,6 @@ static void nested_cgroup_v2_quotas_are_read(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* A real cgroup with a one-CPU quota (v1 cpu controller, or v2 with cpu enabled), a
- * child moved into it: the child counts one CPU. Needs root and such a controller. */
 /* The sleeping words' cpu (wire.h) and what each side makes of the other's: a CPU
  * outside our mask is elsewhere; an unknown, stale-format (0) or impossible one is not. */
 static void the_other_side_s_cpu_is_elsewhere_only_when_said_and_outside(void **state)
@@ -260,6 +258,8 @@ static void the_other_side_s_cpu_is_elsewhere_only_when_said_and_outside(void **
     assert_false(coll_cpu_outside(&m, CPU_SETSIZE));
 }
 
+/* A real cgroup with a one-CPU quota (v1 cpu controller, or v2 with cpu enabled), a
+ * child moved into it: the child counts one CPU. Needs root and such a controller. */
 static void a_cgroup_quota_caps_the_count(void **state)
 {
     (void)state;

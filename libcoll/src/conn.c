@@ -244,9 +244,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->spin_set = lc_env_int("COLL_SPIN_US", -1) >= 0;
     spin_init(&c->spin, c->spin_us > 0 ? c->spin_us * 1000 : 0);
     c->few_cpus = coll_usable_cpus() < SPIN_MIN_CPUS;
-    if (sched_getaffinity(0, sizeof(c->cpus), &c->cpus) != 0) /* unknown: no CPU is outside */
-        for (int i = 0; i < CPU_SETSIZE; i++)
-            CPU_SET(i, &c->cpus);
+    coll_affinity(&c->cpus);
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -136,6 +136,14 @@ int coll_usable_cpus(void)
     return n > 0 ? n : 1;
 }
 
+int coll_affinity(cpu_set_t *out)
+{
+    if (sched_getaffinity(0, sizeof(*out), out) == 0) return 0;
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        CPU_SET(i, out);
+    return -1;
+}
+
 int coll_cpu_outside(const cpu_set_t *mask, int cpu)
 {
     return cpu >= 0 && cpu < CPU_SETSIZE && !CPU_ISSET(cpu, mask);

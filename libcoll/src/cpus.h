@@ -13,6 +13,10 @@
  * cgroup's quota files under /sys/fs/cgroup; any of them missing means no cap. */
 int coll_usable_cpus(void);
 
+/* The CPUs this thread may run on into out; where the kernel will not say, every CPU
+ * (then no CPU is outside it) and -1. */
+int coll_affinity(cpu_set_t *out);
+
 /* Whether a thread last seen on cpu (-1: not known) is outside mask: a spin by a thread
  * bound to mask then never takes that thread's CPU. cpu may come from the other side of
  * a shared region: any value is checked against the mask's size, and an unknown or
