@@ -7,7 +7,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -929,6 +931,76 @@ static void group_state_requests_are_checked(void **state)
     assert_serving(f);
 }
 
+/* ---- the CPU a client says it runs on -------------------------------------------- */
+
+#define HINT_OPS 600
+
+/* How many times the agent's engine slept during HINT_OPS 8-byte allreduces of c. */
+static long sleeps_during_ops(pid_t agent, coll_conn *c, coll_group *g, float *x)
+{
+    long before = proc_status(agent, agent, "voluntary_ctxt_switches");
+    for (int i = 0; i < HINT_OPS; i++) {
+        x[0] = (float)i;
+        x[1] = 2.0f;
+        coll_request r;
+        assert_int_equal(coll_allreduce(g, x, x + 2, 2, COLL_FLOAT32, COLL_SUM, NULL, &r), COLL_OK);
+        assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
+        assert_true(x[2] == (float)i && x[3] == 2.0f);
+    }
+    long after = proc_status(agent, agent, "voluntary_ctxt_switches");
+    assert_true(before >= 0 && after >= before);
+    return after - before;
+}
+
+/* The CPU a client says it runs on (wire.h: the sleeping word's cpu) is a hint the agent
+ * reads from shared memory the client writes. A client that claims to run elsewhere, or
+ * writes values no CPU has, must not make an agent bound to one CPU spin against an
+ * honest client on that CPU (which it would hold off), nor hurt the agent: it still
+ * sleeps on (nearly) every op of the honest client, and serves everyone. */
+static void a_client_s_false_cpu_never_makes_the_agent_spin_against_others(void **state)
+{
+    (void)state;
+    cpu_set_t old;
+    assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &old))
+        cpu++;
+    assert_int_equal(pin_to_cpu(cpu), 0); /* the agent and the honest client share it */
+    struct agent a;
+    assert_int_equal(agent_start(&a, "  spin_us: 2000\n", "groups:\n  - name: g\n"), 0);
+    struct raw liar;
+    raw_hello(&liar, a.sock);
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "g", 0), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 64, COLL_DEVICE_HOST), COLL_OK);
+    float *x = coll_mem_ptr(b);
+    /* elsewhere (the next CPU up), then values no CPU has: all ones, past any mask, the
+     * sign bit, past INT32_MAX by one */
+    const uint32_t lies[] = {(uint32_t)cpu + 2, 0xffffffffu, (uint32_t)CPU_SETSIZE + 1, 0x80000000u,
+                             0x80000001u};
+    sleeps_during_ops(a.pid, c, g, x); /* warm up */
+    for (size_t k = 0; k < sizeof(lies) / sizeof(lies[0]); k++) {
+        atomic_store(&liar.shm->client_sleeping.cpu, lies[k]);
+        long n = sleeps_during_ops(a.pid, c, g, x);
+        if (n < HINT_OPS / 2)
+            fail_msg("with a client saying cpu word %#x the agent slept only %ld times in %d ops "
+                     "of a client on its CPU",
+                     lies[k], n, HINT_OPS);
+    }
+    assert_int_equal(agent_log_count(&a, "protocol_error"), 0);
+    coll_mem_release(&b);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    close(liar.fd);
+    close(liar.efd);
+    munmap(liar.shm, sizeof(*liar.shm));
+    assert_int_equal(agent_stop(&a), 0);
+    assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -960,6 +1032,7 @@ int main(void)
         T(refusals_neither_lock_out_nor_flood_the_log),
         T(agent_death_is_noticed),
         T(sigterm_fails_ops_with_shutdown),
+        cmocka_unit_test(a_client_s_false_cpu_never_makes_the_agent_spin_against_others),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
