@@ -177,7 +177,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                     struct iovec v[4];
                     if (lim - t->done > CALL_BYTES) lim = t->done + CALL_BYTES;
                     int nv = x_iov(t, lim, v);
-                    ssize_t r = t->is_send ? writev(c->fds[t->peer], v, nv)
+                    /* a send never raises SIGPIPE: this code also runs inside the
+                     * application (direct ops), whose signals are not ours */
+                    struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)nv};
+                    ssize_t r = t->is_send ? sendmsg(c->fds[t->peer], &mh, MSG_NOSIGNAL)
                                            : readv(c->rfds[t->peer], v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
@@ -302,9 +305,14 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
             c->budget_until || !c->service ? 0 : c->service(c->service_ctx, ended, sizeof(ended));
         if (st) return tcp_failf(o, st, "%s", ended);
         for (int i = 0; i < np; i++)
-            if (pf[i].revents & (POLLERR | POLLNVAL))
-                return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d failed",
-                                 x[idx[i]].peer);
+            if (pf[i].revents & (POLLERR | POLLNVAL)) {
+                int err = 0;
+                socklen_t len = sizeof(err);
+                if (pf[i].revents & POLLERR) getsockopt(pf[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d failed (%s)",
+                                 x[idx[i]].peer,
+                                 pf[i].revents & POLLNVAL ? "not open" : strerror(err));
+            }
     }
 }
 
@@ -353,6 +361,34 @@ void tcp_acks_reset(struct tcp_acks *a)
     }
     a->owed = 0;
     a->has_prev = 0;
+}
+
+int tcp_acks_export(const struct tcp_acks *a, uint32_t *has_prev, uint32_t *run, void *prev,
+                    size_t cap)
+{
+    _Static_assert(sizeof(struct data_op_hdr) <= TCP_ACKS_STATE, "the state fits");
+    if (!a || a->owed || cap < TCP_ACKS_STATE) return -1;
+    for (int p = 0; p < a->nodes; p++)
+        if (a->peer[p].n || a->peer[p].got) return -1;
+    *has_prev = (uint32_t)a->has_prev;
+    *run = a->run;
+    memset(prev, 0, TCP_ACKS_STATE);
+    memcpy(prev, &a->prev, sizeof(a->prev));
+    return 0;
+}
+
+void tcp_acks_import(struct tcp_acks *a, uint32_t has_prev, uint32_t run, const void *prev)
+{
+    if (!a) return;
+    tcp_acks_reset(a);
+    a->has_prev = has_prev != 0;
+    a->run = run;
+    memcpy(&a->prev, prev, sizeof(a->prev));
+}
+
+int tcp_acks_owed(const struct tcp_acks *a)
+{
+    return a ? a->owed : 0;
 }
 
 /* Whether h repeats the previous op (all but its number). */

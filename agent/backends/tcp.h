@@ -75,6 +75,16 @@ void tcp_acks_reset(struct tcp_acks *a);
  * what was read is kept for the next call). COLL_OK, TCP_AGAIN or an error. */
 int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
 
+/* The ack state between ops, as it travels with a lease of the connections (direct ops,
+ * docs/ARCHITECTURE.md): export fails (-1) while acks are owed or partly read; import
+ * starts from nothing owed with that state (any bytes are safe: a false state makes the
+ * pods disagree on a later broadcast, which ends the epoch). */
+#define TCP_ACKS_STATE 48
+int tcp_acks_export(const struct tcp_acks *a, uint32_t *has_prev, uint32_t *run, void *prev,
+                    size_t cap);
+void tcp_acks_import(struct tcp_acks *a, uint32_t has_prev, uint32_t run, const void *prev);
+int tcp_acks_owed(const struct tcp_acks *a);
+
 /* A tiny op (allreduce, broadcast or reduce of at most TCP_TINY_BYTES; allgather whose
  * result, reduce_scatter whose input, or all-to-all whose input is at most that; barrier;
  * larger allreduces, allgathers and reduce_scatters below) as a resumable state. */
@@ -134,6 +144,8 @@ void tcp_tune_end(struct tcp_tune *tu, int ok, int64_t now);
 void tcp_tune_counts(const struct tcp_tune *tu, uint64_t *learnt, uint64_t *shrt);
 
 size_t tcp_tiny_size(void);
+/* Whether t is a tiny op for c's pods (only c->nodes and c->nlocal are read). */
+int tcp_tiny_fits(const struct tcp_comm *c, const struct net_task *t);
 /* Set up t in s (s must stay at its address until the op ends); -1 if t is not tiny,
  * -2 if there was no memory for it. */
 int tcp_tiny_start(struct tcp_tiny *s, struct tcp_comm *c, struct net_task *t);

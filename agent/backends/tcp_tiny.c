@@ -114,7 +114,7 @@ size_t tcp_tiny_size(void)
     return sizeof(struct tcp_tiny);
 }
 
-static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
+int tcp_tiny_fits(const struct tcp_comm *c, const struct net_task *t)
 {
     size_t es = coll_dtype_size((coll_dtype)t->dtype);
     size_t bytes = t->count * es, L = (size_t)c->nlocal;
@@ -137,7 +137,14 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
              ((t->kind == WIRE_OP_ALLGATHER || t->kind == WIRE_OP_REDUCE_SCATTER) &&
               bytes * L * (size_t)c->nodes <= vec_limit) ||
              (t->kind == WIRE_OP_ALLTOALL && bytes * L * L * (size_t)c->nodes <= TCP_TINY_BYTES);
-    if (!ok) return -1;
+    return ok;
+}
+
+static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_task *t)
+{
+    size_t es = coll_dtype_size((coll_dtype)t->dtype);
+    size_t bytes = t->count * es, L = (size_t)c->nlocal;
+    if (!tcp_tiny_fits(c, t)) return -1;
     s->c = *c;
     tcp_init_ctx(&s->o, &s->c, t, s->why, sizeof(s->why));
     s->why[0] = '\0';
