@@ -47,6 +47,7 @@ struct config {
         int log_level;
         int log_format;
         int spin_us;
+        int direct_ops; /* lend host groups' connections to their one client (WIRE_LEASE) */
         int max_sessions;
         int handshake_timeout_ms;
         int drain_ms; /* SIGTERM: how long ops in flight may finish before the agent stops */

@@ -21,8 +21,12 @@
 
 void dataconn_close_grave(struct ngroup *g)
 {
-    for (int i = 0; i < g->ngrave; i++)
+    /* shut down first: a client that held them (direct ops) has its own descriptors of
+     * the same sockets, and its wait on them ends here */
+    for (int i = 0; i < g->ngrave; i++) {
+        shutdown(g->grave[i], SHUT_RDWR);
         close(g->grave[i]);
+    }
     g->ngrave = 0;
 }
 

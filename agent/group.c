@@ -17,6 +17,7 @@
 #include "coll/coll.h"
 #include "log.h"
 #include "net.h"
+#include "session.h"
 #include "backend.h"
 #include "util.h"
 
@@ -111,6 +112,7 @@ void group_detach(struct group *g, int slot)
 {
     if (slot < 0 || slot >= g->nslots || !g->slots[slot].s) return;
     uint32_t e = g->slots[slot].epoch;
+    if (g->lent_to == g->slots[slot].s) group_void_lease(g, COLL_ERR_PEER_LOST, "it left");
     g->slots[slot].s = NULL;
     g->attached--;
     log_msg(LOG_INFO, "group.detach", "group=%s slot=%d epoch=%u attached=%d/%d", g->cfg->name,
@@ -214,9 +216,24 @@ void group_net_mark_done(struct group *g)
     send_mark(g);
 }
 
+int group_idle(const struct group *g)
+{
+    for (int k = 0; k < g->nslots; k++)
+        if (g->slots[k].s && g->slots[k].next_seq != g->lo_seq) return 0;
+    return 1;
+}
+
+void group_void_lease(struct group *g, int err, const char *why)
+{
+    if (!g->lent_to) return;
+    session_lease_void(g->lent_to, g->lease_id, err, why);
+    g->lent_to = NULL;
+}
+
 static void break_local(struct group *g, int err, const char *why)
 {
     int failed = 0;
+    group_void_lease(g, err, why); /* the net ends the epoch's connections under the client */
     for (unsigned i = 0; i < WIRE_RING_ENTRIES; i++) {
         struct round *r = &g->rounds[i];
         if (!r->arrived) continue;

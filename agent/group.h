@@ -97,6 +97,11 @@ struct group {
      * the local epoch. */
     uint32_t net_epoch;
     int net_formed;
+    /* direct ops: the session whose client holds the group's connections (net_lend),
+     * and the lease's id; NULL when nobody does */
+    struct session *lent_to;
+    uint64_t lease_id, lease_seq; /* ... and the op number it went out with */
+    uint64_t leases, direct_ops;  /* lent, and the ops run on them (told when given back) */
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -137,6 +142,12 @@ void group_set_net(struct group *g, struct net *n, int index);
 void group_forget_session(struct group *g, const struct session *s);
 /* Hand the GPU launchers to a group on the NCCL backend (before the first op). */
 void group_set_gpu(struct group *g, struct gpu *gpu, int index);
+/* Whether no collective of the group is under way here (direct ops: before a lease). */
+int group_idle(const struct group *g);
+/* The lease ends on this side (the epoch ends with err, why): its client drops it
+ * before its next direct op, and reports err for the op the end cut short. */
+void group_void_lease(struct group *g, int err, const char *why);
+
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);
 

@@ -159,7 +159,8 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         }
     }
     put(&o, "# HELP coll_ops_path_total Host ops between pods by where they ran: inline (the "
-            "engine), handed_over (started there, finished by the net thread), queued.\n"
+            "engine), handed_over (started there, finished by the net thread), queued, direct "
+            "(the application, on lent connections; counted when it gives them back).\n"
             "# TYPE coll_ops_path_total counter\n");
     for (int i = 0; i < in->ngroups; i++) {
         const struct group *g = &in->groups[i];
@@ -173,6 +174,8 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             (unsigned long long)bs.handed_over);
         put(&o, "coll_ops_path_total{group=\"%s\",path=\"queued\"} %llu\n", g->cfg->name,
             (unsigned long long)bs.queued);
+        put(&o, "coll_ops_path_total{group=\"%s\",path=\"direct\"} %llu\n", g->cfg->name,
+            (unsigned long long)g->direct_ops);
     }
     static const char *const nccl_help[] = {
         "# HELP coll_comms_created_total NCCL communicators created.\n"

@@ -172,6 +172,13 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
 {
     rendezvous_tick(&g->rdv, t);
     char why[160];
+    /* an epoch that ends while its connections are lent: the client finishes what the
+     * pods all sent, then the sockets end under it (net_epoch.c: io_end) */
+    if (g->abort_pending && (!g->lent || t >= g->lent_drain_until) && !g->q_head && !g->running &&
+        !g->handoff) {
+        net_epoch_end_finish(n, g);
+        return;
+    }
     if (p2p_oldest_deadline(g) <= t) {
         snprintf(why, sizeof(why), "a send or receive found no partner in %d ms",
                  g->cfg->op_timeout_ms);
@@ -278,7 +285,8 @@ int net_inline(struct net *n, struct net_task *t)
     if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
     int rc = NET_INLINE_NO;
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
-        !g->handoff && !g->inline_abort && t->lepoch >= g->floor && peers_ready(n, g, t, 0)) {
+        !g->handoff && !g->inline_abort && !g->lent && t->lepoch >= g->floor &&
+        peers_ready(n, g, t, 0)) {
         struct tcp_comm c = comm_for(g, t);
         if (n->nap) {
             c.nap = n->nap;
@@ -325,6 +333,89 @@ int net_inline(struct net *n, struct net_task *t)
         (void)w;
     }
     return rc;
+}
+
+static void knock_net(struct net *n)
+{
+    atomic_store_explicit(&n->in_pending, 1, memory_order_release);
+    uint64_t one = 1;
+    ssize_t w = write(n->in_efd, &one, sizeof(one));
+    (void)w;
+}
+
+int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t whylen)
+{
+    struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
+    if (!g || g->gpu || g->nlocal != 1 || g->nodes > TCP_EAGER_ALL ||
+        2 * (g->nodes - 1) > NET_LEASE_FDS) {
+        snprintf(why, whylen,
+                 "only a host group of up to %d pods with one slot per pod lends "
+                 "its connections",
+                 TCP_EAGER_ALL);
+        return COLL_ERR_UNSUPPORTED;
+    }
+    if (pthread_mutex_trylock(&n->coll_lock) != 0) {
+        snprintf(why, whylen, "the group's connections are in use");
+        return COLL_ERR_BUSY;
+    }
+    int rc = COLL_ERR_BUSY;
+    if (!g->ready || g->abort_pending || g->awaiting_mark || g->inline_abort)
+        snprintf(why, whylen, "the group is not formed");
+    else if (g->q_head || g->running || g->handoff || g->lent)
+        snprintf(why, whylen, "an op of the group is under way");
+    else if (tcp_acks_export(g->acks, &out->has_prev, &out->run, out->prev, sizeof(out->prev)) < 0)
+        snprintf(why, whylen, "a broadcast root's acks are still owed");
+    else {
+        out->nfds = 0;
+        for (int p = 0; p < g->nodes; p++)
+            if (p != g->me) {
+                out->fds[out->nfds++] = g->fds[p];
+                out->fds[out->nfds++] = g->rfds[p];
+            }
+        rc = COLL_OK;
+        for (int i = 0; i < out->nfds; i++)
+            if (out->fds[i] < 0) rc = COLL_ERR_BUSY;
+        if (rc) {
+            snprintf(why, whylen, "the group's connections are not all up");
+        } else {
+            g->lent = 1;
+            g->lease_id = ++n->lease_next;
+            out->id = g->lease_id;
+            out->seq = g->ops_done;
+            out->nodes = g->nodes;
+            out->me = g->me;
+        }
+    }
+    pthread_mutex_unlock(&n->coll_lock);
+    return rc;
+}
+
+void net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev,
+                uint32_t run, const uint8_t *prev, int code, const char *why)
+{
+    struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
+    if (!g) return;
+    pthread_mutex_lock(&n->coll_lock);
+    if (g->lent && g->lease_id == id) {
+        g->lent = 0;
+        /* the client's word on how far it went: numbers only go forward (a false one
+         * makes the pods disagree on the next op, which ends the epoch there) */
+        if (code == COLL_OK && seq < g->ops_done) {
+            code = COLL_ERR_PROTOCOL;
+            why = "the client gave the connections back with an op number from the past";
+        }
+        if (code == COLL_OK) {
+            g->ops_done = seq;
+            tcp_acks_import(g->acks, has_prev, run, prev);
+        } else {
+            g->inline_abort = code;
+            snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
+        }
+    } else {
+        code = COLL_OK; /* an ended lease: its epoch is gone already */
+    }
+    pthread_mutex_unlock(&n->coll_lock);
+    if (code != COLL_OK) knock_net(n);
 }
 
 static void take_engine_tasks(struct net *n)
@@ -416,6 +507,14 @@ static int run_ready_ops(struct net *n)
                     p2p_post(n, g, t);
                 else
                     net_return_task(n, t, COLL_ERR_PEER_LOST, "the group's epoch ended");
+                continue;
+            }
+            if (g->lent) { /* the client holds the connections: it gives them back first */
+                g->q_head = t->next;
+                if (!g->q_head) g->q_tail = NULL;
+                net_return_task(n, t, COLL_ERR_INVALID,
+                                "the group's connections are lent to its client (direct ops): "
+                                "it gives them back before any other collective");
                 continue;
             }
             /* its pairs first: the op waits in the queue (its deadline runs) while

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "backends/tcp.h"
 #include "config.h"
 
 #define NET_MAX_LOCAL 64
@@ -99,6 +100,32 @@ void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx);
  */
 enum { NET_INLINE_NO = 0, NET_INLINE_DONE, NET_INLINE_HANDED };
 int net_inline(struct net *n, struct net_task *t);
+/*
+ * Direct ops (docs/ARCHITECTURE.md): the collective connections of a formed host group
+ * with one participant on this pod, lent to that participant's client. While lent the
+ * agent runs no collective of the group (one that comes is failed with INVALID; sends
+ * and receives go on, on their own connections); an epoch that ends shuts the sockets
+ * down under the client. Engine thread.
+ */
+#define NET_LEASE_FDS 30 /* 2 (nodes - 1): groups of up to 16 pods */
+struct net_lease {
+    uint64_t id, seq; /* the next op's number in the epoch */
+    int nodes, me, nfds;
+    int fds[NET_LEASE_FDS]; /* the agent's own (it keeps them): for each other pod in node
+                             * order, our bytes to it, then its bytes to us */
+    uint32_t has_prev, run; /* the broadcast-ack state (tcp.h) */
+    uint8_t prev[TCP_ACKS_STATE];
+};
+/* Lend group's connections: 0 (out filled), COLL_ERR_BUSY (not formed, an op under way
+ * or acks owed: ask again later; why says which) or COLL_ERR_UNSUPPORTED (never: several
+ * participants on this pod, a GPU group, more pods than a lease holds). */
+int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t whylen);
+/* Take lease id back with the state the client left (code: COLL_OK, or the failure of
+ * a direct op, which ends the epoch, as why says). A lease that already ended (the
+ * epoch did) is ignored. */
+void net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev,
+                uint32_t run, const uint8_t *prev, int code, const char *why);
+
 /* Engine thread: readable when tasks or events are ready (edge-triggered use). */
 int net_notify_fd(const struct net *n);
 /* Engine thread: take every returned task and event (lists, oldest first). */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <zmq.h>
 
 #include "coll/coll.h"
@@ -68,7 +69,10 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 static void io_end(void *ctx, int code, const char *why, int drain)
 {
     struct ngroup *g = ctx;
-    if (drain && g->ready && (g->q_head || g->running || g->handoff)) {
+    /* lent connections: the client runs the ops; it has a heartbeat interval to finish
+     * what every pod sent before their ends come down (timers() in net.c) */
+    if (drain && g->ready && (g->lent || g->q_head || g->running || g->handoff)) {
+        if (g->lent) g->lent_drain_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
         g->abort_pending = 1;
         g->abort_code = code;
         snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);
@@ -131,10 +135,21 @@ void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, i
 {
     int had = g->rdv.committed;
     g->abort_pending = 0;
+    int lent = g->lent;
+    if (lent) {
+        /* the client runs its ops on these sockets: end our side of them under it now (a
+         * send of its fails at once, and the pods hear the end), but let it read what the
+         * pods sent before they left until the grave closes them (dataconn_bury) */
+        for (int p = 0; p < g->nodes; p++) {
+            if (g->fds[p] >= 0) shutdown(g->fds[p], SHUT_WR);
+            if (g->rfds[p] >= 0) shutdown(g->rfds[p], SHUT_WR);
+        }
+        g->lent = 0;
+    }
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->rdv.epoch,
             coll_strerror((coll_err)code), why);
-    if (code == COLL_ERR_MISMATCH && had)
+    if ((code == COLL_ERR_MISMATCH && had) || lent)
         dataconn_bury(g);
     else
         dataconn_close(g);

@@ -100,10 +100,13 @@ struct ngroup {
     int awaiting_mark;             /* aborted by the net: hold ops until the engine's mark */
     int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
     struct net_task *running; /* the op tcp_run is moving, off the queue */
-    /* tiny ops the engine runs itself (net_inline); coll_lock guards these four */
+    /* tiny ops the engine runs itself (net_inline); coll_lock guards these and the lease */
     struct tcp_tiny *tiny;
     struct net_task *handoff; /* started by the engine, to be finished here */
     int inline_abort;         /* the engine's tiny op failed: end the epoch */
+    int lent;                 /* the collective connections are lent (net_lend) */
+    uint64_t lease_id;
+    int64_t lent_drain_until; /* an epoch ending while lent: its client's ops may finish */
     char inline_why[160];
     int abort_code;
     char abort_why[RDV_MSG_MAX];
@@ -115,7 +118,8 @@ struct ngroup {
     /* data connections */
     struct outgoing og[DATA_CH_COUNT * RDV_MAX_NODES];
     int nog;
-    /* connections of an epoch that ended in a mismatch, closed at grave_until: a pod
+    /* connections of an epoch that ended in a mismatch or while lent, closed at
+     * grave_until: a pod
      * still reading from us then fails through the ABORT (MISMATCH), not on a closed
      * socket (PEER_LOST) */
     int grave[DATA_CH_COUNT * RDV_MAX_NODES];
@@ -188,6 +192,7 @@ struct net {
      * engine while it runs a tiny op: whoever holds it owns the groups' connections */
     pthread_mutex_t coll_lock;
     int64_t inline_ns, inline_n; /* coll_lock */
+    uint64_t lease_next;         /* coll_lock: the last lease's id */
     /* net_engine_nap's; and the net thread's knock, readable while it waits for
      * coll_lock: an op asleep on the engine hands itself over then */
     int engine_fd, knock_efd;

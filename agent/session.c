@@ -89,10 +89,11 @@ static int send_reply(struct session *s, const union wire_msg *m, const int *fds
 {
     struct iovec iov = {.iov_base = (void *)m, .iov_len = m->h.len};
     union {
-        char buf[CMSG_SPACE(3 * sizeof(int))];
+        char buf[CMSG_SPACE(WIRE_LEASE_MAX_FDS * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > WIRE_LEASE_MAX_FDS) return -1;
     if (nfds > 0) {
         memset(&u, 0, sizeof(u));
         mh.msg_control = u.buf;
@@ -164,7 +165,8 @@ static int hello_reply(struct session *s, uint64_t req_id, int memfd)
     m.hello_ok.session_id = s->id;
     m.hello_ok.shm_size = s->shm_size;
     m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
-    m.hello_ok.flags = s->env->gpu ? WIRE_HELLO_F_GPU : 0;
+    m.hello_ok.flags = (s->env->gpu ? WIRE_HELLO_F_GPU : 0u) |
+                       (s->env->cfg->agent.direct_ops ? WIRE_HELLO_F_LEASE : 0u);
     snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
     int rc = send_reply(s, &m, fds, 3);
@@ -306,6 +308,82 @@ static int on_group_state(struct session *s, const struct wire_group_state *q)
     group_state(g, &formed, &m.group_state_ok.epoch, m.group_state_ok.detail,
                 sizeof(m.group_state_ok.detail));
     m.group_state_ok.formed = (uint32_t)formed;
+    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+/* ---- direct ops: lending a group's connections (net.h: net_lend) ------------------- */
+
+void session_lease_void(struct session *s, uint64_t lease_id, int code, const char *why)
+{
+    if (!s->shm) return;
+    s->shm->lease_end.lease_id = lease_id;
+    s->shm->lease_end.code = code;
+    snprintf(s->shm->lease_end.why, sizeof(s->shm->lease_end.why), "%s", why ? why : "");
+    atomic_fetch_add_explicit(&s->shm->lease_void, 1, memory_order_release);
+}
+
+static int on_lease(struct session *s, const struct wire_lease *q)
+{
+    if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
+        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+    struct session_handle *h = &s->handles[q->handle];
+    struct group *g = h->g;
+    if (!s->env->cfg->agent.direct_ops || !g->net || g->gpu || g->nslots != 1)
+        return refuse(s, q->h.req_id, COLL_ERR_UNSUPPORTED,
+                      "group '%s' does not lend its connections (direct ops: a host group "
+                      "across pods with one slot per pod, agent.direct_ops)",
+                      g->cfg->name);
+    if (h->epoch != g->epoch || !g->net_formed || g->lent_to || !group_idle(g))
+        return refuse(s, q->h.req_id, COLL_ERR_BUSY,
+                      "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);
+    struct net_lease l;
+    char why[160] = "";
+    int rc = net_lend(g->net, g->index, &l, why, sizeof(why));
+    if (rc != COLL_OK) return refuse(s, q->h.req_id, rc, "group '%s': %s", g->cfg->name, why);
+    union wire_msg m;
+    wire_init(&m, WIRE_LEASE_OK, q->h.req_id);
+    m.lease_ok.lease_id = l.id;
+    m.lease_ok.seq = l.seq;
+    m.lease_ok.op_ms = (uint32_t)g->cfg->op_timeout_ms;
+    m.lease_ok.nodes = (uint32_t)l.nodes;
+    m.lease_ok.me = (uint32_t)l.me;
+    m.lease_ok.nfds = (uint32_t)l.nfds;
+    m.lease_ok.has_prev = l.has_prev;
+    m.lease_ok.run = l.run;
+    _Static_assert(sizeof(m.lease_ok.prev) == sizeof(l.prev), "the ack state travels whole");
+    memcpy(m.lease_ok.prev, l.prev, sizeof(l.prev));
+    m.lease_ok.lease_void = atomic_load_explicit(&s->shm->lease_void, memory_order_relaxed);
+    if (send_reply(s, &m, l.fds, l.nfds) < 0) {
+        net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, COLL_OK, "");
+        return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
+    }
+    g->lent_to = s;
+    g->lease_id = l.id;
+    g->lease_seq = l.seq;
+    g->leases++;
+    log_msg(LOG_DEBUG, "session.lease", "session=%llu group=%s lease=%llu seq=%llu",
+            (unsigned long long)s->id, g->cfg->name, (unsigned long long)l.id,
+            (unsigned long long)l.seq);
+    return 0;
+}
+
+static int on_lease_back(struct session *s, const struct wire_lease_back *q)
+{
+    if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
+        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+    struct group *g = s->handles[q->handle].g;
+    if (q->code < 0 || q->code > COLL_ERR_INTERNAL)
+        return violation(s, "lease given back with status %d", q->code);
+    if (g->lent_to == s && g->lease_id == q->lease_id) {
+        g->lent_to = NULL;
+        /* what the client says it ran: for /metrics only (the net checks the number) */
+        if (q->seq >= g->lease_seq && q->seq - g->lease_seq < ((uint64_t)1 << 40))
+            g->direct_ops += q->seq - g->lease_seq;
+        net_unlend(g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->code,
+                   q->why[0] ? q->why : "a direct op failed");
+    } /* else the lease ended already (its epoch did): nothing to take back */
+    union wire_msg m;
+    wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
 }
 
@@ -484,6 +562,12 @@ int session_on_message(struct session *s)
         case WIRE_MEM_RELEASE:
             rc = on_mem_release(s, &m.mem_release);
             break;
+        case WIRE_LEASE:
+            rc = on_lease(s, &m.lease);
+            break;
+        case WIRE_LEASE_BACK:
+            rc = on_lease_back(s, &m.lease_back);
+            break;
         default:
             rc = violation(s, "message type %u is not a request", m.h.type);
             break;
@@ -642,6 +726,12 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         op.recv = (char *)rv.b->map + rv.off;
     }
     op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
+    if (g->lent_to == s && q->kind != WIRE_OP_SEND && q->kind != WIRE_OP_RECV) {
+        session_complete(&op, COLL_ERR_INVALID,
+                         "the group's connections are lent to this client (direct ops): give "
+                         "them back before any other collective");
+        return 0;
+    }
     if (s->env->draining) { /* stopping: what is in flight finishes, nothing new starts */
         session_complete(&op, COLL_ERR_SHUTDOWN, "the agent is stopping");
         return 0;

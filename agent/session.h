@@ -99,6 +99,9 @@ int session_job_done(struct session_env *env, struct session *s, struct gpu_job 
 int session_gpu_buffers(const struct session *s);
 /* Post the completion of op (group callback). */
 void session_complete(struct op *op, int status, const char *why);
+/* Lease lease_id of this session's ended on the agent's side with code (why): say so
+ * in its region. */
+void session_lease_void(struct session *s, uint64_t lease_id, int code, const char *why);
 /* Tell the client why it is being dropped (best effort, never blocks). */
 void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
 

@@ -26,6 +26,16 @@
 #define MAXA 32
 
 /* Start agent `index` of a group g of `members` pods with `slots` local slots. */
+/* The agent's own path for a test's ranks (children inherit it): clients that run no
+ * direct ops, as older libcoll and groups of several slots per pod. */
+static void agent_path(int on)
+{
+    if (on)
+        setenv("COLL_DIRECT", "0", 1);
+    else
+        unsetenv("COLL_DIRECT");
+}
+
 static int start_member(struct agent *a, int port, int index, int members, int slots,
                         const char *extra)
 {
@@ -308,7 +318,9 @@ static void two_pods_mid_sizes_bitwise(void **state)
 static void four_and_eight_pods_double_bitwise(void **state)
 {
     (void)state;
-    for (int n = 4; n <= 8; n += 4) {
+    for (int k = 0; k < 4; k++) { /* 4 and 8 pods, through the agents and direct */
+        int n = k & 1 ? 8 : 4, direct = k >= 2;
+        agent_path(!direct);
         struct agent a[8];
         int port;
         start_all(a, n, 1, &port);
@@ -320,9 +332,11 @@ static void four_and_eight_pods_double_bitwise(void **state)
         for (int i = 0; i < n; i++)
             jobs[i] = (struct bitwise){a[i].sock, n == 4 && i >= 2 ? 300 : 0, counts, 3};
         run_ranks(bitwise_rank_main, jobs, sizeof(jobs[0]), n, 60000);
+        agent_path(0);
         stop_all(a, n);
-        if (n == 4) { /* the first op was handed over, or queued if the net thread was
-                       * busy at that instant: not every op ran on the engine */
+        if (n == 4 && !direct) { /* the first op was handed over, or queued if the net
+                                  * thread was busy at that instant: not every op ran on
+                                  * the engine */
             assert_int_equal(agent_log_count(&a[0], "group.stats"), 1);
             assert_int_equal(agent_log_count(&a[0], "handed_over=0 queued=0"), 0);
         }
@@ -579,7 +593,9 @@ static void slow_peer_hands_a_small_op_to_the_net_thread(void **state)
     for (int i = 0; i < 2; i++) /* ready, so that the op is not simply queued */
         assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
     struct one fast_slow[2] = {{.sock = a[0].sock}, {.sock = a[1].sock, .delay_ms = 300}};
+    agent_path(1); /* the agent's engine and net thread are what is under test */
     run_ranks(allreduce_once, fast_slow, sizeof(fast_slow[0]), 2, 30000);
+    agent_path(0);
     stop_all(a, 2);
     /* handed over, unless the net thread was busy at that instant and it was queued:
      * the op is right either way (checked above); the hand-over is the usual path */
@@ -683,7 +699,9 @@ static void slow_peer_hands_over_every_small_kind(void **state)
     for (int i = 0; i < 2; i++)
         assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
     struct one fast_slow[2] = {{.sock = a[0].sock}, {.sock = a[1].sock, .delay_ms = 200}};
+    agent_path(1);
     run_ranks(late_kinds_main, fast_slow, sizeof(fast_slow[0]), 2, 30000);
+    agent_path(0);
     stop_all(a, 2);
     /* six ops, each handed over, or queued when the net thread was busy at that instant
      * (it spins a while after each op); they cannot all have run whole on the engine */
@@ -741,6 +759,271 @@ static void killed_agent_fails_survivors_then_group_reforms(void **state)
     struct one ok[3] = {{.sock = a[0].sock}, {.sock = a[1].sock}, {.sock = a[2].sock}};
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 3, 30000);
     stop_all(a, 3);
+}
+
+/* ---- direct ops (docs/ARCHITECTURE.md, "Direct ops") --------------------------------- */
+
+struct mix {
+    const char *sock;
+    int agent_path; /* this rank's client runs no direct ops (COLL_DIRECT=0) */
+    int rounds;
+};
+
+#define MIX_BIG ((size_t)1 << 18) /* int32s: 1 MiB, past what runs direct */
+
+static int mix_fail(int rank, const char *what, coll_err e)
+{
+    fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, what, coll_strerror(e), coll_last_error());
+    return 150;
+}
+
+static coll_err mix_wait(coll_conn *c, coll_err e, coll_request r)
+{
+    return e == COLL_OK ? coll_wait(c, r, 10000) : e;
+}
+
+/* Every kind of tiny op, a run of broadcasts from changing roots, a send and receive
+ * while the connections are lent, and an allreduce too large to run direct (the
+ * connections go back to the agent and come out again), each result checked exactly.
+ * Pods may mix clients that run direct ops with clients that go through their agents:
+ * the bytes on the wire are the same. */
+static int direct_mix_main(void *arg)
+{
+    const struct mix *o = arg;
+    if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, MIX_BIG * 4 * 2, &c, &g, &info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(g, 10000) != COLL_OK) return 151;
+    int n = info.size, me = info.rank;
+    int32_t *in = mem, *out = in + MIX_BIG;
+    coll_request r;
+    coll_err e;
+    for (int round = 0; round < o->rounds; round++) {
+        static const size_t counts[] = {1, 100, 4096, 16384}; /* 16384: 64 KiB, the limit */
+        for (size_t k = 0; k < 4; k++) {
+            size_t cnt = counts[k];
+            for (size_t i = 0; i < cnt; i++)
+                in[i] = me * 1000 + (int32_t)i + round;
+            e = mix_wait(c, coll_allreduce(g, in, out, cnt, COLL_INT32, COLL_SUM, NULL, &r), r);
+            if (e) return mix_fail(me, "allreduce", e);
+            for (size_t i = 0; i < cnt; i++)
+                if (out[i] != 1000 * n * (n - 1) / 2 + n * ((int32_t)i + round)) return 152;
+        }
+        for (int i = 0; i < 64; i++)
+            in[i] = me * 100 + i + round;
+        e = mix_wait(c, coll_allgather(g, in, out, 64, COLL_INT32, NULL, &r), r);
+        if (e) return mix_fail(me, "allgather", e);
+        for (int p = 0; p < n; p++)
+            for (int i = 0; i < 64; i++)
+                if (out[p * 64 + i] != p * 100 + i + round) return 153;
+        for (int j = 0; j < 64 * n; j++)
+            in[j] = me + j;
+        e = mix_wait(c, coll_reduce_scatter(g, in, out, 64, COLL_INT32, COLL_SUM, NULL, &r), r);
+        if (e) return mix_fail(me, "reduce_scatter", e);
+        for (int i = 0; i < 64; i++)
+            if (out[i] != n * (n - 1) / 2 + n * (me * 64 + i)) return 154;
+        for (int k = 0; k < 10; k++) { /* a run of the same broadcast, then its root moves */
+            int root = (round + k / 5) % n;
+            for (int i = 0; me == root && i < 256; i++)
+                in[i] = root * 10000 + k * 100 + i;
+            e = mix_wait(c, coll_broadcast(g, in, out, 256, COLL_INT32, root, NULL, &r), r);
+            if (e) return mix_fail(me, "broadcast", e);
+            for (int i = 0; i < 256; i++)
+                if (out[i] != root * 10000 + k * 100 + i) return 155;
+        }
+        for (int i = 0; i < 32; i++)
+            in[i] = me + i;
+        e = mix_wait(c, coll_reduce(g, in, out, 32, COLL_INT32, COLL_SUM, 1, NULL, &r), r);
+        if (e) return mix_fail(me, "reduce", e);
+        for (int i = 0; me == 1 && i < 32; i++)
+            if (out[i] != n * (n - 1) / 2 + n * i) return 156;
+        for (int j = 0; j < 8 * n; j++)
+            in[j] = me * 1000 + j;
+        e = mix_wait(c, coll_alltoall(g, in, out, 8, COLL_INT32, NULL, &r), r);
+        if (e) return mix_fail(me, "alltoall", e);
+        for (int p = 0; p < n; p++)
+            for (int i = 0; i < 8; i++)
+                if (out[p * 8 + i] != p * 1000 + me * 8 + i) return 157;
+        if (me < 2) { /* its own connection: runs beside the lent ones */
+            for (int i = 0; i < 16; i++)
+                in[i] = 7 * i + round;
+            e = me == 0 ? coll_send(g, in, 16, COLL_INT32, 1, NULL, &r)
+                        : coll_recv(g, out, 16, COLL_INT32, 0, NULL, &r);
+            e = mix_wait(c, e, r);
+            if (e) return mix_fail(me, "send/recv", e);
+            for (int i = 0; me == 1 && i < 16; i++)
+                if (out[i] != 7 * i + round) return 158;
+        }
+        e = mix_wait(c, coll_barrier(g, NULL, &r), r);
+        if (e) return mix_fail(me, "barrier", e);
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = (int32_t)(i & 1023) + me;
+        e = mix_wait(c, coll_allreduce(g, in, out, MIX_BIG, COLL_INT32, COLL_SUM, NULL, &r), r);
+        if (e) return mix_fail(me, "large allreduce", e);
+        for (size_t i = 0; i < MIX_BIG; i += 4099)
+            if (out[i] != n * (int32_t)(i & 1023) + n * (n - 1) / 2) return 159;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Tiny ops run in the applications that may (direct=N on their agents' group.stats:
+ * the ops came back counted), through the agent for the others, bit for bit the same
+ * results in every mix; the agent runs only what is not tiny for a direct client. */
+static void direct_ops_match_the_agent_path_in_every_mix(void **state)
+{
+    (void)state;
+    const struct {
+        int pods;
+        unsigned agent_mask; /* ranks whose clients go through their agents */
+    } cases[] = {{2, 0}, {2, 2}, {3, 0}, {4, 0}, {4, 0xa}};
+    enum { ROUNDS = 3, TINY = 4 + 1 + 1 + 10 + 1 + 1 + 1 }; /* per round */
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int n = cases[k].pods;
+        struct agent a[4];
+        int port;
+        start_all(a, n, 1, &port);
+        struct mix jobs[4];
+        for (int i = 0; i < n; i++)
+            jobs[i] = (struct mix){a[i].sock, (int)(cases[k].agent_mask >> i) & 1, ROUNDS};
+        fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, cases[k].agent_mask);
+        run_ranks(direct_mix_main, jobs, sizeof(jobs[0]), n, 120000);
+        stop_all(a, n);
+        for (int i = 0; i < n; i++) {
+            long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
+            long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
+            fprintf(stderr, "  pod %d: direct=%ld inline=%ld handed_over=%ld queued=%ld\n", i,
+                    direct, inl, handed, queued);
+            /* every op ran once, here or there: the tiny ones, the large allreduce,
+             * and on ranks 0 and 1 a send or a receive, each round */
+            assert_int_equal(direct + inl + handed + queued, ROUNDS * (TINY + 1 + (i < 2)));
+            if (jobs[i].agent_path)
+                assert_int_equal(direct, 0);
+            else /* a tiny op that finds the agent still busy with its last goes there */
+                assert_true(direct >= ROUNDS * TINY / 2);
+        }
+    }
+}
+
+struct lost {
+    const char *sock;
+    const char *ready; /* touched once this rank has run direct ops for a while */
+    int survivor;      /* 1: runs until an op fails, then re-forms; 0: runs until killed */
+};
+
+/* After the re-form: more tiny ops, which take the new epoch's connections. */
+static int more_allreduces(coll_conn *c, coll_group *g, float *x, int rank)
+{
+    for (int k = 0; k < 200; k++) {
+        for (int i = 0; i < 16; i++)
+            x[i] = (float)(rank + 1);
+        coll_request r;
+        coll_err e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        if (e == COLL_OK) e = coll_wait(c, r, 15000);
+        if (e != COLL_OK || x[64] != 3.0f) return 166;
+    }
+    return 0;
+}
+
+/* Tiny allreduces until one fails: it must fail, retryably and well inside the op
+ * timeout (20 s), never hang; then the group re-forms with the pod's replacement. */
+static int direct_lost_main(void *arg)
+{
+    const struct lost *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(g, 10000) != COLL_OK) return 160;
+    float *x = mem;
+    coll_err e = COLL_OK;
+    double last = now_ms();
+    for (long k = 0; e == COLL_OK; k++) {
+        for (int i = 0; i < 16; i++)
+            x[i] = (float)(info.rank + 1);
+        coll_request r;
+        e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+        last = now_ms();
+        if (e == COLL_OK) e = coll_wait(c, r, 15000);
+        if (e == COLL_OK && x[64] != 3.0f) return 161;
+        if (k == 2000) {
+            FILE *f = fopen(o->ready, "w");
+            if (f) fclose(f);
+        }
+    }
+    double ms = now_ms() - last;
+    fprintf(stderr, "rank %d: %s after %.0f ms (%s)\n", info.rank, coll_strerror(e), ms,
+            coll_last_error());
+    if (!o->survivor) return 162;
+    if (!coll_err_retryable(e) || ms > 5000) return 163;
+    e = allreduce_after_reform(c, &g, x, 16, info.rank);
+    if (e != COLL_OK || x[64] != 3.0f) {
+        fprintf(stderr, "rank %d: after the re-form: %s\n", info.rank, coll_strerror(e));
+        return 164;
+    }
+    if (more_allreduces(c, g, x, info.rank)) return 166;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static int reform_main(void *arg)
+{
+    const struct lost *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    coll_err e = allreduce_after_reform(c, &g, mem, 16, info.rank);
+    if (e != COLL_OK || ((float *)mem)[64] != 3.0f) return 165;
+    if (more_allreduces(c, g, mem, info.rank)) return 166;
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Two pods run direct ops; then pod 1's application is killed (what it held ends with
+ * it), or pod 1's agent (its sockets close under both). Pod 0's op in flight fails at
+ * once with a retryable error, its agent ends the epoch, and with a new application
+ * (and agent) on pod 1 the group re-forms and runs. */
+static void a_direct_op_ends_retryably_when_a_pod_dies(void **state)
+{
+    (void)state;
+    for (int kill_agent = 0; kill_agent < 2; kill_agent++) {
+        struct agent a[2];
+        int port;
+        start_all(a, 2, 1, &port);
+        char ready[128];
+        tmp_path(ready, sizeof(ready), "ready", 0);
+        struct lost l0 = {a[0].sock, ready, 1}, l1 = {a[1].sock, ready, 0};
+        pid_t p0 = child_run(direct_lost_main, &l0), p1 = child_run(direct_lost_main, &l1);
+        double until = now_ms() + 20000;
+        while (access(ready, F_OK) != 0 && now_ms() < until)
+            usleep(10000);
+        assert_int_equal(access(ready, F_OK), 0);
+        unlink(ready);
+        fprintf(stderr, "case: kill pod 1's %s\n", kill_agent ? "agent" : "application");
+        if (kill_agent) {
+            kill(a[1].pid, SIGKILL);
+            child_wait(a[1].pid, 5000);
+            a[1].pid = 0;
+        }
+        kill(p1, SIGKILL);
+        child_wait(p1, 5000);
+        if (kill_agent) assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+        struct lost again = {a[1].sock, ready, 0};
+        pid_t p2 = child_run(reform_main, &again);
+        assert_int_equal(child_wait(p0, 30000), 0);
+        assert_int_equal(child_wait(p2, 30000), 0);
+        stop_all(a, 2);
+        assert_true(group_stat(&a[0], "leases=") >= 2); /* before and after */
+    }
 }
 
 static void mismatched_configs_are_rejected(void **state)
@@ -955,7 +1238,16 @@ static int run_turns_main(void *arg)
     if (rc) return rc;
     float *x = mem, *y = x + o->count + 64;
     int failed_at = -1;
-    coll_err e = COLL_OK;
+    /* start the run together: a pod still starting when the others have run ahead and
+     * turned away finds the epoch ended (EPOCH) before its ops are even submitted */
+    coll_request r0;
+    coll_err e = coll_group_wait(g, 10000);
+    if (e == COLL_OK) e = coll_barrier(g, NULL, &r0);
+    if (e == COLL_OK) e = coll_wait(c, r0, 30000);
+    if (e != COLL_OK) {
+        fprintf(stderr, "rank %d: barrier before the run: %s\n", info.rank, coll_strerror(e));
+        return 117;
+    }
     for (int k = 0; k < RUN_OPS && failed_at < 0; k++) {
         for (size_t i = 0; info.rank == 0 && i < o->count; i++)
             x[i] = (float)(k + 1);
@@ -1019,7 +1311,8 @@ static int run_turns_main(void *arg)
     e = coll_barrier(g, NULL, &r);
     if (e == COLL_OK) e = coll_wait(c, r, 30000);
     if (e != COLL_OK) {
-        fprintf(stderr, "rank %d: barrier after the run: %s\n", info.rank, coll_strerror(e));
+        fprintf(stderr, "rank %d: barrier after the run: %s (%s)\n", info.rank, coll_strerror(e),
+                coll_last_error());
         return 116;
     }
     coll_disconnect(&c);
@@ -1764,7 +2057,9 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_true(file_has(file, "[-] group g: not formed: waiting for node indexes 1"));
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
     struct one ok[2] = {{.sock = a[0].sock, .times = 5}, {.sock = a[1].sock, .times = 5}};
+    agent_path(1); /* the agent's own op counts and latencies (direct ops have neither) */
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    agent_path(0);
     usleep(1200 * 1000);
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
     assert_int_equal(http_get(url, file), 200);
@@ -1823,6 +2118,8 @@ int main(void)
         cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
+        cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
+        cmocka_unit_test(a_direct_op_ends_retryably_when_a_pod_dies),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),

@@ -23,6 +23,7 @@
 
 #include "coll/coll.h"
 #include "harness.h"
+#include "ring.h"
 #include "wire.h"
 
 static const char *const GROUPS = "groups:\n"
@@ -1002,6 +1003,217 @@ static void a_client_s_false_cpu_never_makes_the_agent_spin_against_others(void 
     assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
 }
 
+/* ---- a client that holds its group's connections (direct ops) ---------------------- */
+
+static int start_duo(struct agent *a, int port, int index)
+{
+    char body[768];
+    snprintf(body, sizeof(body),
+             "node:\n  index: %d\n  name: pod-%d\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: duo\n    backend: host\n    members: 2\n"
+             "    timeouts: {op_ms: 5000, heartbeat_ms: 250, join_ms: 5000}\n"
+             "  - name: solo\n    backend: host\n",
+             index, index, port);
+    return agent_start(a, NULL, body);
+}
+
+static void raw_request(struct raw *r, union wire_msg *m, union wire_msg *reply, int *fds,
+                        int *nfds)
+{
+    raw_send(r->fd, m, m->h.len, -1);
+    assert_int_equal(raw_recv(r->fd, reply, fds, nfds, 5000), 0);
+}
+
+static uint32_t raw_open(struct raw *r, const char *name, uint32_t *epoch)
+{
+    union wire_msg m, q;
+    wire_init(&m, WIRE_GROUP_OPEN, 3);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "%s", name);
+    m.group_open.slot = -1;
+    raw_request(r, &m, &q, NULL, NULL);
+    assert_int_equal(q.h.type, WIRE_GROUP_OPEN_OK);
+    *epoch = q.group_open_ok.epoch;
+    return q.group_open_ok.handle;
+}
+
+/* Ask for handle's connections until the agent lends them (the group forms first). */
+static void raw_lease(struct raw *r, uint32_t handle, union wire_msg *ok, int *fds)
+{
+    double until = now_ms() + 10000;
+    for (;;) {
+        union wire_msg m;
+        wire_init(&m, WIRE_LEASE, 4);
+        m.lease.handle = handle;
+        int nfds = 0;
+        raw_request(r, &m, ok, fds, &nfds);
+        if (ok->h.type == WIRE_LEASE_OK) {
+            assert_int_equal(nfds, 2);
+            return;
+        }
+        assert_int_equal(ok->h.type, WIRE_ERROR);
+        assert_int_equal(ok->error.code, COLL_ERR_BUSY); /* not formed yet */
+        assert_true(now_ms() < until);
+        usleep(20000);
+    }
+}
+
+/* A tiny allreduce on the honest pod: its result, or the error it ends with. */
+static coll_err honest_allreduce(coll_conn *c, coll_group *g, int32_t *p, double *ms)
+{
+    for (int i = 0; i < 16; i++)
+        p[i] = i;
+    coll_request r;
+    double t0 = now_ms();
+    coll_err e = coll_allreduce(g, p, p + 16, 16, COLL_INT32, COLL_SUM, NULL, &r);
+    if (e == COLL_OK) e = coll_wait(c, r, 10000);
+    if (ms) *ms = now_ms() - t0;
+    return e;
+}
+
+/* Found nowhere yet, tried on purpose: a client that holds the connections of its pod
+ * (direct ops) writes garbage on them, asks twice, asks for a group it did not open,
+ * submits through the ring meanwhile, and gives them back with a status no error has.
+ * It can end its own group's epoch and nothing more: the other pod's op fails at once
+ * and retryably, the lease's end reaches the offender's region, both agents serve the
+ * bystander group and re-form the pair with an honest client. */
+static void a_client_holding_the_connections_hurts_only_its_group(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    assert_int_equal(start_duo(&a[0], port, 0), 0);
+    assert_int_equal(start_duo(&a[1], port, 1), 0);
+    /* the honest client on pod 1, and a bystander on pod 0 */
+    coll_conn *hc, *bc;
+    coll_group *hg, *bg;
+    coll_buffer *hb, *bb;
+    assert_int_equal(coll_connect(&hc, a[1].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&hb, hc, 4096, COLL_DEVICE_HOST), COLL_OK);
+    assert_int_equal(coll_connect(&bc, a[0].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&bg, bc, "solo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&bb, bc, 4096, COLL_DEVICE_HOST), COLL_OK);
+    struct raw r;
+    raw_hello(&r, a[0].sock);
+    uint32_t epoch;
+    uint32_t h = raw_open(&r, "duo", &epoch);
+    union wire_msg m, q;
+    int fds[4], nfds = 0;
+    /* a group it did not open: refused, the session stays */
+    wire_init(&m, WIRE_LEASE, 5);
+    m.lease.handle = 63;
+    raw_request(&r, &m, &q, fds, &nfds);
+    assert_int_equal(q.h.type, WIRE_ERROR);
+    assert_int_equal(q.error.code, COLL_ERR_INVALID);
+    assert_int_equal(nfds, 0);
+    raw_lease(&r, h, &q, fds);
+    assert_int_equal(q.lease_ok.nodes, 2);
+    assert_int_equal(q.lease_ok.me, 0);
+    uint64_t lease = q.lease_ok.lease_id;
+    uint32_t void0 = atomic_load(&r.shm->lease_void);
+    /* twice: busy, nothing more lent */
+    wire_init(&m, WIRE_LEASE, 6);
+    m.lease.handle = h;
+    raw_request(&r, &m, &q, NULL, &nfds);
+    assert_int_equal(q.h.type, WIRE_ERROR);
+    assert_int_equal(q.error.code, COLL_ERR_BUSY);
+    /* a collective through the ring meanwhile: failed, not run on the lent sockets */
+    struct wire_sqe sq = {.tag = 77, .group = h, .epoch = epoch, .kind = WIRE_OP_BARRIER};
+    raw_submit(&r, &sq, 1);
+    double until = now_ms() + 5000;
+    while (!ring_ready(&r.shm->cq[0].seq, 0) && now_ms() < until)
+        usleep(1000);
+    assert_true(ring_ready(&r.shm->cq[0].seq, 0));
+    assert_int_equal(r.shm->cq[0].tag, 77);
+    assert_int_equal(r.shm->cq[0].status, COLL_ERR_INVALID);
+    assert_non_null(strstr(r.shm->why[76], "lent"));
+    /* garbage on both connections: the honest pod's op fails at once, retryably */
+    char junk[4096];
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (char)(i * 131 + 7);
+    assert_int_equal(send(fds[0], junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
+    (void)!send(fds[1], junk, sizeof(junk), MSG_NOSIGNAL);
+    double ms;
+    coll_err e = honest_allreduce(hc, hg, coll_mem_ptr(hb), &ms);
+    fprintf(stderr, "honest pod: %s after %.0f ms (%s)\n", coll_strerror(e), ms, coll_last_error());
+    assert_true(e != COLL_OK && coll_err_retryable(e));
+    assert_true(ms < 3000);
+    /* the end reaches the offender: its region says so, its sockets end */
+    until = now_ms() + 5000;
+    while (atomic_load(&r.shm->lease_void) == void0 && now_ms() < until)
+        usleep(1000);
+    assert_int_not_equal(atomic_load(&r.shm->lease_void), void0);
+    assert_int_equal(r.shm->lease_end.lease_id, lease);
+    assert_true(coll_err_retryable((coll_err)r.shm->lease_end.code));
+    char sink[8192];
+    ssize_t got = -1;
+    until = now_ms() + 5000; /* what is left to read, then the end (a heartbeat later) */
+    while (now_ms() < until) {
+        struct pollfd pf = {.fd = fds[1], .events = POLLIN};
+        poll(&pf, 1, 100);
+        got = recv(fds[1], sink, sizeof(sink), MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) break;
+    }
+    assert_true(got == 0 || (got < 0 && errno != EAGAIN));
+    close(fds[0]);
+    close(fds[1]);
+    /* giving back a lease that ended: answered, nothing else */
+    wire_init(&m, WIRE_LEASE_BACK, 9);
+    m.lease_back.handle = h;
+    m.lease_back.lease_id = lease;
+    raw_request(&r, &m, &q, NULL, NULL);
+    assert_int_equal(q.h.type, WIRE_LEASE_BACK_OK);
+    /* a status no error has: a protocol violation, the offender is dropped */
+    wire_init(&m, WIRE_LEASE_BACK, 10);
+    m.lease_back.handle = h;
+    m.lease_back.code = 1000;
+    raw_send(r.fd, &m, m.h.len, -1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "status");
+    munmap(r.shm, sizeof(struct wire_shm));
+    close(r.efd);
+    /* both agents serve: the bystander, and the pair with an honest client on pod 0 */
+    int32_t *bp = coll_mem_ptr(bb);
+    assert_int_equal(honest_allreduce(bc, bg, bp, NULL), COLL_OK);
+    assert_int_equal(bp[16 + 5], 5);
+    coll_conn *c0;
+    coll_group *g0;
+    coll_buffer *b0;
+    assert_int_equal(coll_connect(&c0, a[0].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b0, c0, 4096, COLL_DEVICE_HOST), COLL_OK);
+    coll_group_close(&hg);
+    assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+    pid_t p = fork();
+    if (p == 0) {
+        coll_err pe = COLL_ERR_TIMEOUT;
+        for (int k = 0; k < 50 && pe != COLL_OK; k++) {
+            pe = honest_allreduce(c0, g0, coll_mem_ptr(b0), NULL);
+            if (pe == COLL_ERR_EPOCH) {
+                coll_group_close(&g0);
+                coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY);
+            }
+        }
+        _exit(pe == COLL_OK && ((int32_t *)coll_mem_ptr(b0))[16 + 3] == 6 ? 0 : 1);
+    }
+    coll_err he = COLL_ERR_TIMEOUT;
+    for (int k = 0; k < 50 && he != COLL_OK; k++) {
+        he = honest_allreduce(hc, hg, coll_mem_ptr(hb), NULL);
+        if (he == COLL_ERR_EPOCH) {
+            coll_group_close(&hg);
+            assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+        }
+    }
+    assert_int_equal(he, COLL_OK);
+    assert_int_equal(((int32_t *)coll_mem_ptr(hb))[16 + 3], 6);
+    assert_int_equal(child_wait(p, 20000), 0);
+    coll_disconnect(&c0);
+    coll_disconnect(&hc);
+    coll_disconnect(&bc);
+    assert_int_equal(agent_stop(&a[0]), 0);
+    assert_int_equal(agent_stop(&a[1]), 0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1034,6 +1246,7 @@ int main(void)
         T(agent_death_is_noticed),
         T(sigterm_fails_ops_with_shutdown),
         cmocka_unit_test(a_client_s_false_cpu_never_makes_the_agent_spin_against_others),
+        cmocka_unit_test(a_client_holding_the_connections_hurts_only_its_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,10 @@ static void every_type_round_trips(void **state)
     for (unsigned t = WIRE_HELLO; t < WIRE_TYPE_END; t++) {
         union wire_msg m, out;
         wire_init(&m, (enum wire_type)t, 42);
+        if (t == WIRE_LEASE_OK) { /* a lease of no pods is refused (below) */
+            m.lease_ok.nodes = 2;
+            m.lease_ok.nfds = 2;
+        }
         assert_int_equal(m.h.len, wire_size(t));
         char err[160];
         assert_int_equal(decode(&m, m.h.len, &out, err), 0);
@@ -91,6 +95,39 @@ static void unterminated_strings_are_refused(void **state)
     char err[160];
     wire_init(&m, WIRE_GROUP_OPEN, 1);
     memset(m.group_open.name, 'a', sizeof(m.group_open.name));
+    assert_int_equal(decode(&m, m.h.len, &out, err), -1);
+    assert_non_null(strstr(err, "NUL-terminated"));
+}
+
+/* A lease's shape is checked before libcoll uses it: 2..16 pods, this one among them,
+ * two connections per other pod; the reason a lease comes back with is a string. */
+static void lease_shapes_are_checked(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    const struct {
+        uint32_t nodes, me, nfds;
+        int ok;
+    } cases[] = {{2, 0, 2, 1},   {2, 1, 2, 1},          {16, 15, 30, 1}, {1, 0, 0, 0},
+                 {0, 0, 0, 0},   {2, 2, 2, 0},          {2, 0, 3, 0},    {2, 0, 1, 0},
+                 {17, 0, 32, 0}, {0x80000001u, 0, 0, 0}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        wire_init(&m, WIRE_LEASE_OK, 1);
+        m.lease_ok.nodes = cases[k].nodes;
+        m.lease_ok.me = cases[k].me;
+        m.lease_ok.nfds = cases[k].nfds;
+        int rc = decode(&m, m.h.len, &out, err);
+        if (cases[k].ok) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(out.lease_ok.nodes, cases[k].nodes);
+        } else {
+            assert_int_equal(rc, -1);
+            assert_non_null(strstr(err, "lease of"));
+        }
+    }
+    wire_init(&m, WIRE_LEASE_BACK, 1);
+    memset(m.lease_back.why, 'x', sizeof(m.lease_back.why));
     assert_int_equal(decode(&m, m.h.len, &out, err), -1);
     assert_non_null(strstr(err, "NUL-terminated"));
 }
@@ -450,6 +487,7 @@ int main(void)
         cmocka_unit_test(bad_magic_type_and_length_are_refused),
         cmocka_unit_test(other_versions_are_named),
         cmocka_unit_test(unterminated_strings_are_refused),
+        cmocka_unit_test(lease_shapes_are_checked),
         cmocka_unit_test(sqe_fields_are_range_checked),
         cmocka_unit_test(extents_follow_the_op_and_catch_overflow),
         cmocka_unit_test(fuzzed_bytes_never_crash),

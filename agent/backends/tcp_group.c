@@ -68,11 +68,13 @@ static void tcp_fini(struct group *g)
     struct tcp_group *x = g->be_ctx;
     if (!x) return;
     log_msg(LOG_INFO, "group.stats",
-            "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu",
+            "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu "
+            "direct=%llu leases=%llu",
             g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
             (unsigned long long)x->inline_count[NET_INLINE_DONE],
             (unsigned long long)x->inline_count[NET_INLINE_HANDED],
-            (unsigned long long)x->inline_count[NET_INLINE_NO]);
+            (unsigned long long)x->inline_count[NET_INLINE_NO], (unsigned long long)g->direct_ops,
+            (unsigned long long)g->leases);
     free(x->pool_ops);
     free(x->pool);
     free(x);

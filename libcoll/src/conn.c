@@ -74,7 +74,8 @@ static int send_msg(int fd, const union wire_msg *m, int pass_fd)
 
 /* Receive one message and up to 3 fds before the deadline. Returns bytes, 0 on
  * orderly close, -1 on error (errno ETIMEDOUT at the deadline). */
-static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int *nfds, int64_t deadline)
+static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int maxfds, int *nfds,
+                        int64_t deadline)
 {
     *nfds = 0;
     for (;;) {
@@ -89,7 +90,7 @@ static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int *nfds, int6
         if (r < 0) return -1;
         if (r == 0) continue;
         union {
-            char b[CMSG_SPACE(3 * sizeof(int))];
+            char b[CMSG_SPACE(WIRE_LEASE_MAX_FDS * sizeof(int))];
             struct cmsghdr align;
         } u;
         struct iovec iov = {.iov_base = buf, .iov_len = cap};
@@ -98,7 +99,7 @@ static ssize_t recv_msg(int fd, void *buf, size_t cap, int *fds, int *nfds, int6
         ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (n < 0) return -1;
-        *nfds = wire_take_fds(&mh, fds, 3);
+        *nfds = wire_take_fds(&mh, fds, maxfds); /* any beyond are closed */
         if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
             errno = EMSGSIZE;
             return -1;
@@ -131,7 +132,7 @@ void lc_mark_lost(coll_conn *c, coll_err why, const char *msg)
     release_streams(c);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
         struct req *r = &c->reqs[i];
-        if (r->state == REQ_PENDING) {
+        if (r->state == REQ_PENDING && !r->direct) { /* direct ops end on their sockets */
             r->state = REQ_DONE;
             r->status = why;
             r->agent_failed = 0;
@@ -146,15 +147,18 @@ void lc_mark_lost(coll_conn *c, coll_err why, const char *msg)
 /*
  * One request/reply exchange with the agent; caller holds c->lock. reply_type is the
  * expected success type; an ERROR reply returns its code with its text as detail.
+ * fds: room for *nfds descriptors (NULL: none expected), and on return how many came.
  */
 coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_type,
                 union wire_msg *reply, int *fds, int *nfds)
 {
-    int dummy_fds[3], dummy_n;
+    int dummy_fds[1], dummy_n;
     if (!fds) {
         fds = dummy_fds;
         nfds = &dummy_n;
+        dummy_n = 0;
     }
+    int maxfds = *nfds;
     *nfds = 0;
     if (c->lost) return lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
     m->h.req_id = ++c->rpc_id;
@@ -174,7 +178,7 @@ coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_typ
     }
     char buf[WIRE_MAX_MSG];
     int64_t deadline = now_ns() + (int64_t)c->timeout_ms * 1000000;
-    ssize_t n = recv_msg(c->fd, buf, sizeof(buf), fds, nfds, deadline);
+    ssize_t n = recv_msg(c->fd, buf, sizeof(buf), fds, maxfds, nfds, deadline);
     if (n <= 0) {
         int e = errno;
         lc_mark_lost(c, COLL_ERR_AGENT_LOST, n == 0 ? "agent closed the connection" : strerror(e));
@@ -283,7 +287,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     m.hello.pid = (uint32_t)getpid();
     snprintf(m.hello.client, sizeof(m.hello.client), "%s",
              getenv("COLL_CLIENT_NAME") ? getenv("COLL_CLIENT_NAME") : "libcoll");
-    int fds[3], nfds = 0;
+    int fds[3], nfds = 3;
     rc = lc_rpc(c, &m, -1, WIRE_HELLO_OK, &reply, fds, &nfds);
     if (rc != COLL_OK) goto fail_conn;
     if (nfds != 3) {
@@ -294,9 +298,12 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->efd_agent = fds[1];
     c->efd_client = fds[2];
     c->agent_gpu = (reply.hello_ok.flags & WIRE_HELLO_F_GPU) != 0;
+    c->agent_lease = (reply.hello_ok.flags & WIRE_HELLO_F_LEASE) != 0 &&
+                     reply.hello_ok.shm_size >= sizeof(struct wire_shm) &&
+                     lc_env_int("COLL_DIRECT", 1);
     struct stat st;
     if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < reply.hello_ok.shm_size ||
-        reply.hello_ok.shm_size < sizeof(struct wire_shm) ||
+        reply.hello_ok.shm_size < WIRE_SHM_MIN ||
         reply.hello_ok.ring_entries != WIRE_RING_ENTRIES) {
         close(fds[0]);
         rc = lc_fail(COLL_ERR_PROTOCOL, "handshake: shared region of the wrong size or shape");
@@ -357,6 +364,7 @@ void coll_disconnect(coll_conn **conn)
     while (c->groups) {
         coll_group *g = c->groups;
         c->groups = g->next;
+        lc_direct_fini(g, 0); /* the session's end ends the epoch of a lent group */
         free(g);
     }
     pthread_mutex_destroy(&c->lock);
@@ -408,7 +416,8 @@ coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int s
         return rc;
     }
     const struct wire_group_open_ok *o = &r.group_open_ok;
-    if (o->size == 0 || o->rank >= o->size || o->local_slot >= o->local_slots) {
+    if (o->size == 0 || o->rank >= o->size || o->local_slot >= o->local_slots || o->nodes == 0 ||
+        o->node_index >= o->nodes) {
         /* keep the slot accounting honest: the agent holds the slot until close */
         g->conn = c;
         g->handle = o->handle;
@@ -427,6 +436,11 @@ coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int s
     snprintf(g->info.backend, sizeof(g->info.backend), "%s", o->backend);
     g->gpu = strcmp(g->info.backend, "nccl") == 0;
     snprintf(g->info.name, sizeof(g->info.name), "%s", name);
+    coll_err de = lc_direct_init(g);
+    if (de != COLL_OK) {
+        coll_group_close(&g);
+        return de;
+    }
     int formed = 0;
     char detail[WIRE_ERRMSG_MAX];
     coll_err qe = query_state(g, &formed, detail, sizeof(detail)); /* the group's epoch */
@@ -474,6 +488,7 @@ void coll_group_close(coll_group **group)
     coll_group *g = *group;
     *group = NULL;
     coll_conn *c = g->conn;
+    lc_direct_fini(g, 1); /* its ops finish and its connections go back first */
     union wire_msg m, r;
     wire_init(&m, WIRE_GROUP_CLOSE, 0);
     m.group_close.handle = g->handle;

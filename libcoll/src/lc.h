@@ -44,6 +44,16 @@ struct req {
     uint32_t group;       /* handle of the group it was submitted to */
     int32_t status;
     coll_buffer *sb, *rb;
+    /* a direct op (direct.c): run here on the group's lent connections, not by the agent */
+    uint8_t direct;
+    uint8_t kind, dtype, redop;
+    int32_t root;
+    uint64_t count;
+    const void *send;
+    void *recv;
+    int64_t deadline;
+    coll_group *dg;
+    char why[WIRE_WHY_MAX]; /* a failed direct op's reason */
 };
 
 struct coll_buffer {
@@ -63,6 +73,7 @@ struct coll_group {
     int gpu;        /* the group runs on NCCL: its ops take GPU buffers and a stream */
     uint32_t epoch; /* the agent's own epoch of the group when opened: ring entries carry it */
     coll_group_info info;
+    struct lc_direct *d; /* direct ops' state (direct.c); NULL: the group never runs them */
     coll_group *next;
 };
 
@@ -94,6 +105,7 @@ struct coll_conn {
     uint32_t nfree;
     uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
     int agent_gpu;             /* the agent imports GPU buffers */
+    int agent_lease;           /* the agent lends host groups' connections (direct.c) */
     int shm_gpu;               /* the region is registered with CUDA */
     intptr_t shm_delta;        /* host -> GPU address of the region */
     coll_err stream_err;       /* a failed op that was handed to a stream, not yet reported */
@@ -121,6 +133,33 @@ void lc_buffer_free(coll_buffer *b);
 coll_err lc_shm_for_gpu(coll_conn *c);
 /* The registered buffer that holds [p, p + bytes), or NULL; caller holds the lock. */
 coll_buffer *lc_find_buffer(coll_conn *c, const void *p, uint64_t bytes);
+
+/* direct.c: a host group's tiny ops run by this process on connections the agent lent
+ * (docs/ARCHITECTURE.md, "Direct ops"). Lock order: the group's direct lock, then c->lock. */
+struct lc_direct;
+/* At coll_group_open: set g->d up if the group may run direct ops (NOMEM on failure). */
+coll_err lc_direct_init(coll_group *g);
+/* Whether the op of kind/dtype/count moving bytes here should run directly. */
+int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t count,
+                    uint64_t bytes);
+/* Take g's direct lock and make sure the lease is held: 1 (held: submit directly, then
+ * lc_direct_queue and lc_direct_unlock), or 0 (not now: the lock is let go, use the ring).
+ * Caller holds no lock. */
+int lc_direct_begin(coll_group *g);
+/* Queue request idx (its fields set, state PENDING) and start it; caller holds the direct
+ * lock (not c->lock), which this lets go. */
+void lc_direct_queue(coll_group *g, uint32_t idx);
+void lc_direct_unlock(coll_group *g);
+/* The group's op timeout, as the lease said (direct lock held). */
+int64_t lc_direct_op_ns(const coll_group *g);
+/* Before an op that is not direct: finish g's direct ops and give the lease back. */
+void lc_direct_give_back(coll_group *g);
+/* Move g's direct ops on: until deadline (0: one pass without waiting, at most wait_ns
+ * per call otherwise) or until request slot idx is done. Caller holds no lock. try: give
+ * up at once if another thread moves them. */
+void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try);
+/* Group close or disconnect: drop the lease (give it back if give_back) and free g->d. */
+void lc_direct_fini(coll_group *g, int give_back);
 
 /* wait.c */
 /* Reap every completion the agent has posted; caller holds the lock. */

@@ -66,6 +66,17 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         return lc_fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)a->count);
     coll_buffer *sb, *rb;
     int gpu = g->gpu;
+    /* a tiny op of a group whose connections the agent lends runs here (direct.c); any
+     * other collective first finishes those and gives the connections back */
+    uint64_t most = selems > relems ? selems : relems;
+    uint64_t bytes = most > UINT64_MAX / es ? UINT64_MAX : most * es;
+    int direct = 0;
+    if (g->d) {
+        if (lc_direct_wants(g, a->kind, (unsigned)a->dtype, a->count, bytes))
+            direct = lc_direct_begin(g);
+        else if (a->kind != WIRE_OP_SEND && a->kind != WIRE_OP_RECV)
+            lc_direct_give_back(g);
+    }
     pthread_mutex_lock(&c->lock);
     coll_err rc;
     if (c->lost) {
@@ -115,6 +126,34 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     uint32_t idx = c->free_idx[c->nfree - 1];
     struct req *r = &c->reqs[idx];
     s.tag = ((uint64_t)(r->gen + 1) << 32) | (idx + 1);
+    r->kind = a->kind;
+    r->direct = (uint8_t)direct;
+    if (direct) {
+        c->nfree--;
+        r->gen++;
+        r->gpu = 0;
+        r->detached = 0;
+        r->rang = 0;
+        r->group = g->handle;
+        r->state = REQ_PENDING;
+        r->status = COLL_OK;
+        r->sb = sb;
+        r->rb = rb;
+        if (sb) sb->inflight++;
+        if (rb) rb->inflight++;
+        r->dtype = (uint8_t)a->dtype;
+        r->redop = (uint8_t)a->redop;
+        r->root = a->peer;
+        r->count = a->count;
+        r->send = a->send_used ? a->send : NULL;
+        r->recv = a->recv_used ? a->recv : NULL;
+        r->deadline = now_ns() + lc_direct_op_ns(g);
+        r->dg = g;
+        req->id = s.tag;
+        pthread_mutex_unlock(&c->lock);
+        lc_direct_queue(g, idx); /* lets the direct lock go */
+        return COLL_OK;
+    }
     if (gpu) {
         /* the agent's stream starts the op once this stream has written ready */
         char why[160];
@@ -167,6 +206,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     req->id = s.tag;
 out:
     pthread_mutex_unlock(&c->lock);
+    if (direct) lc_direct_unlock(g);
     return rc;
 }
 

@@ -84,7 +84,9 @@ static coll_err consume(coll_conn *c, struct req *r)
     if (st != COLL_OK) {
         char why[WIRE_WHY_MAX] = "";
         if (r->agent_failed) lc_agent_why(c, (uint32_t)(r - c->reqs), why);
-        if (st == COLL_ERR_AGENT_LOST || st == COLL_ERR_PROTOCOL)
+        if (r->direct && r->why[0])
+            lc_fail(st, "the op failed (%s): %s", coll_strerror(st), r->why);
+        else if (st == COLL_ERR_AGENT_LOST || st == COLL_ERR_PROTOCOL)
             lc_fail(st, "agent connection lost: %s", c->lost_msg);
         else if (why[0])
             lc_fail(st, "the agent failed the op (%s): %s", coll_strerror(st), why);
@@ -201,6 +203,16 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The group of a pending direct op (direct.c), or NULL. */
+static coll_group *direct_group(coll_conn *c, coll_request req)
+{
+    pthread_mutex_lock(&c->lock);
+    struct req *r = lookup(c, req);
+    coll_group *g = r && r->direct && r->state == REQ_PENDING ? r->dg : NULL;
+    pthread_mutex_unlock(&c->lock);
+    return g;
+}
+
 coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
@@ -210,6 +222,15 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     if (r > 0) return st;
     int64_t start = now_ns();
     int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
+    coll_group *dg = direct_group(c, req);
+    if (dg) { /* this thread runs it, and the group's ops before it */
+        lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1,
+                           deadline ? deadline : INT64_MAX, 0);
+        r = try_complete(c, req, &st);
+        if (r > 0) return st;
+        if (r < 0) return lc_fail(COLL_ERR_INVALID, "request vanished");
+        return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
+    }
     /* An agent that had to be woken for this op needs tens of microseconds; giving it
      * this CPU (sleeping at once) beats spinning against it on a small machine. */
     int64_t cap = (int64_t)c->spin_us * 1000, budget = 0;
@@ -249,6 +270,8 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
 {
     if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
     coll_err st = COLL_OK;
+    coll_group *dg = direct_group(c, req);
+    if (dg) lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, 0, 1);
     int r = try_complete(c, req, &st);
     if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
     *done = r;

@@ -30,6 +30,10 @@ static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_MEM_RELEASE_OK] = sizeof(struct wire_hdr),
     [WIRE_GROUP_STATE] = sizeof(struct wire_group_state),
     [WIRE_GROUP_STATE_OK] = sizeof(struct wire_group_state_ok),
+    [WIRE_LEASE] = sizeof(struct wire_lease),
+    [WIRE_LEASE_OK] = sizeof(struct wire_lease_ok),
+    [WIRE_LEASE_BACK] = sizeof(struct wire_lease_back),
+    [WIRE_LEASE_BACK_OK] = sizeof(struct wire_hdr),
 };
 
 size_t wire_size(unsigned t)
@@ -112,6 +116,18 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
     case WIRE_GROUP_STATE_OK:
         if (!terminated(out->group_state_ok.detail, sizeof(out->group_state_ok.detail)))
             goto unterminated;
+        break;
+    case WIRE_LEASE_BACK:
+        if (!terminated(out->lease_back.why, sizeof(out->lease_back.why))) goto unterminated;
+        break;
+    case WIRE_LEASE_OK:
+        if (out->lease_ok.nodes < 2 || out->lease_ok.nodes > WIRE_LEASE_MAX_FDS / 2 + 1 ||
+            out->lease_ok.nfds != 2 * (out->lease_ok.nodes - 1) ||
+            out->lease_ok.me >= out->lease_ok.nodes) {
+            snprintf(err, errlen, "lease of %u pods (this one %u) with %u connections",
+                     out->lease_ok.nodes, out->lease_ok.me, out->lease_ok.nfds);
+            return -1;
+        }
         break;
     default:
         break;

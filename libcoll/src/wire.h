@@ -37,6 +37,10 @@ enum wire_type {
     WIRE_MEM_RELEASE_OK, /* agent -> client */
     WIRE_GROUP_STATE,    /* client -> agent */
     WIRE_GROUP_STATE_OK, /* agent -> client */
+    WIRE_LEASE,          /* client -> agent (only to an agent that says WIRE_HELLO_F_LEASE) */
+    WIRE_LEASE_OK,       /* agent -> client, with the epoch's collective connections */
+    WIRE_LEASE_BACK,     /* client -> agent */
+    WIRE_LEASE_BACK_OK,  /* agent -> client */
     WIRE_TYPE_END
 };
 
@@ -55,7 +59,8 @@ struct wire_hello {
     char client[WIRE_NAME_MAX]; /* free-form name for logs */
 };
 
-#define WIRE_HELLO_F_GPU 1u /* the agent can import GPU buffers */
+#define WIRE_HELLO_F_GPU 1u   /* the agent can import GPU buffers */
+#define WIRE_HELLO_F_LEASE 2u /* the agent lends a host group's connections (WIRE_LEASE) */
 
 struct wire_hello_ok {
     struct wire_hdr h;
@@ -109,6 +114,46 @@ struct wire_group_state_ok {
     char detail[WIRE_ERRMSG_MAX];
 };
 
+/*
+ * Direct ops (docs/ARCHITECTURE.md, "Direct ops"). A client whose group has one slot per
+ * pod, on the host backend, asks for the epoch's collective connections; the agent
+ * lends them (SCM_RIGHTS: for every other pod in node order, our bytes to it, then its
+ * bytes to us) with where the epoch's op numbering and broadcast-ack state stand, or
+ * refuses with WIRE_ERROR (BUSY: not now, ask again later; UNSUPPORTED: never for this
+ * group). The client then runs its tiny ops itself on them, and gives them back with the
+ * state it left (and, code nonzero, the failure that ends the epoch) before any other op.
+ */
+#define WIRE_LEASE_STATE 48 /* the agent's broadcast-ack state, opaque to libcoll */
+#define WIRE_LEASE_MAX_FDS 30
+struct wire_lease {
+    struct wire_hdr h;
+    uint32_t handle;
+    uint32_t pad;
+};
+
+struct wire_lease_ok {
+    struct wire_hdr h;
+    uint64_t lease_id;
+    uint64_t seq;   /* the next op's number in the epoch */
+    uint32_t op_ms; /* the group's op timeout */
+    uint32_t nodes, me, nfds;
+    uint32_t has_prev, run; /* the broadcast-ack state (agent/backends/tcp_priv.h) */
+    uint8_t prev[WIRE_LEASE_STATE];
+    uint32_t lease_void; /* the session's lease_void word when lent (struct wire_shm) */
+    uint32_t pad;
+};
+
+struct wire_lease_back {
+    struct wire_hdr h;
+    uint32_t handle;
+    int32_t code; /* COLL_OK, or why the epoch must end (a direct op failed) */
+    uint64_t lease_id;
+    uint64_t seq;
+    uint32_t has_prev, run;
+    uint8_t prev[WIRE_LEASE_STATE];
+    char why[WIRE_WHY_MAX];
+};
+
 /* How a shared buffer travels. */
 enum wire_mem_kind {
     WIRE_MEM_MEMFD = 0, /* host memory: a sealed memfd (the fd) */
@@ -153,6 +198,9 @@ union wire_msg {
     struct wire_mem_reg mem_reg;
     struct wire_mem_reg_ok mem_reg_ok;
     struct wire_mem_release mem_release;
+    struct wire_lease lease;
+    struct wire_lease_ok lease_ok;
+    struct wire_lease_back lease_back;
 };
 
 /* Fill the header of m for type (its length comes from the type). */
@@ -267,7 +315,11 @@ struct wire_shm {
     uint32_t version;
     uint32_t entries;
     uint32_t pad0;
-    char pad1[WIRE_CACHELINE - 16];
+    /* bumped by the agent whenever a lease of this session's ends on its side (the
+     * epoch ended): the client drops a lease taken under another value before its next
+     * direct op. Older agents leave it 0 (and lend nothing). */
+    _Atomic uint32_t lease_void;
+    char pad1[WIRE_CACHELINE - 20];
     struct wire_ring_idx agent_sleeping;
     struct wire_ring_idx client_sleeping;
     struct wire_ring_idx cq_head;
@@ -287,6 +339,16 @@ struct wire_shm {
     /* why[i]: when the op of request slot i fails, the agent's reason (what failed and
      * where), written before its cqe is published; "" when it has none to add */
     char why[WIRE_RING_ENTRIES][WIRE_WHY_MAX];
+    /* direct ops: why the agent ended lease lease_id (its epoch ended), written before
+     * lease_void is bumped. Agents from before leases make the region end above this
+     * (WIRE_SHM_MIN); they lend nothing. */
+    struct {
+        uint64_t lease_id;
+        int32_t code;
+        uint32_t pad;
+        char why[WIRE_WHY_MAX];
+    } lease_end;
 };
+#define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 
 #endif

@@ -171,7 +171,7 @@ COLL_API coll_err coll_group_info_get(const coll_group *group, coll_group_info *
 COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
 /* Give the slot back and free the handle; sets *group to NULL. The group's other
  * participants see COLL_ERR_PEER_LOST for ops in flight and must reopen. Blocks for
- * one round trip at most. */
+ * one round trip at most, after the group's direct ops (above) have finished. */
 COLL_API void coll_group_close(coll_group **group);
 
 /* ---- buffers ---------------------------------------------------------------- */
@@ -212,7 +212,11 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
 /* ---- operations ------------------------------------------------------------- */
 /*
  * Every op is non-blocking: it validates its arguments, queues the op for the agent
- * and returns a request in *req. Pointers must lie inside buffers shared through the
+ * and returns a request in *req. Direct ops: in a host group with one slot per pod, an
+ * op that moves at most 64 KiB here runs in this process on connections the agent lends
+ * (COLL_DIRECT=0 turns that off): it starts at submission and coll_wait / coll_test move
+ * it on; any other collective of the group first waits for the group's direct ops to
+ * finish (within the op timeout). Pointers must lie inside buffers shared through the
  * same connection (a count of 0 allows NULL). In-place use means send == recv (for
  * allgather send == recv + rank * count, for reduce_scatter recv == send + rank * count).
  * The n-th op of every rank of a group is matched with the n-th op of the others;

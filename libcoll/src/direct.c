@@ -1,0 +1,436 @@
+/*
+ * direct.c: direct ops. A host group with one slot per pod may run its tiny ops in this
+ * process, on the epoch's collective connections that the agent lends (WIRE_LEASE),
+ * with the agent's own code for them (agent/backends/tcp_tiny.c and tcp.c, compiled in):
+ * the bytes on the wire are the ones the agent would send, and the two switches per op
+ * between this process and the agent are gone. docs/ARCHITECTURE.md, "Direct ops".
+ *
+ * The lease is taken at a tiny op's submission when no op of the group is with the
+ * agent, and given back (with where the op numbering and the broadcast acks stand)
+ * before any op that is not tiny (sends and receives excepted: they have their own
+ * connections) and at coll_group_close. Ops queue per group in submission order: the
+ * first is started at submission (what it can send goes at once), and coll_wait and
+ * coll_test move them on. A failed op gives the lease back with its failure, which ends
+ * the epoch on every pod as a failed op of the agent's would; an epoch that ends on the
+ * agent's side shuts the sockets down under us and bumps the region's lease_void.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/tcp.h"
+#include "lc.h"
+#include "net.h"
+
+#define DIRECT_BYTES ((uint64_t)64 << 10) /* what an op moves here, at most */
+#define DIRECT_SLICE_NS (20 * 1000000LL)  /* a wait looks up at least this often */
+#define RETRY_BUSY_NS (1000000LL)         /* the agent said not now: ask again after */
+#define RETRY_OWN_NS (1000000LL)          /* ... or our ops were still with the agent */
+/* a connection that fails under an op may be the agent ending the epoch (it shuts the
+ * sockets down first, then says why in the region): wait this long for its word */
+#define END_WORD_NS (250 * 1000000LL)
+
+struct lc_direct {
+    pthread_mutex_t lock; /* whoever moves the ops or the lease holds it */
+    int held, never;
+    int64_t retry_ns;
+    uint64_t lease_id;
+    uint32_t void_seen; /* the region's lease_void when the lease came */
+    int nodes, me;
+    int *fds, *rfds; /* by node index, ours (-1 at me) */
+    uint64_t seq;    /* the next op's number in the epoch */
+    int64_t op_ns;
+    struct tcp_acks *acks;
+    struct tcp_scratch scratch;
+    struct spin_adapt *spin; /* by node */
+    struct tcp_tiny *tiny;
+    struct net_task task; /* the head op's */
+    int started;          /* ... and it is under way */
+    int end_code;         /* how the lease last ended, for the ops queued behind */
+    char end_why[WIRE_WHY_MAX];
+    uint32_t q[WIRE_RING_ENTRIES];
+    uint32_t qh, qt; /* request slots, oldest first */
+};
+
+coll_err lc_direct_init(coll_group *g)
+{
+    coll_conn *c = g->conn;
+    if (!c->agent_lease || g->gpu || g->info.nodes < 2 || g->info.local_slots != 1 ||
+        g->info.nodes > TCP_EAGER_ALL)
+        return COLL_OK;
+    struct lc_direct *d = calloc(1, sizeof(*d));
+    int n = g->info.nodes;
+    if (d) {
+        d->fds = malloc((size_t)n * sizeof(int));
+        d->rfds = malloc((size_t)n * sizeof(int));
+        d->spin = calloc((size_t)n, sizeof(*d->spin));
+        d->acks = tcp_acks_new(n);
+        d->tiny = malloc(tcp_tiny_size());
+    }
+    if (!d || !d->fds || !d->rfds || !d->spin || !d->acks || !d->tiny) {
+        if (d) {
+            free(d->fds);
+            free(d->rfds);
+            free(d->spin);
+            free(d->acks);
+            free(d->tiny);
+        }
+        free(d);
+        return lc_fail(COLL_ERR_NOMEM, "no memory for the group's direct ops");
+    }
+    for (int p = 0; p < n; p++) {
+        d->fds[p] = d->rfds[p] = -1;
+        spin_init(&d->spin[p], TCP_SPIN_START_NS);
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    g->d = d;
+    return COLL_OK;
+}
+
+int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t count,
+                    uint64_t bytes)
+{
+    if (!g->d || g->d->never || kind == WIRE_OP_SEND || kind == WIRE_OP_RECV ||
+        bytes > DIRECT_BYTES)
+        return 0;
+    struct tcp_comm cm = {.nodes = g->info.nodes, .me = g->info.node_index, .nlocal = 1};
+    struct net_task t = {.kind = (uint8_t)kind, .dtype = (uint8_t)dtype, .count = count};
+    return tcp_tiny_fits(&cm, &t);
+}
+
+/* ---- the lease ----------------------------------------------------------------------- */
+
+static void drop(struct lc_direct *d)
+{
+    for (int p = 0; p < d->nodes; p++) {
+        if (d->fds[p] >= 0) close(d->fds[p]);
+        if (d->rfds[p] >= 0) close(d->rfds[p]);
+        d->fds[p] = d->rfds[p] = -1;
+    }
+    d->held = 0;
+    d->started = 0;
+}
+
+static int voided(const coll_group *g)
+{
+    return atomic_load_explicit(&g->conn->shm->lease_void, memory_order_acquire) != g->d->void_seen;
+}
+
+/* Ask for the lease (direct lock held, c->lock not). */
+static void take(coll_group *g)
+{
+    struct lc_direct *d = g->d;
+    coll_conn *c = g->conn;
+    int64_t now = now_ns();
+    if (d->never || now < d->retry_ns) return;
+    pthread_mutex_lock(&c->lock);
+    if (c->lost) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    /* the agent lends only while it runs nothing of ours on the group */
+    lc_reap(c);
+    for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
+        const struct req *r = &c->reqs[i];
+        if (r->state == REQ_PENDING && !r->direct && r->group == g->handle &&
+            r->kind != WIRE_OP_SEND && r->kind != WIRE_OP_RECV) {
+            d->retry_ns = now + RETRY_OWN_NS;
+            pthread_mutex_unlock(&c->lock);
+            return;
+        }
+    }
+    union wire_msg m, r;
+    wire_init(&m, WIRE_LEASE, 0);
+    m.lease.handle = g->handle;
+    int fds[WIRE_LEASE_MAX_FDS], nfds = WIRE_LEASE_MAX_FDS;
+    coll_err rc = lc_rpc(c, &m, -1, WIRE_LEASE_OK, &r, fds, &nfds);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == COLL_ERR_UNSUPPORTED) d->never = 1;
+    if (rc != COLL_OK) {
+        d->retry_ns = now + RETRY_BUSY_NS;
+        return;
+    }
+    const struct wire_lease_ok *l = &r.lease_ok;
+    if ((int)l->nodes != g->info.nodes || (int)l->me != g->info.node_index ||
+        nfds != (int)l->nfds) {
+        /* not the group we asked about: never again, and the agent ends the epoch */
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        d->never = 1;
+        union wire_msg b;
+        wire_init(&b, WIRE_LEASE_BACK, 0);
+        b.lease_back.handle = g->handle;
+        b.lease_back.lease_id = l->lease_id;
+        b.lease_back.code = COLL_ERR_PROTOCOL;
+        snprintf(b.lease_back.why, sizeof(b.lease_back.why), "a lease for another group shape");
+        pthread_mutex_lock(&c->lock);
+        lc_rpc(c, &b, -1, WIRE_LEASE_BACK_OK, &r, NULL, NULL);
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    d->nodes = (int)l->nodes;
+    d->me = (int)l->me;
+    for (int p = 0, k = 0; p < d->nodes; p++) {
+        if (p == d->me) continue;
+        d->fds[p] = fds[k++];
+        d->rfds[p] = fds[k++];
+    }
+    d->lease_id = l->lease_id;
+    d->void_seen = l->lease_void;
+    d->seq = l->seq;
+    d->op_ns = (int64_t)l->op_ms * 1000000;
+    tcp_acks_import(d->acks, l->has_prev, l->run, l->prev);
+    d->held = 1;
+    d->started = 0;
+    d->end_code = 0;
+}
+
+/* Hand the lease back with code (COLL_OK: with the state it left). Direct lock held. */
+static void give(coll_group *g, int code, const char *why)
+{
+    struct lc_direct *d = g->d;
+    coll_conn *c = g->conn;
+    union wire_msg m, r;
+    wire_init(&m, WIRE_LEASE_BACK, 0);
+    m.lease_back.handle = g->handle;
+    m.lease_back.lease_id = d->lease_id;
+    m.lease_back.seq = d->seq;
+    if (code == COLL_OK && tcp_acks_export(d->acks, &m.lease_back.has_prev, &m.lease_back.run,
+                                           m.lease_back.prev, sizeof(m.lease_back.prev)) < 0) {
+        code = COLL_ERR_INTERNAL;
+        why = "acks still owed when the lease went back";
+    }
+    m.lease_back.code = code;
+    snprintf(m.lease_back.why, sizeof(m.lease_back.why), "%s", why ? why : "");
+    drop(d);
+    pthread_mutex_lock(&c->lock);
+    if (!c->lost) lc_rpc(c, &m, -1, WIRE_LEASE_BACK_OK, &r, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Direct op failed with *st (why, WIRE_WHY_MAX): the lease ends. Where the agent ended
+ * the epoch, its code and reason replace ours; else ours goes to it, and it ends the
+ * epoch with them. Direct lock held. */
+static void lease_failed(coll_group *g, int *st, char *why)
+{
+    struct lc_direct *d = g->d;
+    if (d->held) {
+        int64_t until = now_ns() + END_WORD_NS;
+        while (*st == COLL_ERR_PEER_LOST && !voided(g) && now_ns() < until)
+            usleep(200);
+        const struct wire_shm *shm = g->conn->shm;
+        if (voided(g)) {
+            if (shm->lease_end.lease_id == d->lease_id && shm->lease_end.code > 0 &&
+                shm->lease_end.code <= COLL_ERR_INTERNAL) {
+                *st = shm->lease_end.code;
+                memcpy(why, shm->lease_end.why, WIRE_WHY_MAX);
+                why[WIRE_WHY_MAX - 1] = '\0';
+            }
+            drop(d);
+        } else {
+            give(g, *st, why[0] ? why : coll_strerror((coll_err)*st));
+        }
+    }
+    d->end_code = *st;
+    snprintf(d->end_why, sizeof(d->end_why), "an op before it failed: %s", why);
+}
+
+int lc_direct_begin(coll_group *g)
+{
+    struct lc_direct *d = g->d;
+    pthread_mutex_lock(&d->lock);
+    /* the agent ended the lease's epoch: drop it once nothing queued needs it (those
+     * ops fail in turn on the closed sockets) */
+    if (d->held && d->qh == d->qt && voided(g)) drop(d);
+    if (!d->held && d->qh == d->qt) take(g);
+    if (d->held || d->qh != d->qt) return 1; /* queued ops stay in order behind the head */
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+int64_t lc_direct_op_ns(const coll_group *g)
+{
+    return g->d->op_ns;
+}
+
+void lc_direct_unlock(coll_group *g)
+{
+    pthread_mutex_unlock(&g->d->lock);
+}
+
+/* ---- running ops ------------------------------------------------------------------------ */
+
+static int nap_here(void *ctx, int asleep)
+{
+    (void)ctx;
+    (void)asleep;
+    return 0; /* nothing else to do: sleep on the op's sockets until the slice ends */
+}
+
+static struct tcp_comm comm_of(struct lc_direct *d, int64_t deadline, int64_t until)
+{
+    return (struct tcp_comm){.nodes = d->nodes,
+                             .me = d->me,
+                             .nlocal = 1,
+                             .fds = d->fds,
+                             .rfds = d->rfds,
+                             .seq = d->seq,
+                             .deadline_ns = deadline,
+                             .scratch = &d->scratch,
+                             .budget_until = until,
+                             .nap = until > now_ns() ? nap_here : NULL,
+                             .wake_fd = {-1, -1},
+                             .spin = d->spin,
+                             .acks = d->acks};
+}
+
+/* Request idx is done with st (why: its reason). Direct lock held. */
+static void finish(coll_group *g, uint32_t idx, int st, const char *why)
+{
+    coll_conn *c = g->conn;
+    pthread_mutex_lock(&c->lock);
+    struct req *r = &c->reqs[idx];
+    r->state = REQ_DONE;
+    r->status = st;
+    r->agent_failed = 0;
+    snprintf(r->why, sizeof(r->why), "%s", st != COLL_OK && why ? why : "");
+    if (r->sb) r->sb->inflight--;
+    if (r->rb) r->rb->inflight--;
+    r->sb = r->rb = NULL;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Run the head op as far as until allows (see lc_direct_progress); returns 1 when the
+ * queue is empty or req idx is done, 0 when the slice ran out. Direct lock held. */
+static int run(coll_group *g, uint32_t want, int64_t until)
+{
+    struct lc_direct *d = g->d;
+    coll_conn *c = g->conn;
+    while (d->qh != d->qt) {
+        uint32_t idx = d->q[d->qh & RING_MASK];
+        struct req *r = &c->reqs[idx]; /* its fields are ours while it is queued */
+        char why[WIRE_WHY_MAX] = "";
+        int st;
+        if (!d->started) {
+            if (!d->held) {
+                st = d->end_code ? d->end_code : COLL_ERR_PEER_LOST;
+                snprintf(why, sizeof(why), "%s",
+                         d->end_code ? d->end_why : "the group's epoch ended before this op ran");
+            } else if (voided(g)) {
+                st = COLL_ERR_PEER_LOST;
+                snprintf(why, sizeof(why), "the group's epoch ended before this op ran");
+                lease_failed(g, &st, why);
+            } else {
+                struct net_task *t = &d->task;
+                memset(t, 0, offsetof(struct net_task, send));
+                t->type = NET_TASK_OP;
+                t->kind = r->kind;
+                t->dtype = r->dtype;
+                t->redop = r->redop;
+                t->root = r->root;
+                t->count = r->count;
+                t->send[0] = (void *)r->send;
+                t->recv[0] = r->recv;
+                t->deadline_ns = r->deadline;
+                struct tcp_comm cm = comm_of(d, r->deadline, until ? until : now_ns());
+                st = tcp_settle(&cm, t, why, sizeof(why));
+                if (st == TCP_AGAIN) return 0;
+                if (st == COLL_OK) {
+                    int s0 = tcp_tiny_start(d->tiny, &cm, t);
+                    if (s0 == 0) {
+                        d->started = 1;
+                    } else {
+                        st = s0 == -2 ? COLL_ERR_NOMEM : COLL_ERR_INTERNAL;
+                        snprintf(why, sizeof(why), "%s",
+                                 s0 == -2 ? "no memory for the op" : "not a tiny op");
+                    }
+                }
+            }
+        }
+        if (d->started) {
+            struct tcp_comm cm = comm_of(d, r->deadline, until ? until : now_ns());
+            st = tcp_tiny_progress(d->tiny, &cm, why, sizeof(why));
+            if (st == TCP_AGAIN) return 0;
+            d->started = 0;
+            d->seq++;
+        }
+        d->qh++;
+        if (st != COLL_OK && d->held) lease_failed(g, &st, why);
+        finish(g, idx, st, why);
+        if (idx == want) return 1;
+    }
+    return 1;
+}
+
+void lc_direct_queue(coll_group *g, uint32_t idx)
+{
+    struct lc_direct *d = g->d;
+    d->q[d->qt++ & RING_MASK] = idx;
+    if (d->qt - d->qh == 1) run(g, UINT32_MAX, 0); /* send what it can now */
+    pthread_mutex_unlock(&d->lock);
+}
+
+void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try)
+{
+    struct lc_direct *d = g->d;
+    if (try) {
+        if (pthread_mutex_trylock(&d->lock) != 0) return;
+    } else {
+        pthread_mutex_lock(&d->lock);
+    }
+    if (!deadline) {
+        run(g, idx, 0);
+    } else {
+        for (;;) {
+            int64_t now = now_ns(), until = now + DIRECT_SLICE_NS;
+            if (until > deadline) until = deadline;
+            if (until <= now || run(g, idx, until)) break;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+void lc_direct_give_back(coll_group *g)
+{
+    struct lc_direct *d = g->d;
+    if (!d) return;
+    pthread_mutex_lock(&d->lock);
+    while (d->qh != d->qt) /* every queued op ends by its deadline */
+        run(g, UINT32_MAX, now_ns() + DIRECT_SLICE_NS);
+    if (d->held && voided(g)) drop(d);
+    if (d->held) {
+        /* the acks a broadcast root went on without, before the agent takes over */
+        struct net_task t = {.type = NET_TASK_OP, .kind = WIRE_OP_BARRIER};
+        char why[WIRE_WHY_MAX] = "";
+        int st;
+        t.deadline_ns = now_ns() + d->op_ns;
+        do {
+            struct tcp_comm cm = comm_of(d, t.deadline_ns, now_ns() + DIRECT_SLICE_NS);
+            st = tcp_settle(&cm, &t, why, sizeof(why));
+        } while (st == TCP_AGAIN);
+        give(g, st, why);
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+void lc_direct_fini(coll_group *g, int give_back)
+{
+    struct lc_direct *d = g->d;
+    if (!d) return;
+    if (give_back) lc_direct_give_back(g);
+    pthread_mutex_lock(&d->lock);
+    drop(d);
+    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_destroy(&d->lock);
+    free(d->scratch.p[0]);
+    free(d->scratch.p[1]);
+    free(d->fds);
+    free(d->rfds);
+    free(d->spin);
+    free(d->acks);
+    free(d->tiny);
+    free(d);
+    g->d = NULL;
+}
