@@ -172,13 +172,6 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
 {
     rendezvous_tick(&g->rdv, t);
     char why[160];
-    /* an epoch that ends while its connections are lent: the client finishes what the
-     * pods all sent, then the sockets end under it (net_epoch.c: io_end) */
-    if (g->abort_pending && (!g->lent || t >= g->lent_drain_until) && !g->q_head && !g->running &&
-        !g->handoff) {
-        net_epoch_end_finish(n, g);
-        return;
-    }
     if (p2p_oldest_deadline(g) <= t) {
         snprintf(why, sizeof(why), "a send or receive found no partner in %d ms",
                  g->cfg->op_timeout_ms);

@@ -69,10 +69,9 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 static void io_end(void *ctx, int code, const char *why, int drain)
 {
     struct ngroup *g = ctx;
-    /* lent connections: the client runs the ops; it has a heartbeat interval to finish
-     * what every pod sent before their ends come down (timers() in net.c) */
-    if (drain && g->ready && (g->lent || g->q_head || g->running || g->handoff)) {
-        if (g->lent) g->lent_drain_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+    /* (lent connections end at once: the client still reads what the pods sent until
+     * the grave closes them, net_epoch_end) */
+    if (drain && g->ready && !g->lent && (g->q_head || g->running || g->handoff)) {
         g->abort_pending = 1;
         g->abort_code = code;
         snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);

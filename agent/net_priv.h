@@ -106,7 +106,6 @@ struct ngroup {
     int inline_abort;         /* the engine's tiny op failed: end the epoch */
     int lent;                 /* the collective connections are lent (net_lend) */
     uint64_t lease_id;
-    int64_t lent_drain_until; /* an epoch ending while lent: its client's ops may finish */
     char inline_why[160];
     int abort_code;
     char abort_why[RDV_MSG_MAX];
