@@ -54,6 +54,19 @@ struct lc_direct {
     uint32_t qh, qt; /* request slots, oldest first */
 };
 
+static void direct_free(struct lc_direct *d)
+{
+    if (!d) return;
+    free(d->scratch.p[0]);
+    free(d->scratch.p[1]);
+    free(d->fds);
+    free(d->rfds);
+    free(d->spin);
+    free(d->acks);
+    free(d->tiny);
+    free(d);
+}
+
 coll_err lc_direct_init(coll_group *g)
 {
     coll_conn *c = g->conn;
@@ -70,14 +83,7 @@ coll_err lc_direct_init(coll_group *g)
         d->tiny = malloc(tcp_tiny_size());
     }
     if (!d || !d->fds || !d->rfds || !d->spin || !d->acks || !d->tiny) {
-        if (d) {
-            free(d->fds);
-            free(d->rfds);
-            free(d->spin);
-            free(d->acks);
-            free(d->tiny);
-        }
-        free(d);
+        direct_free(d);
         return lc_fail(COLL_ERR_NOMEM, "no memory for the group's direct ops");
     }
     for (int p = 0; p < n; p++) {
@@ -424,13 +430,6 @@ void lc_direct_fini(coll_group *g, int give_back)
     drop(d);
     pthread_mutex_unlock(&d->lock);
     pthread_mutex_destroy(&d->lock);
-    free(d->scratch.p[0]);
-    free(d->scratch.p[1]);
-    free(d->fds);
-    free(d->rfds);
-    free(d->spin);
-    free(d->acks);
-    free(d->tiny);
-    free(d);
+    direct_free(d);
     g->d = NULL;
 }

@@ -38,6 +38,23 @@ static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t 
     return COLL_OK;
 }
 
+/* Request slot r (the last free one) is this op's, pending; caller holds c->lock. */
+static void take_slot(coll_conn *c, struct req *r, uint32_t group, int gpu, coll_buffer *sb,
+                      coll_buffer *rb)
+{
+    c->nfree--;
+    r->gen++;
+    r->gpu = (uint8_t)gpu;
+    r->detached = 0;
+    r->group = group;
+    r->state = REQ_PENDING;
+    r->status = COLL_OK;
+    r->sb = sb;
+    r->rb = rb;
+    if (sb) sb->inflight++;
+    if (rb) rb->inflight++;
+}
+
 static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req)
 {
     if (!g || !req) return lc_fail(COLL_ERR_INVALID, "NULL group or request");
@@ -129,18 +146,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     r->kind = a->kind;
     r->direct = (uint8_t)direct;
     if (direct) {
-        c->nfree--;
-        r->gen++;
-        r->gpu = 0;
-        r->detached = 0;
+        take_slot(c, r, g->handle, 0, sb, rb);
         r->rang = 0;
-        r->group = g->handle;
-        r->state = REQ_PENDING;
-        r->status = COLL_OK;
-        r->sb = sb;
-        r->rb = rb;
-        if (sb) sb->inflight++;
-        if (rb) rb->inflight++;
         r->dtype = (uint8_t)a->dtype;
         r->redop = (uint8_t)a->redop;
         r->root = a->peer;
@@ -172,17 +179,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         }
         s.flags |= WIRE_SQE_F_GPU;
     }
-    c->nfree--;
-    r->gen++;
-    r->gpu = (uint8_t)gpu;
-    r->detached = 0;
-    r->group = g->handle;
-    r->state = REQ_PENDING;
-    r->status = COLL_OK;
-    r->sb = sb;
-    r->rb = rb;
-    if (sb) sb->inflight++;
-    if (rb) rb->inflight++;
+    take_slot(c, r, g->handle, gpu, sb, rb);
     struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
     memcpy(slot, &s, offsetof(struct wire_sqe, seq));
     ring_publish(&slot->seq, c->sq_next);
