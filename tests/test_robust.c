@@ -1015,7 +1015,7 @@ static int start_duo(struct agent *a, int port, int index)
              "    timeouts: {op_ms: 5000, heartbeat_ms: 250, join_ms: 5000}\n"
              "  - name: solo\n    backend: host\n",
              index, index, port);
-    return agent_start(a, NULL, body);
+    return agent_start(a, "  direct_ops: true\n", body);
 }
 
 static void raw_request(struct raw *r, union wire_msg *m, union wire_msg *reply, int *fds,
