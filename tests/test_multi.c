@@ -927,16 +927,20 @@ struct lost {
 };
 
 /* After the re-form: more tiny ops, which take the new epoch's connections. */
+/* One tiny allreduce of two pods (x[0..16) = rank + 1, the sum at x + 64). */
+static coll_err allreduce16(coll_conn *c, coll_group *g, float *x, int rank)
+{
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)(rank + 1);
+    coll_request r;
+    coll_err e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    return e == COLL_OK ? coll_wait(c, r, 15000) : e;
+}
+
 static int more_allreduces(coll_conn *c, coll_group *g, float *x, int rank)
 {
-    for (int k = 0; k < 200; k++) {
-        for (int i = 0; i < 16; i++)
-            x[i] = (float)(rank + 1);
-        coll_request r;
-        coll_err e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
-        if (e == COLL_OK) e = coll_wait(c, r, 15000);
-        if (e != COLL_OK || x[64] != 3.0f) return 166;
-    }
+    for (int k = 0; k < 200; k++)
+        if (allreduce16(c, g, x, rank) != COLL_OK || x[64] != 3.0f) return 166;
     return 0;
 }
 
@@ -956,12 +960,8 @@ static int direct_lost_main(void *arg)
     coll_err e = COLL_OK;
     double last = now_ms();
     for (long k = 0; e == COLL_OK; k++) {
-        for (int i = 0; i < 16; i++)
-            x[i] = (float)(info.rank + 1);
-        coll_request r;
-        e = coll_allreduce(g, x, x + 64, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
         last = now_ms();
-        if (e == COLL_OK) e = coll_wait(c, r, 15000);
+        e = allreduce16(c, g, x, info.rank);
         if (e == COLL_OK && x[64] != 3.0f) return 161;
         if (k == 2000) {
             FILE *f = fopen(o->ready, "w");

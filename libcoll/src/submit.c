@@ -85,10 +85,10 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     int gpu = g->gpu;
     /* a tiny op of a group whose connections the agent lends runs here (direct.c); any
      * other collective first finishes those and gives the connections back */
-    uint64_t most = selems > relems ? selems : relems;
-    uint64_t bytes = most > UINT64_MAX / es ? UINT64_MAX : most * es;
     int direct = 0;
     if (g->d) {
+        uint64_t most = selems > relems ? selems : relems;
+        uint64_t bytes = most > UINT64_MAX / es ? UINT64_MAX : most * es;
         if (lc_direct_wants(g, a->kind, (unsigned)a->dtype, a->count, bytes))
             direct = lc_direct_begin(g);
         else if (a->kind != WIRE_OP_SEND && a->kind != WIRE_OP_RECV)

@@ -97,7 +97,8 @@ static coll_err consume(coll_conn *c, struct req *r)
 }
 
 /* Non-blocking look: 1 and *st if done (consumed), 0 if pending, -1 if unknown. */
-static int try_complete(coll_conn *c, coll_request req, coll_err *st)
+/* ... and when pending as a direct op (direct.c), its group in *dg (dg may be NULL). */
+static int try_complete(coll_conn *c, coll_request req, coll_err *st, coll_group **dg)
 {
     pthread_mutex_lock(&c->lock);
     struct req *r = lookup(c, req);
@@ -108,6 +109,7 @@ static int try_complete(coll_conn *c, coll_request req, coll_err *st)
     if (r->state == REQ_PENDING && !c->lost) lc_reap(c);
     int done = r->state == REQ_DONE;
     if (done) *st = consume(c, r);
+    if (dg) *dg = !done && r->direct ? r->dg : NULL;
     pthread_mutex_unlock(&c->lock);
     return done;
 }
@@ -203,30 +205,20 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* The group of a pending direct op (direct.c), or NULL. */
-static coll_group *direct_group(coll_conn *c, coll_request req)
-{
-    pthread_mutex_lock(&c->lock);
-    struct req *r = lookup(c, req);
-    coll_group *g = r && r->direct && r->state == REQ_PENDING ? r->dg : NULL;
-    pthread_mutex_unlock(&c->lock);
-    return g;
-}
-
 coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
     coll_err st;
-    int r = try_complete(c, req, &st);
+    coll_group *dg;
+    int r = try_complete(c, req, &st, &dg);
     if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
     if (r > 0) return st;
     int64_t start = now_ns();
     int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
-    coll_group *dg = direct_group(c, req);
     if (dg) { /* this thread runs it, and the group's ops before it */
         lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1,
                            deadline ? deadline : INT64_MAX, 0);
-        r = try_complete(c, req, &st);
+        r = try_complete(c, req, &st, NULL);
         if (r > 0) return st;
         if (r < 0) return lc_fail(COLL_ERR_INVALID, "request vanished");
         return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
@@ -254,7 +246,7 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
             lc_sleep_for_completion(c, deadline, req);
             slept = 1;
         }
-        r = try_complete(c, req, &st);
+        r = try_complete(c, req, &st, NULL);
         if (r != 0 && !rang && cap > 0) {
             pthread_mutex_lock(&c->lock);
             spin_learn(&c->spin, !slept, (int32_t)cap);
@@ -270,9 +262,12 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
 {
     if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
     coll_err st = COLL_OK;
-    coll_group *dg = direct_group(c, req);
-    if (dg) lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, 0, 1);
-    int r = try_complete(c, req, &st);
+    coll_group *dg;
+    int r = try_complete(c, req, &st, &dg);
+    if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
+        lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, 0, 1);
+        r = try_complete(c, req, &st, NULL);
+    }
     if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
     *done = r;
     return r ? st : COLL_OK;
