@@ -50,7 +50,7 @@ static const struct field agent_fields[] = {
     {"log_level", T_ENUM, AG(log_level), 0, 0, 0, level_names, "info", NULL, 0, 0, 0},
     {"log_format", T_ENUM, AG(log_format), 0, 0, 0, format_names, "logfmt", NULL, 0, 0, 0},
     {"spin_us", T_INT, AG(spin_us), 0, 0, 1000000, NULL, "200", NULL, 0, 0, 0},
-    {"direct_ops", T_ENUM, AG(direct_ops), 0, 0, 0, bool_names, "false", NULL, 0, 0, 0},
+    {"direct_ops", T_ENUM, AG(direct_ops), 0, 0, 0, bool_names, "true", NULL, 0, 0, 0},
     {"max_sessions", T_INT, AG(max_sessions), 0, 1, 4096, NULL, "256", NULL, 0, 0, 0},
     {"drain_ms", T_INT, AG(drain_ms), 0, 0, 600000, NULL, "10000", NULL, 0, 0, 0},
     {"handshake_timeout_ms", T_INT, AG(handshake_timeout_ms), 0, 1, 600000, NULL, "5000", NULL, 0,

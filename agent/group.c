@@ -227,6 +227,9 @@ void group_void_lease(struct group *g, int err, const char *why)
 {
     if (!g->lent_to) return;
     session_lease_void(g->lent_to, g->lease_id, err, why);
+    /* its region may go next (the session ends): the net must not look at it again
+     * (no net: stopped, its thread gone) */
+    if (g->net) net_lease_forget(g->net, g->index, g->lease_id);
     g->lent_to = NULL;
 }
 

@@ -336,7 +336,8 @@ static void knock_net(struct net *n)
     (void)w;
 }
 
-int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t whylen)
+int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
+             char *why, size_t whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
     if (!g || g->gpu || g->nlocal != 1 || g->nodes > TCP_EAGER_ALL ||
@@ -372,6 +373,7 @@ int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t 
             snprintf(why, whylen, "the group's connections are not all up");
         } else {
             g->lent = 1;
+            g->lease_w = words;
             g->lease_id = ++n->lease_next;
             out->id = g->lease_id;
             out->seq = g->ops_done;
@@ -383,14 +385,24 @@ int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t 
     return rc;
 }
 
-void net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev,
-                uint32_t run, const uint8_t *prev, int code, const char *why)
+int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev, uint32_t run,
+               const uint8_t *prev, int code, const char *why, char *end_why, size_t end_whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
-    if (!g) return;
+    if (!g) return 0;
+    int end = 0;
     pthread_mutex_lock(&n->coll_lock);
-    if (g->lent && g->lease_id == id) {
+    if (g->lent && g->lease_id == id && g->abort_pending) {
+        /* the epoch is ending (a pod left) and waited for the client's ops: end it now
+         * with the reason it ends for (the client's failure, if any, came of it) */
         g->lent = 0;
+        g->lease_w = NULL;
+        end = g->abort_code;
+        snprintf(end_why, end_whylen, "%s", g->abort_why);
+        code = COLL_ERR_PEER_LOST; /* knock: the net thread ends it */
+    } else if (g->lent && g->lease_id == id) {
+        g->lent = 0;
+        g->lease_w = NULL;
         /* the client's word on how far it went: numbers only go forward (a false one
          * makes the pods disagree on the next op, which ends the epoch there) */
         if (code == COLL_OK && seq < g->ops_done) {
@@ -409,6 +421,20 @@ void net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t ha
     }
     pthread_mutex_unlock(&n->coll_lock);
     if (code != COLL_OK) knock_net(n);
+    return end;
+}
+
+void net_lease_forget(struct net *n, int group, uint64_t id)
+{
+    struct ngroup *g = n && group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
+    if (!g) return;
+    pthread_mutex_lock(&n->coll_lock);
+    if (g->lease_id == id) {
+        g->lease_w = NULL;
+        g->drain_until = 0; /* nobody will give it back: a drain ends now */
+    }
+    pthread_mutex_unlock(&n->coll_lock);
+    knock_net(n);
 }
 
 static void take_engine_tasks(struct net *n)
@@ -623,8 +649,9 @@ static void *net_main(void *arg)
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
             if (g && g->abort_pending && !g->handoff &&
-                (!g->q_head || !g->ready || g->awaiting_mark))
-                net_epoch_end_finish(n, g);
+                (!g->q_head || !g->ready || g->awaiting_mark) &&
+                (!g->lent || now_ns() >= g->drain_until))
+                net_epoch_end_finish(n, g); /* lent: the client gave up, or never gave back */
         }
         pthread_mutex_unlock(&n->coll_lock);
     }

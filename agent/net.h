@@ -13,6 +13,8 @@
 #include "backends/tcp.h"
 #include "config.h"
 
+struct wire_lease_words;
+
 #define NET_MAX_LOCAL 64
 
 struct net;
@@ -104,8 +106,10 @@ int net_inline(struct net *n, struct net_task *t);
  * Direct ops (docs/ARCHITECTURE.md): the collective connections of a formed host group
  * with one participant on this pod, lent to that participant's client. While lent the
  * agent runs no collective of the group (one that comes is failed with INVALID; sends
- * and receives go on, on their own connections); an epoch that ends shuts the sockets
- * down under the client. Engine thread.
+ * and receives go on, on their own connections). An epoch that ends shuts the sockets
+ * down under the client, except where a pod left (the rendezvous drains) while the
+ * client had ops under way: then, as for its own queued ops, the agent waits for them,
+ * a heartbeat at most, until the client gives the lease back. Engine thread.
  */
 #define NET_LEASE_FDS 30 /* 2 (nodes - 1): groups of up to 16 pods */
 struct net_lease {
@@ -119,12 +123,17 @@ struct net_lease {
 /* Lend group's connections: 0 (out filled), COLL_ERR_BUSY (not formed, an op under way
  * or acks owed: ask again later; why says which) or COLL_ERR_UNSUPPORTED (never: several
  * participants on this pod, a GPU group, more pods than a lease holds). */
-int net_lend(struct net *n, int group, struct net_lease *out, char *why, size_t whylen);
+int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
+             char *why, size_t whylen);
 /* Take lease id back with the state the client left (code: COLL_OK, or the failure of
  * a direct op, which ends the epoch, as why says). A lease that already ended (the
- * epoch did) is ignored. */
-void net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev,
-                uint32_t run, const uint8_t *prev, int code, const char *why);
+ * epoch did) is ignored. Where the epoch was ending already (a pod left while the client
+ * had ops under way: words' drain), returns that end's code and fills end_why; else 0. */
+int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev, uint32_t run,
+               const uint8_t *prev, int code, const char *why, char *end_why, size_t end_whylen);
+/* The client of lease id is gone: forget its words (they are unmapped next; the epoch
+ * ends under the lease as the group's break says). Engine thread. */
+void net_lease_forget(struct net *n, int group, uint64_t id);
 
 /* Engine thread: readable when tasks or events are ready (edge-triggered use). */
 int net_notify_fd(const struct net *n);

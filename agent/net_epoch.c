@@ -5,6 +5,7 @@
  * the sockets, the data connections and the engine, and what ending an epoch does
  * here: connections closed, ops failed, the engine told.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 
 #include "coll/coll.h"
 #include "net_priv.h"
+#include "wire.h"
 
 static void send_rdv(struct net *n, const unsigned char *id, size_t idlen, union rdv_msg *m)
 {
@@ -69,12 +71,26 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 static void io_end(void *ctx, int code, const char *why, int drain)
 {
     struct ngroup *g = ctx;
-    /* (lent connections end at once: the client still reads what the pods sent until
-     * the grave closes them, net_epoch_end) */
-    if (drain && g->ready && !g->lent && (g->q_head || g->running || g->handoff)) {
+    int wait = drain && g->ready && !g->lent && (g->q_head || g->running || g->handoff);
+    /* (a mismatch ends the epoch's ops everywhere: nothing to finish) */
+    if (drain && g->ready && g->lent && g->lease_w && code != COLL_ERR_MISMATCH) {
+        /* lent: the same for the ops the client has under way. Bump drain, then look at
+         * busy (the client stores busy, then looks at drain: one of us sees the other).
+         * Not busy: end at once (a later op of its fails on the shut sockets and reads
+         * why in the region); busy: it gives the lease back when they are done, or by
+         * drain_until */
+        atomic_fetch_add_explicit(&g->lease_w->drain, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&g->lease_w->busy, memory_order_seq_cst)) {
+            wait = 1;
+            g->drain_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+        }
+    }
+    if (wait) {
         g->abort_pending = 1;
         g->abort_code = code;
         snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);
+        log_msg(LOG_INFO, "rendezvous.drain", "group=%s epoch=%u lent=%d reason=\"%s\"",
+                g->cfg->name, g->rdv.epoch, g->lent, why);
         return;
     }
     net_epoch_end(g->net, g, code, why, 0, 0);
@@ -144,6 +160,7 @@ void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, i
             if (g->rfds[p] >= 0) shutdown(g->rfds[p], SHUT_WR);
         }
         g->lent = 0;
+        g->lease_w = NULL;
     }
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->rdv.epoch,

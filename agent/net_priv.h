@@ -106,6 +106,8 @@ struct ngroup {
     int inline_abort;         /* the engine's tiny op failed: end the epoch */
     int lent;                 /* the collective connections are lent (net_lend) */
     uint64_t lease_id;
+    struct wire_lease_words *lease_w; /* the lease's words in the client's region, or NULL */
+    int64_t drain_until;              /* abort_pending while lent: the client has until then */
     char inline_why[160];
     int abort_code;
     char abort_why[RDV_MSG_MAX];

@@ -338,7 +338,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
                       "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);
     struct net_lease l;
     char why[160] = "";
-    int rc = net_lend(g->net, g->index, &l, why, sizeof(why));
+    int rc = net_lend(g->net, g->index, &s->shm->lease_q[q->handle], &l, why, sizeof(why));
     if (rc != COLL_OK) return refuse(s, q->h.req_id, rc, "group '%s': %s", g->cfg->name, why);
     union wire_msg m;
     wire_init(&m, WIRE_LEASE_OK, q->h.req_id);
@@ -354,7 +354,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     memcpy(m.lease_ok.prev, l.prev, sizeof(l.prev));
     m.lease_ok.lease_void = atomic_load_explicit(&s->shm->lease_void, memory_order_relaxed);
     if (send_reply(s, &m, l.fds, l.nfds) < 0) {
-        net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, COLL_OK, "");
+        net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, COLL_OK, "", why,
+                   sizeof(why));
         return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
     }
     g->lent_to = s;
@@ -374,16 +375,19 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
     struct group *g = s->handles[q->handle].g;
     if (q->code < 0 || q->code > COLL_ERR_INTERNAL)
         return violation(s, "lease given back with status %d", q->code);
+    union wire_msg m;
+    wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     if (g->lent_to == s && g->lease_id == q->lease_id) {
         g->lent_to = NULL;
         /* what the client says it ran: for /metrics only (the net checks the number) */
         if (q->seq >= g->lease_seq && q->seq - g->lease_seq < ((uint64_t)1 << 40))
             g->direct_ops += q->seq - g->lease_seq;
-        net_unlend(g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->code,
-                   q->why[0] ? q->why : "a direct op failed");
+        /* the epoch may have been waiting for it to end (a pod left): say why */
+        m.lease_back_ok.code =
+            net_unlend(g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->code,
+                       q->why[0] ? q->why : "a direct op failed", m.lease_back_ok.why,
+                       sizeof(m.lease_back_ok.why));
     } /* else the lease ended already (its epoch did): nothing to take back */
-    union wire_msg m;
-    wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
 }
 

@@ -28,7 +28,6 @@ _start_agents() {
 agent:
   socket: $dir/$i.sock
   log_level: ${LOG_LEVEL:-warn}
-$(case "$extra" in *direct_ops*) ;; *) echo "  direct_ops: true" ;; esac)
 $extra
 node:
   index: $i

@@ -1039,6 +1039,86 @@ static void a_direct_op_ends_retryably_when_a_pod_dies(void **state)
     member_agent = NULL;
 }
 
+struct late {
+    const char *sock;
+    int kind;    /* 0 allreduce, 1 allgather */
+    int slow_ms; /* sleep between submitting the last op and waiting for it */
+    int leave;   /* submit the last op late, close and go as soon as it is done */
+};
+
+/* Warm tiny ops (they take the lease), then one more: submitted, and waited for after
+ * slow_ms. Four pods double: pod 1's second step is a send it makes only in its wait
+ * (its first step's partner, pod 0, submits 50 ms after it). */
+static int late_main(void *arg)
+{
+    const struct late *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 65536, &c, &g, &info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(g, 10000) != COLL_OK) return 160;
+    float *x = mem;
+    for (int k = 0; k < 50; k++) {
+        coll_err e = allreduce16(c, g, x, info.rank);
+        if (e != COLL_OK) {
+            fprintf(stderr, "rank %d: warm op %d: %s\n", info.rank, k, coll_last_error());
+            return 161;
+        }
+    }
+    enum { N = 2048 }; /* 8 KiB a pod: above TCP_DIRECT_BYTES, so four pods double */
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(info.rank + 1);
+    /* the leavers last: pod 1's first step then finds nothing to read at submission */
+    if (o->leave) usleep(50 * 1000);
+    coll_request r;
+    coll_err e = o->kind ? coll_allgather(g, x, x + N, N, COLL_FLOAT32, NULL, &r)
+                         : coll_allreduce(g, x, x + N, N, COLL_FLOAT32, COLL_SUM, NULL, &r);
+    if (e != COLL_OK) return 162;
+    if (o->slow_ms) usleep((useconds_t)o->slow_ms * 1000);
+    e = coll_wait(c, r, 15000);
+    if (e != COLL_OK) {
+        fprintf(stderr, "rank %d: the last op: %s (%s)\n", info.rank, coll_strerror(e),
+                coll_last_error());
+        return 163;
+    }
+    for (int i = 0; i < (o->kind ? 4 * N : N); i++) {
+        float want = o->kind ? (float)(i / N + 1) : 10.0f;
+        if (x[N + i] != want) return 164;
+    }
+    if (!o->leave) usleep(300 * 1000); /* the others leave first */
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* A pod that finished an op and left had delivered its bytes: a pod still in that op
+ * finishes it, direct as through its agent. Four pods, pod 1 slow to wait for its last
+ * op, pods 0 and 2 done with it and gone before pod 1 makes its second step's send:
+ * pod 1's agent waits for its client's op before it ends the epoch (rendezvous.drain
+ * lent=1), and pods 1 and 3 get the right result. */
+static void a_late_pod_finishes_its_direct_op_when_others_leave(void **state)
+{
+    (void)state;
+    member_agent = "  direct_ops: true\n";
+    for (int kind = 0; kind < 2; kind++) {
+        struct agent a[4];
+        int port;
+        start_all(a, 4, 1, &port);
+        struct late jobs[4] = {{a[0].sock, kind, 0, 1},
+                               {a[1].sock, kind, 120, 0},
+                               {a[2].sock, kind, 0, 1},
+                               {a[3].sock, kind, 0, 0}};
+        fprintf(stderr, "case: %s\n", kind ? "allgather" : "allreduce");
+        run_ranks(late_main, jobs, sizeof(jobs[0]), 4, 60000);
+        assert_true(agent_log_wait(&a[1], "event=rendezvous.drain", 1, 5000));
+        assert_true(agent_log_count(&a[1], "lent=1") >= 1);
+        stop_all(a, 4);
+    }
+    member_agent = NULL;
+}
+
 static void mismatched_configs_are_rejected(void **state)
 {
     (void)state;
@@ -2135,6 +2215,7 @@ int main(void)
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
         cmocka_unit_test(a_direct_op_ends_retryably_when_a_pod_dies),
+        cmocka_unit_test(a_late_pod_finishes_its_direct_op_when_others_leave),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),

@@ -1214,6 +1214,87 @@ static void a_client_holding_the_connections_hurts_only_its_group(void **state)
     assert_int_equal(agent_stop(&a[1]), 0);
 }
 
+/* Tried on purpose: a client that holds its group's connections says it is busy for
+ * ever (the lease's busy word) and never gives them back. When the other pod leaves, its
+ * agent waits for it a heartbeat interval (250 ms here) and no more: the lease ends, the
+ * region says so, and the pair re-forms with the other pod's next client. */
+static void a_client_busy_for_ever_holds_its_group_back_a_heartbeat(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    assert_int_equal(start_duo(&a[0], port, 0), 0);
+    assert_int_equal(start_duo(&a[1], port, 1), 0);
+    coll_conn *hc;
+    coll_group *hg;
+    assert_int_equal(coll_connect(&hc, a[1].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+    struct raw r;
+    raw_hello(&r, a[0].sock);
+    uint32_t epoch;
+    uint32_t h = raw_open(&r, "duo", &epoch);
+    union wire_msg q;
+    int fds[4];
+    raw_lease(&r, h, &q, fds);
+    uint32_t void0 = atomic_load(&r.shm->lease_void);
+    uint32_t drain0 = atomic_load(&r.shm->lease_q[h].drain);
+    atomic_store(&r.shm->lease_q[h].busy, 1);
+    /* the other pod leaves: its agent tells the coordinator (pod 0), which drains */
+    double t0 = now_ms();
+    coll_group_close(&hg);
+    double until = t0 + 5000;
+    while (atomic_load(&r.shm->lease_void) == void0 && now_ms() < until)
+        usleep(1000);
+    double ms = now_ms() - t0;
+    fprintf(stderr, "lease ended %.0f ms after the other pod left\n", ms);
+    assert_int_not_equal(atomic_load(&r.shm->lease_void), void0);
+    assert_int_not_equal(atomic_load(&r.shm->lease_q[h].drain), drain0); /* it was asked */
+    assert_true(ms >= 250 && ms < 2000); /* waited for it, a heartbeat and no more */
+    assert_true(coll_err_retryable((coll_err)r.shm->lease_end.code));
+    assert_true(agent_log_count(&a[0], "event=rendezvous.drain") >= 1);
+    close(fds[0]);
+    close(fds[1]);
+    /* the pair re-forms: the offender goes, honest clients on both pods */
+    close(r.fd);
+    munmap(r.shm, sizeof(struct wire_shm));
+    close(r.efd);
+    coll_conn *c0;
+    coll_group *g0;
+    coll_buffer *b0, *hb;
+    assert_int_equal(coll_connect(&c0, a[0].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b0, c0, 4096, COLL_DEVICE_HOST), COLL_OK);
+    assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&hb, hc, 4096, COLL_DEVICE_HOST), COLL_OK);
+    pid_t p = fork();
+    if (p == 0) {
+        coll_err pe = COLL_ERR_TIMEOUT;
+        for (int k = 0; k < 50 && pe != COLL_OK; k++) {
+            pe = honest_allreduce(c0, g0, coll_mem_ptr(b0), NULL);
+            if (pe == COLL_ERR_EPOCH) {
+                coll_group_close(&g0);
+                coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY);
+            }
+        }
+        _exit(pe == COLL_OK && ((int32_t *)coll_mem_ptr(b0))[16 + 3] == 6 ? 0 : 1);
+    }
+    coll_err he = COLL_ERR_TIMEOUT;
+    for (int k = 0; k < 50 && he != COLL_OK; k++) {
+        he = honest_allreduce(hc, hg, coll_mem_ptr(hb), NULL);
+        if (he == COLL_ERR_EPOCH) {
+            coll_group_close(&hg);
+            assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+        }
+    }
+    assert_int_equal(he, COLL_OK);
+    assert_int_equal(((int32_t *)coll_mem_ptr(hb))[16 + 3], 6);
+    assert_int_equal(child_wait(p, 20000), 0);
+    coll_disconnect(&c0);
+    coll_disconnect(&hc);
+    assert_int_equal(agent_stop(&a[0]), 0);
+    assert_int_equal(agent_stop(&a[1]), 0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1247,6 +1328,7 @@ int main(void)
         T(sigterm_fails_ops_with_shutdown),
         cmocka_unit_test(a_client_s_false_cpu_never_makes_the_agent_spin_against_others),
         cmocka_unit_test(a_client_holding_the_connections_hurts_only_its_group),
+        cmocka_unit_test(a_client_busy_for_ever_holds_its_group_back_a_heartbeat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

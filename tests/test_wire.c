@@ -100,7 +100,8 @@ static void unterminated_strings_are_refused(void **state)
 }
 
 /* A lease's shape is checked before libcoll uses it: 2..16 pods, this one among them,
- * two connections per other pod; the reason a lease comes back with is a string. */
+ * two connections per other pod; the reasons a lease comes back with, and the agent's
+ * answer, are strings, and the answer's code is an error code. */
 static void lease_shapes_are_checked(void **state)
 {
     (void)state;
@@ -128,6 +129,23 @@ static void lease_shapes_are_checked(void **state)
     }
     wire_init(&m, WIRE_LEASE_BACK, 1);
     memset(m.lease_back.why, 'x', sizeof(m.lease_back.why));
+    assert_int_equal(decode(&m, m.h.len, &out, err), -1);
+    assert_non_null(strstr(err, "NUL-terminated"));
+    /* the answer to a give-back: the end's code is an error code, its reason a string */
+    const int32_t codes[] = {0, COLL_ERR_PEER_LOST, COLL_ERR_INTERNAL, -1, COLL_ERR_INTERNAL + 1};
+    for (size_t k = 0; k < sizeof(codes) / sizeof(codes[0]); k++) {
+        wire_init(&m, WIRE_LEASE_BACK_OK, 1);
+        m.lease_back_ok.code = codes[k];
+        snprintf(m.lease_back_ok.why, sizeof(m.lease_back_ok.why), "node 1 (pod-1) left");
+        int ok = codes[k] >= 0 && codes[k] <= COLL_ERR_INTERNAL;
+        assert_int_equal(decode(&m, m.h.len, &out, err), ok ? 0 : -1);
+        if (ok)
+            assert_string_equal(out.lease_back_ok.why, "node 1 (pod-1) left");
+        else
+            assert_non_null(strstr(err, "end code"));
+    }
+    wire_init(&m, WIRE_LEASE_BACK_OK, 1);
+    memset(m.lease_back_ok.why, 'x', sizeof(m.lease_back_ok.why));
     assert_int_equal(decode(&m, m.h.len, &out, err), -1);
     assert_non_null(strstr(err, "NUL-terminated"));
 }

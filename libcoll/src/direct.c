@@ -37,7 +37,8 @@ struct lc_direct {
     int held, never;
     int64_t retry_ns;
     uint64_t lease_id;
-    uint32_t void_seen; /* the region's lease_void when the lease came */
+    uint32_t void_seen;  /* the region's lease_void when the lease came */
+    uint32_t drain_seen; /* ... and our handle's drain word (wire.h: lease_q) */
     int nodes, me;
     int *fds, *rfds; /* by node index, ours (-1 at me) */
     uint64_t seq;    /* the next op's number in the epoch */
@@ -71,7 +72,7 @@ coll_err lc_direct_init(coll_group *g)
 {
     coll_conn *c = g->conn;
     if (!c->agent_lease || g->gpu || g->info.nodes < 2 || g->info.local_slots != 1 ||
-        g->info.nodes > TCP_EAGER_ALL)
+        g->info.nodes > TCP_EAGER_ALL || g->handle >= WIRE_MAX_HANDLES)
         return COLL_OK;
     struct lc_direct *d = calloc(1, sizeof(*d));
     int n = g->info.nodes;
@@ -106,6 +107,30 @@ int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t
     return tcp_tiny_fits(&cm, &t);
 }
 
+static int nap_here(void *ctx, int asleep)
+{
+    (void)ctx;
+    (void)asleep;
+    return 0; /* nothing else to do: sleep on the op's sockets until the slice ends */
+}
+
+static struct tcp_comm comm_of(struct lc_direct *d, int64_t deadline, int64_t until)
+{
+    return (struct tcp_comm){.nodes = d->nodes,
+                             .me = d->me,
+                             .nlocal = 1,
+                             .fds = d->fds,
+                             .rfds = d->rfds,
+                             .seq = d->seq,
+                             .deadline_ns = deadline,
+                             .scratch = &d->scratch,
+                             .budget_until = until,
+                             .nap = until > now_ns() ? nap_here : NULL,
+                             .wake_fd = {-1, -1},
+                             .spin = d->spin,
+                             .acks = d->acks};
+}
+
 /* ---- the lease ----------------------------------------------------------------------- */
 
 static void drop(struct lc_direct *d)
@@ -122,6 +147,17 @@ static void drop(struct lc_direct *d)
 static int voided(const coll_group *g)
 {
     return atomic_load_explicit(&g->conn->shm->lease_void, memory_order_acquire) != g->d->void_seen;
+}
+
+static struct wire_lease_words *words(const coll_group *g)
+{
+    return &g->conn->shm->lease_q[g->handle];
+}
+
+/* The agent asked for the lease back: a pod left, and the epoch ends once our ops are. */
+static int drained(const coll_group *g)
+{
+    return atomic_load_explicit(&words(g)->drain, memory_order_seq_cst) != g->d->drain_seen;
 }
 
 /* Ask for the lease (direct lock held, c->lock not). */
@@ -185,6 +221,7 @@ static void take(coll_group *g)
     }
     d->lease_id = l->lease_id;
     d->void_seen = l->lease_void;
+    d->drain_seen = atomic_load_explicit(&words(g)->drain, memory_order_seq_cst);
     d->seq = l->seq;
     d->op_ns = (int64_t)l->op_ms * 1000000;
     tcp_acks_import(d->acks, l->has_prev, l->run, l->prev);
@@ -193,8 +230,10 @@ static void take(coll_group *g)
     d->end_code = 0;
 }
 
-/* Hand the lease back with code (COLL_OK: with the state it left). Direct lock held. */
-static void give(coll_group *g, int code, const char *why)
+/* Hand the lease back with code (COLL_OK: with the state it left). Direct lock held.
+ * Returns the agent's code where the epoch was ending already (a pod left: end_why, of
+ * WIRE_WHY_MAX, then says why), else 0. */
+static int give(coll_group *g, int code, const char *why, char *end_why)
 {
     struct lc_direct *d = g->d;
     coll_conn *c = g->conn;
@@ -212,31 +251,72 @@ static void give(coll_group *g, int code, const char *why)
     snprintf(m.lease_back.why, sizeof(m.lease_back.why), "%s", why ? why : "");
     drop(d);
     pthread_mutex_lock(&c->lock);
-    if (!c->lost) lc_rpc(c, &m, -1, WIRE_LEASE_BACK_OK, &r, NULL, NULL);
+    coll_err rc =
+        c->lost ? COLL_ERR_AGENT_LOST : lc_rpc(c, &m, -1, WIRE_LEASE_BACK_OK, &r, NULL, NULL);
     pthread_mutex_unlock(&c->lock);
+    if (rc != COLL_OK || r.lease_back_ok.code == 0) return 0;
+    if (end_why) memcpy(end_why, r.lease_back_ok.why, WIRE_WHY_MAX);
+    return r.lease_back_ok.code;
+}
+
+/* Settle the acks a broadcast root went on without, then give the lease back (held, the
+ * queue empty; direct lock held). */
+static void hand_back(coll_group *g)
+{
+    struct lc_direct *d = g->d;
+    struct net_task t = {.type = NET_TASK_OP, .kind = WIRE_OP_BARRIER};
+    char why[WIRE_WHY_MAX] = "";
+    int st;
+    t.deadline_ns = now_ns() + d->op_ns;
+    do {
+        struct tcp_comm cm = comm_of(d, t.deadline_ns, now_ns() + DIRECT_SLICE_NS);
+        st = tcp_settle(&cm, &t, why, sizeof(why));
+    } while (st == TCP_AGAIN);
+    give(g, st, why, NULL);
+}
+
+/* The agent's word on how lease id ended (the region's lease_end), where it is there:
+ * replaces *st and why (WIRE_WHY_MAX). */
+static void end_word(const coll_group *g, uint64_t id, int *st, char *why)
+{
+    const struct wire_shm *shm = g->conn->shm;
+    if (voided(g) && shm->lease_end.lease_id == id && shm->lease_end.code > 0 &&
+        shm->lease_end.code <= COLL_ERR_INTERNAL) {
+        *st = shm->lease_end.code;
+        memcpy(why, shm->lease_end.why, WIRE_WHY_MAX);
+        why[WIRE_WHY_MAX - 1] = '\0';
+    }
 }
 
 /* Direct op failed with *st (why, WIRE_WHY_MAX): the lease ends. Where the agent ended
  * the epoch, its code and reason replace ours; else ours goes to it, and it ends the
- * epoch with them. Direct lock held. */
+ * epoch with them. Direct lock held (a pod that left: the agent
+ * waited for us, and its answer to the give-back says why). */
 static void lease_failed(coll_group *g, int *st, char *why)
 {
     struct lc_direct *d = g->d;
     if (d->held) {
         int64_t until = now_ns() + END_WORD_NS;
-        while (*st == COLL_ERR_PEER_LOST && !voided(g) && now_ns() < until)
+        uint64_t id = d->lease_id;
+        while (*st == COLL_ERR_PEER_LOST && !voided(g) && !drained(g) && now_ns() < until)
             usleep(200);
-        const struct wire_shm *shm = g->conn->shm;
-        if (voided(g)) {
-            if (shm->lease_end.lease_id == d->lease_id && shm->lease_end.code > 0 &&
-                shm->lease_end.code <= COLL_ERR_INTERNAL) {
-                *st = shm->lease_end.code;
-                memcpy(why, shm->lease_end.why, WIRE_WHY_MAX);
+        if (!voided(g) && drained(g)) { /* the epoch ends for a pod that left: its word */
+            char end_why[WIRE_WHY_MAX];
+            int end = give(g, *st, why[0] ? why : coll_strerror((coll_err)*st), end_why);
+            if (end > 0) {
+                *st = end;
+                memcpy(why, end_why, WIRE_WHY_MAX);
                 why[WIRE_WHY_MAX - 1] = '\0';
+            } else { /* it had ended already (the wait ran out): its word comes next */
+                while (*st == COLL_ERR_PEER_LOST && !voided(g) && now_ns() < until)
+                    usleep(200);
+                end_word(g, id, st, why);
             }
+        } else if (voided(g)) {
+            end_word(g, id, st, why);
             drop(d);
         } else {
-            give(g, *st, why[0] ? why : coll_strerror((coll_err)*st));
+            give(g, *st, why[0] ? why : coll_strerror((coll_err)*st), NULL);
         }
     }
     d->end_code = *st;
@@ -250,6 +330,7 @@ int lc_direct_begin(coll_group *g)
     /* the agent ended the lease's epoch: drop it once nothing queued needs it (those
      * ops fail in turn on the closed sockets) */
     if (d->held && d->qh == d->qt && voided(g)) drop(d);
+    if (d->held && d->qh == d->qt && drained(g)) hand_back(g); /* the epoch is ending */
     if (!d->held && d->qh == d->qt) take(g);
     if (d->held || d->qh != d->qt) return 1; /* queued ops stay in order behind the head */
     pthread_mutex_unlock(&d->lock);
@@ -268,30 +349,6 @@ void lc_direct_unlock(coll_group *g)
 
 /* ---- running ops ------------------------------------------------------------------------ */
 
-static int nap_here(void *ctx, int asleep)
-{
-    (void)ctx;
-    (void)asleep;
-    return 0; /* nothing else to do: sleep on the op's sockets until the slice ends */
-}
-
-static struct tcp_comm comm_of(struct lc_direct *d, int64_t deadline, int64_t until)
-{
-    return (struct tcp_comm){.nodes = d->nodes,
-                             .me = d->me,
-                             .nlocal = 1,
-                             .fds = d->fds,
-                             .rfds = d->rfds,
-                             .seq = d->seq,
-                             .deadline_ns = deadline,
-                             .scratch = &d->scratch,
-                             .budget_until = until,
-                             .nap = until > now_ns() ? nap_here : NULL,
-                             .wake_fd = {-1, -1},
-                             .spin = d->spin,
-                             .acks = d->acks};
-}
-
 /* Request idx is done with st (why: its reason). Direct lock held. */
 static void finish(coll_group *g, uint32_t idx, int st, const char *why)
 {
@@ -306,6 +363,14 @@ static void finish(coll_group *g, uint32_t idx, int st, const char *why)
     if (r->rb) r->rb->inflight--;
     r->sb = r->rb = NULL;
     pthread_mutex_unlock(&c->lock);
+}
+
+/* The queue ran empty: not busy; and where the agent asked for the lease back meanwhile
+ * (a pod left), it goes back now (wire.h: lease_q). Direct lock held. */
+static void went_idle(coll_group *g)
+{
+    atomic_store_explicit(&words(g)->busy, 0, memory_order_seq_cst);
+    if (g->d->held && !voided(g) && drained(g)) hand_back(g);
 }
 
 /* Run the head op as far as until allows (see lc_direct_progress); returns 1 when the
@@ -365,6 +430,7 @@ static int run(coll_group *g, uint32_t want, int64_t until)
         d->qh++;
         if (st != COLL_OK && d->held) lease_failed(g, &st, why);
         finish(g, idx, st, why);
+        if (d->qh == d->qt) went_idle(g);
         if (idx == want) return 1;
     }
     return 1;
@@ -374,7 +440,11 @@ void lc_direct_queue(coll_group *g, uint32_t idx)
 {
     struct lc_direct *d = g->d;
     d->q[d->qt++ & RING_MASK] = idx;
-    if (d->qt - d->qh == 1) run(g, UINT32_MAX, 0); /* send what it can now */
+    if (d->qt - d->qh == 1) {
+        /* under way from here: an epoch that ends for a pod that left waits for us */
+        atomic_store_explicit(&words(g)->busy, 1, memory_order_seq_cst);
+        run(g, UINT32_MAX, 0); /* send what it can now */
+    }
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -406,18 +476,7 @@ void lc_direct_give_back(coll_group *g)
     while (d->qh != d->qt) /* every queued op ends by its deadline */
         run(g, UINT32_MAX, now_ns() + DIRECT_SLICE_NS);
     if (d->held && voided(g)) drop(d);
-    if (d->held) {
-        /* the acks a broadcast root went on without, before the agent takes over */
-        struct net_task t = {.type = NET_TASK_OP, .kind = WIRE_OP_BARRIER};
-        char why[WIRE_WHY_MAX] = "";
-        int st;
-        t.deadline_ns = now_ns() + d->op_ns;
-        do {
-            struct tcp_comm cm = comm_of(d, t.deadline_ns, now_ns() + DIRECT_SLICE_NS);
-            st = tcp_settle(&cm, &t, why, sizeof(why));
-        } while (st == TCP_AGAIN);
-        give(g, st, why);
-    }
+    if (d->held) hand_back(g); /* with the acks a broadcast root went on without */
     pthread_mutex_unlock(&d->lock);
 }
 

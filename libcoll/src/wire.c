@@ -33,7 +33,7 @@ static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_LEASE] = sizeof(struct wire_lease),
     [WIRE_LEASE_OK] = sizeof(struct wire_lease_ok),
     [WIRE_LEASE_BACK] = sizeof(struct wire_lease_back),
-    [WIRE_LEASE_BACK_OK] = sizeof(struct wire_hdr),
+    [WIRE_LEASE_BACK_OK] = sizeof(struct wire_lease_back_ok),
 };
 
 size_t wire_size(unsigned t)
@@ -119,6 +119,14 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
         break;
     case WIRE_LEASE_BACK:
         if (!terminated(out->lease_back.why, sizeof(out->lease_back.why))) goto unterminated;
+        break;
+    case WIRE_LEASE_BACK_OK:
+        if (!terminated(out->lease_back_ok.why, sizeof(out->lease_back_ok.why))) goto unterminated;
+        if (out->lease_back_ok.code < 0 || out->lease_back_ok.code > COLL_ERR_INTERNAL) {
+            snprintf(err, errlen, "lease given back with the epoch's end code %d",
+                     out->lease_back_ok.code);
+            return -1;
+        }
         break;
     case WIRE_LEASE_OK:
         if (out->lease_ok.nodes < 2 || out->lease_ok.nodes > WIRE_LEASE_MAX_FDS / 2 + 1 ||

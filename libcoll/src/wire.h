@@ -20,6 +20,7 @@
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_WHY_MAX 160                    /* the reason of a failed op, in the shared region */
 #define WIRE_MAX_MSG 512                    /* no control message is larger */
+#define WIRE_MAX_HANDLES 64                 /* groups one session may have open */
 #define WIRE_RING_ENTRIES 256               /* ops in flight per session */
 #define WIRE_MAX_BUFFER ((uint64_t)1 << 46) /* bytes one shared buffer may hold (64 TiB) */
 
@@ -154,6 +155,16 @@ struct wire_lease_back {
     char why[WIRE_WHY_MAX];
 };
 
+/* The reply to WIRE_LEASE_BACK. code nonzero: the lease's epoch was ending already (a pod
+ * left: the agent waited for the ops the client had under way, struct wire_shm's
+ * lease_q), and this is why; the client reports it for an op that failed on the way. */
+struct wire_lease_back_ok {
+    struct wire_hdr h;
+    int32_t code;
+    uint32_t pad;
+    char why[WIRE_WHY_MAX];
+};
+
 /* How a shared buffer travels. */
 enum wire_mem_kind {
     WIRE_MEM_MEMFD = 0, /* host memory: a sealed memfd (the fd) */
@@ -201,6 +212,7 @@ union wire_msg {
     struct wire_lease lease;
     struct wire_lease_ok lease_ok;
     struct wire_lease_back lease_back;
+    struct wire_lease_back_ok lease_back_ok;
 };
 
 /* Fill the header of m for type (its length comes from the type). */
@@ -301,6 +313,12 @@ struct wire_ring_idx {
     char pad[WIRE_CACHELINE - 2 * sizeof(uint32_t)];
 };
 
+/* A lease's two words (struct wire_shm's lease_q). */
+struct wire_lease_words {
+    _Atomic uint32_t busy;  /* the client's */
+    _Atomic uint32_t drain; /* the agent's */
+};
+
 /*
  * The region the agent creates per session. sq: the client produces, the agent
  * consumes; cq: the other way round. A consumer polls the seq of the next entry, so
@@ -348,6 +366,15 @@ struct wire_shm {
         uint32_t pad;
         char why[WIRE_WHY_MAX];
     } lease_end;
+    /*
+     * direct ops, per group handle: busy is 1 while the client has direct ops of the
+     * handle queued; drain is bumped by the agent when the lease's epoch ends (a pod
+     * left) and busy was 1, and the agent then waits (a heartbeat at most) for those ops
+     * and the lease back, as it finishes its own queued ops before it ends an epoch: a pod
+     * that finished an op and left delivered its bytes first. Each side stores its word,
+     * fences (seq_cst) and loads the other's, so one of them always sees the other.
+     */
+    struct wire_lease_words lease_q[WIRE_MAX_HANDLES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 
