@@ -326,6 +326,8 @@ static int poll_rings(struct engine *eng)
 static void publish(struct engine *eng)
 {
     if (!eng->http) return;
+    for (int i = 0; i < eng->ngroups; i++) /* the direct ops clients ran meanwhile */
+        group_direct_fold(&eng->groups[i]);
     int imports = 0;
     for (const struct session *s = eng->sessions; s; s = s->next)
         imports += session_gpu_buffers(s);

@@ -113,6 +113,10 @@ void group_detach(struct group *g, int slot)
     if (slot < 0 || slot >= g->nslots || !g->slots[slot].s) return;
     uint32_t e = g->slots[slot].epoch;
     if (g->lent_to == g->slots[slot].s) group_void_lease(g, COLL_ERR_PEER_LOST, "it left");
+    if (g->dc_s == g->slots[slot].s) { /* its last counts, while its region is there */
+        group_direct_fold(g);
+        g->dc_s = NULL;
+    }
     g->slots[slot].s = NULL;
     g->attached--;
     log_msg(LOG_INFO, "group.detach", "group=%s slot=%d epoch=%u attached=%d/%d", g->cfg->name,
@@ -120,8 +124,7 @@ void group_detach(struct group *g, int slot)
     if (e == g->epoch) group_break(g, COLL_ERR_PEER_LOST, "a participant left");
 }
 
-const double group_hist_bounds[GROUP_HIST_BUCKETS] = {
-    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 2.5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.5, 10};
+const double group_hist_bounds[GROUP_HIST_BUCKETS] = WIRE_HIST_BOUNDS;
 
 static void count_op(struct group *g, const struct op *op, int status)
 {
@@ -207,7 +210,58 @@ void group_set_gpu(struct group *g, struct gpu *gpu, int index)
 
 void group_forget_session(struct group *g, const struct session *s)
 {
+    if (g->dc_s == s) {
+        group_direct_fold(g);
+        g->dc_s = NULL;
+    }
     if (g->be) g->be->forget_session(g, s);
+}
+
+/* What w grew by since *seen (0 if it did not: a client only raises its counts). */
+static uint64_t grew(const _Atomic uint64_t *w, uint64_t *seen)
+{
+    uint64_t v = atomic_load_explicit(w, memory_order_relaxed), d = v > *seen ? v - *seen : 0;
+    *seen = v > *seen ? v : *seen;
+    return d;
+}
+
+void group_direct_fold(struct group *g)
+{
+    if (!g->dc_s || !g->dc_s->shm) return;
+    const struct wire_direct_counts *k = &g->dc_s->shm->direct[g->dc_handle];
+    struct group_metrics *m = &g->m;
+    for (int o = 0; o < WIRE_OP_KIND_COUNT; o++) {
+        for (int st = 0; st < GROUP_STATUS_MAX; st++) {
+            uint64_t d = grew(&k->ops[o][st], &g->dc_seen.ops[o][st]);
+            m->ops[o][st] += d;
+            g->direct_ops += d;
+        }
+        m->bytes[o] += grew(&k->bytes[o], &g->dc_seen.bytes[o]);
+    }
+    for (int b = 0; b <= GROUP_HIST_BUCKETS; b++) {
+        uint64_t d = grew(&k->hist[b], &g->dc_seen.hist[b]);
+        m->hist[b] += d;
+        m->count += d;
+    }
+    m->sum_s += (double)grew(&k->sum_ns, &g->dc_seen.sum_ns) / 1e9;
+}
+
+void group_direct_follow(struct group *g, struct session *s, uint32_t handle)
+{
+    if (handle >= WIRE_DIRECT_HANDLES || (g->dc_s == s && g->dc_handle == handle)) return;
+    group_direct_fold(g); /* the one before, if any */
+    g->dc_s = s;
+    g->dc_handle = handle;
+    /* from now on: what the words say already was never this group's */
+    const struct wire_direct_counts *k = &s->shm->direct[handle];
+    for (int o = 0; o < WIRE_OP_KIND_COUNT; o++) {
+        for (int st = 0; st < GROUP_STATUS_MAX; st++)
+            g->dc_seen.ops[o][st] = atomic_load_explicit(&k->ops[o][st], memory_order_relaxed);
+        g->dc_seen.bytes[o] = atomic_load_explicit(&k->bytes[o], memory_order_relaxed);
+    }
+    for (int b = 0; b <= GROUP_HIST_BUCKETS; b++)
+        g->dc_seen.hist[b] = atomic_load_explicit(&k->hist[b], memory_order_relaxed);
+    g->dc_seen.sum_ns = atomic_load_explicit(&k->sum_ns, memory_order_relaxed);
 }
 
 void group_net_mark_done(struct group *g)

@@ -56,8 +56,8 @@ struct round {
 
 /* What /metrics says of a group (engine thread; metrics.c renders it). Status index:
  * 0 ok, else the coll_err. Durations from the op's submission to its completion. */
-#define GROUP_STATUS_MAX 18
-#define GROUP_HIST_BUCKETS 14
+#define GROUP_STATUS_MAX WIRE_STATUS_COUNT
+#define GROUP_HIST_BUCKETS WIRE_HIST_BUCKETS
 extern const double group_hist_bounds[GROUP_HIST_BUCKETS]; /* seconds */
 struct group_metrics {
     uint64_t ops[WIRE_OP_KIND_COUNT][GROUP_STATUS_MAX];
@@ -100,8 +100,18 @@ struct group {
     /* direct ops: the session whose client holds the group's connections (net_lend),
      * and the lease's id; NULL when nobody does */
     struct session *lent_to;
-    uint64_t lease_id, lease_seq; /* ... and the op number it went out with */
-    uint64_t leases, direct_ops;  /* lent, and the ops run on them (told when given back) */
+    uint64_t lease_id;           /* ... and the lease's id */
+    uint64_t leases, direct_ops; /* lent, and the ops its clients ran on them */
+    /* the client whose direct ops' counts (its region's direct[handle]) go into m, and
+     * what of them m has already (group_direct_fold) */
+    struct session *dc_s;
+    uint32_t dc_handle;
+    struct {
+        uint64_t ops[WIRE_OP_KIND_COUNT][GROUP_STATUS_MAX];
+        uint64_t bytes[WIRE_OP_KIND_COUNT];
+        uint64_t hist[GROUP_HIST_BUCKETS + 1];
+        uint64_t sum_ns;
+    } dc_seen;
 };
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
@@ -147,6 +157,11 @@ int group_idle(const struct group *g);
 /* The lease ends on this side (the epoch ends with err, why): its client drops it
  * before its next direct op, and reports err for the op the end cut short. */
 void group_void_lease(struct group *g, int err, const char *why);
+/* Direct ops: count handle's ops in s's region as the group's own from now on (a lease
+ * went out to it); and add to the group's metrics what they grew by since the last look
+ * (each /metrics publish, and before that client goes). Engine thread. */
+void group_direct_follow(struct group *g, struct session *s, uint32_t handle);
+void group_direct_fold(struct group *g);
 
 /* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);

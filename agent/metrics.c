@@ -67,7 +67,8 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         "# HELP coll_gpu_buffer_imports Client GPU buffers the agent holds open.\n"
         "# TYPE coll_gpu_buffer_imports gauge\ncoll_gpu_buffer_imports %d\n",
         in->gpu_imports);
-    put(&o, "# HELP coll_ops_total Ops finished, by group, kind and status.\n"
+    put(&o, "# HELP coll_ops_total Ops finished, by group, kind and status (direct ops: as their "
+            "clients count them).\n"
             "# TYPE coll_ops_total counter\n");
     for (int i = 0; i < in->ngroups; i++) {
         const struct group *g = &in->groups[i];
@@ -160,7 +161,7 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
     }
     put(&o, "# HELP coll_ops_path_total Host ops between pods by where they ran: inline (the "
             "engine), handed_over (started there, finished by the net thread), queued, direct "
-            "(the application, on lent connections; counted when it gives them back).\n"
+            "(the application, on lent connections: what its client counts in its region).\n"
             "# TYPE coll_ops_path_total counter\n");
     for (int i = 0; i < in->ngroups; i++) {
         const struct group *g = &in->groups[i];

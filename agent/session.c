@@ -359,8 +359,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
         return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
     }
     g->lent_to = s;
+    group_direct_follow(g, s, q->handle);
     g->lease_id = l.id;
-    g->lease_seq = l.seq;
     g->leases++;
     log_msg(LOG_DEBUG, "session.lease", "session=%llu group=%s lease=%llu seq=%llu",
             (unsigned long long)s->id, g->cfg->name, (unsigned long long)l.id,
@@ -379,9 +379,6 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
     wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     if (g->lent_to == s && g->lease_id == q->lease_id) {
         g->lent_to = NULL;
-        /* what the client says it ran: for /metrics only (the net checks the number) */
-        if (q->seq >= g->lease_seq && q->seq - g->lease_seq < ((uint64_t)1 << 40))
-            g->direct_ops += q->seq - g->lease_seq;
         /* the epoch may have been waiting for it to end (a pod left): say why */
         m.lease_back_ok.code =
             net_unlend(g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->code,

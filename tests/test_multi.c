@@ -2130,7 +2130,8 @@ static void sigterm_drains_then_leaves(void **state)
 
 /* GET url with curl (a real HTTP client) into file; the HTTP status, or -1. */
 /* /livez, /readyz (with why) and /metrics, scraped with curl and parsed with the
- * Prometheus client's parser; /readyz turns 503 the moment SIGTERM arrives. */
+ * Prometheus client's parser; direct ops in the op counts and latencies as the agent's
+ * own; /readyz turns 503 the moment SIGTERM arrives. */
 static void http_endpoints_say_health_and_metrics(void **state)
 {
     (void)state;
@@ -2152,7 +2153,7 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_true(file_has(file, "[-] group g: not formed: waiting for node indexes 1"));
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
     struct one ok[2] = {{.sock = a[0].sock, .times = 5}, {.sock = a[1].sock, .times = 5}};
-    agent_path(1); /* the agent's own op counts and latencies (direct ops have neither) */
+    agent_path(1); /* the agent's own op counts and latencies first */
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     agent_path(0);
     usleep(1200 * 1000);
@@ -2183,6 +2184,35 @@ static void http_endpoints_say_health_and_metrics(void **state)
                      5);
     /* formed again after the applications left, or not yet: either way it says so */
     assert_true(metric_of(out, "formed_g") == 0 || metric_of(out, "formed_g") == 1);
+    assert_int_equal(metric_of(out, "bytes_g_allreduce"), 5 * 64);
+    /* direct ops, counted by their clients in their regions: in the same families, while
+     * the clients are still there (each publish reads them) */
+    char hold[128];
+    tmp_path(hold, sizeof(hold), "hold", 0);
+    struct one direct[2] = {{.sock = a[0].sock, .times = 20, .hold = hold},
+                            {.sock = a[1].sock, .times = 20, .hold = hold}};
+    pid_t p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = child_run(allreduce_once, &direct[i]);
+    wait_ranks_done(hold, 2);
+    usleep(1200 * 1000);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    assert_int_equal(http_get(url, file), 200);
+    assert_int_equal(metrics_parse(file, out, sizeof(out)), 0);
+    FILE *hf = fopen(hold, "w");
+    if (hf) fclose(hf);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(p[i], 30000), 0);
+    unlink(hold);
+    printf("%s", out);
+    long direct_n = metric_of(out, "path_g_direct");
+    assert_int_equal(metric_of(out, "ops_g_allreduce_ok"), 25);
+    assert_int_equal(metric_of(out, "hist_count_g"), 25);
+    assert_int_equal(metric_of(out, "bytes_g_allreduce"), 25 * 64);
+    assert_int_equal(direct_n + metric_of(out, "path_g_inline") +
+                         metric_of(out, "path_g_handed_over") + metric_of(out, "path_g_queued"),
+                     25);
+    assert_true(direct_n >= 10); /* one that finds the agent busy goes through it */
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/nothing", hport);
     assert_int_equal(http_get(url, file), 404);
     /* SIGTERM: not ready at once (nothing in flight: it stops right after) */

@@ -72,7 +72,7 @@ coll_err lc_direct_init(coll_group *g)
 {
     coll_conn *c = g->conn;
     if (!c->agent_lease || g->gpu || g->info.nodes < 2 || g->info.local_slots != 1 ||
-        g->info.nodes > TCP_EAGER_ALL || g->handle >= WIRE_MAX_HANDLES)
+        g->info.nodes > TCP_EAGER_ALL || g->handle >= WIRE_DIRECT_HANDLES)
         return COLL_OK;
     struct lc_direct *d = calloc(1, sizeof(*d));
     int n = g->info.nodes;
@@ -349,10 +349,37 @@ void lc_direct_unlock(coll_group *g)
 
 /* ---- running ops ------------------------------------------------------------------------ */
 
+static const double hist_bounds[WIRE_HIST_BUCKETS] = WIRE_HIST_BOUNDS;
+
+static void add(_Atomic uint64_t *w, uint64_t v)
+{
+    /* one writer (the direct lock): a load and a store, no locked add */
+    atomic_store_explicit(w, atomic_load_explicit(w, memory_order_relaxed) + v,
+                          memory_order_relaxed);
+}
+
+/* Count a direct op in the region, where the agent's /metrics reads it (wire.h). */
+static void count(coll_group *g, const struct req *r, int st)
+{
+    struct wire_direct_counts *k = &g->conn->shm->direct[g->handle];
+    unsigned kind = r->kind < WIRE_OP_KIND_COUNT ? r->kind : 0;
+    add(&k->ops[kind][st >= 0 && st < WIRE_STATUS_COUNT ? st : COLL_ERR_INTERNAL], 1);
+    if (st == COLL_OK && r->dtype < COLL_DTYPE_COUNT)
+        add(&k->bytes[kind], r->count * coll_dtype_size((coll_dtype)r->dtype));
+    int64_t ns = now_ns() - r->t0;
+    if (ns < 0) ns = 0;
+    int b = 0;
+    while (b < WIRE_HIST_BUCKETS && (double)ns > hist_bounds[b] * 1e9)
+        b++;
+    add(&k->hist[b], 1);
+    add(&k->sum_ns, (uint64_t)ns);
+}
+
 /* Request idx is done with st (why: its reason). Direct lock held. */
 static void finish(coll_group *g, uint32_t idx, int st, const char *why)
 {
     coll_conn *c = g->conn;
+    count(g, &c->reqs[idx], st);
     pthread_mutex_lock(&c->lock);
     struct req *r = &c->reqs[idx];
     r->state = REQ_DONE;

@@ -51,7 +51,7 @@ struct req {
     uint64_t count;
     const void *send;
     void *recv;
-    int64_t deadline;
+    int64_t t0, deadline; /* submitted at, and its deadline */
     coll_group *dg;
     char why[WIRE_WHY_MAX]; /* a failed direct op's reason */
 };

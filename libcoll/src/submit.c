@@ -154,7 +154,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         r->count = a->count;
         r->send = a->send_used ? a->send : NULL;
         r->recv = a->recv_used ? a->recv : NULL;
-        r->deadline = now_ns() + lc_direct_op_ns(g);
+        r->t0 = now_ns();
+        r->deadline = r->t0 + lc_direct_op_ns(g);
         r->dg = g;
         req->id = s.tag;
         pthread_mutex_unlock(&c->lock);

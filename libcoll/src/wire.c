@@ -15,6 +15,7 @@ _Static_assert(sizeof(struct wire_sqe) == 64, "sqe is one cache line");
 _Static_assert(sizeof(struct wire_cqe) == 16, "cqe size");
 _Static_assert(sizeof(union wire_msg) <= WIRE_MAX_MSG, "messages fit WIRE_MAX_MSG");
 _Static_assert((WIRE_RING_ENTRIES & (WIRE_RING_ENTRIES - 1)) == 0, "ring size is a power of 2");
+_Static_assert(WIRE_STATUS_COUNT == COLL_ERR_INTERNAL + 1, "a direct op's status is counted");
 
 static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_HELLO] = sizeof(struct wire_hello),

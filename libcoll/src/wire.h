@@ -18,9 +18,17 @@
 #define WIRE_VERSION 3
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
-#define WIRE_WHY_MAX 160                    /* the reason of a failed op, in the shared region */
-#define WIRE_MAX_MSG 512                    /* no control message is larger */
-#define WIRE_MAX_HANDLES 64                 /* groups one session may have open */
+#define WIRE_WHY_MAX 160       /* the reason of a failed op, in the shared region */
+#define WIRE_MAX_MSG 512       /* no control message is larger */
+#define WIRE_MAX_HANDLES 64    /* groups one session may have open */
+#define WIRE_DIRECT_HANDLES 16 /* ... of which may run direct ops (the first) */
+#define WIRE_STATUS_COUNT 18   /* COLL_OK .. COLL_ERR_INTERNAL */
+/* the op-duration histogram's upper bounds, in seconds (agent: group_hist_bounds) */
+#define WIRE_HIST_BUCKETS 14
+#define WIRE_HIST_BOUNDS                                                                           \
+    {                                                                                              \
+        5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 2.5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.5, 10      \
+    }
 #define WIRE_RING_ENTRIES 256               /* ops in flight per session */
 #define WIRE_MAX_BUFFER ((uint64_t)1 << 46) /* bytes one shared buffer may hold (64 TiB) */
 
@@ -313,6 +321,21 @@ struct wire_ring_idx {
     char pad[WIRE_CACHELINE - 2 * sizeof(uint32_t)];
 };
 
+/*
+ * The direct ops a client ran on one group handle, counted as the agent counts its own
+ * (group_metrics): by kind and status, the bytes of those that finished well, and the
+ * time from submission to completion. Only the client writes them (one writer: the
+ * group's direct lock; relaxed atomic adds); the agent reads them at each /metrics
+ * scrape and when the handle closes, and adds only what grew since its last look, so a
+ * client can raise its own group's counts (as it could by running ops), never lower them.
+ */
+struct wire_direct_counts {
+    _Atomic uint64_t ops[WIRE_OP_KIND_COUNT][WIRE_STATUS_COUNT];
+    _Atomic uint64_t bytes[WIRE_OP_KIND_COUNT];
+    _Atomic uint64_t hist[WIRE_HIST_BUCKETS + 1]; /* the last: above every bound */
+    _Atomic uint64_t sum_ns;
+};
+
 /* A lease's two words (struct wire_shm's lease_q). */
 struct wire_lease_words {
     _Atomic uint32_t busy;  /* the client's */
@@ -375,6 +398,7 @@ struct wire_shm {
      * fences (seq_cst) and loads the other's, so one of them always sees the other.
      */
     struct wire_lease_words lease_q[WIRE_MAX_HANDLES];
+    struct wire_direct_counts direct[WIRE_DIRECT_HANDLES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 

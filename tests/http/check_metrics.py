@@ -32,6 +32,9 @@ for s in families["coll_ops"].samples:
     if s.name == "coll_ops_total":
         key = "ops_%s_%s_%s" % (s.labels["group"], s.labels["kind"], s.labels["status"])
         out[key] = int(s.value)
+for s in families["coll_op_bytes"].samples if "coll_op_bytes" in families else []:
+    if s.name == "coll_op_bytes_total":
+        out["bytes_%s_%s" % (s.labels["group"], s.labels["kind"])] = int(s.value)
 hist = {}
 for s in families["coll_op_duration_seconds"].samples:
     g = s.labels["group"]
