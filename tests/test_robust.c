@@ -1071,6 +1071,42 @@ static coll_err honest_allreduce(coll_conn *c, coll_group *g, int32_t *p, double
     return e;
 }
 
+/* An honest client on pod 0 (sock0) and hc's group hg on pod 1 re-form the pair and
+ * run a checked allreduce (reopening on EPOCH: an epoch may end as the pair forms). */
+static void pair_reforms(const char *sock0, coll_conn *hc, coll_group **hg, coll_buffer *hb)
+{
+    coll_conn *c0;
+    coll_group *g0;
+    coll_buffer *b0;
+    assert_int_equal(coll_connect(&c0, sock0, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b0, c0, 4096, COLL_DEVICE_HOST), COLL_OK);
+    pid_t p = fork();
+    if (p == 0) {
+        coll_err pe = COLL_ERR_TIMEOUT;
+        for (int k = 0; k < 50 && pe != COLL_OK; k++) {
+            pe = honest_allreduce(c0, g0, coll_mem_ptr(b0), NULL);
+            if (pe == COLL_ERR_EPOCH) {
+                coll_group_close(&g0);
+                coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY);
+            }
+        }
+        _exit(pe == COLL_OK && ((int32_t *)coll_mem_ptr(b0))[16 + 3] == 6 ? 0 : 1);
+    }
+    coll_err he = COLL_ERR_TIMEOUT;
+    for (int k = 0; k < 50 && he != COLL_OK; k++) {
+        he = honest_allreduce(hc, *hg, coll_mem_ptr(hb), NULL);
+        if (he == COLL_ERR_EPOCH) {
+            coll_group_close(hg);
+            assert_int_equal(coll_group_open(hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+        }
+    }
+    assert_int_equal(he, COLL_OK);
+    assert_int_equal(((int32_t *)coll_mem_ptr(hb))[16 + 3], 6);
+    assert_int_equal(child_wait(p, 20000), 0);
+    coll_disconnect(&c0);
+}
+
 /* Found nowhere yet, tried on purpose: a client that holds the connections of its pod
  * (direct ops) writes garbage on them, asks twice, asks for a group it did not open,
  * submits through the ring meanwhile, and gives them back with a status no error has.
@@ -1176,38 +1212,9 @@ static void a_client_holding_the_connections_hurts_only_its_group(void **state)
     int32_t *bp = coll_mem_ptr(bb);
     assert_int_equal(honest_allreduce(bc, bg, bp, NULL), COLL_OK);
     assert_int_equal(bp[16 + 5], 5);
-    coll_conn *c0;
-    coll_group *g0;
-    coll_buffer *b0;
-    assert_int_equal(coll_connect(&c0, a[0].sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY), COLL_OK);
-    assert_int_equal(coll_mem_alloc(&b0, c0, 4096, COLL_DEVICE_HOST), COLL_OK);
     coll_group_close(&hg);
     assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
-    pid_t p = fork();
-    if (p == 0) {
-        coll_err pe = COLL_ERR_TIMEOUT;
-        for (int k = 0; k < 50 && pe != COLL_OK; k++) {
-            pe = honest_allreduce(c0, g0, coll_mem_ptr(b0), NULL);
-            if (pe == COLL_ERR_EPOCH) {
-                coll_group_close(&g0);
-                coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY);
-            }
-        }
-        _exit(pe == COLL_OK && ((int32_t *)coll_mem_ptr(b0))[16 + 3] == 6 ? 0 : 1);
-    }
-    coll_err he = COLL_ERR_TIMEOUT;
-    for (int k = 0; k < 50 && he != COLL_OK; k++) {
-        he = honest_allreduce(hc, hg, coll_mem_ptr(hb), NULL);
-        if (he == COLL_ERR_EPOCH) {
-            coll_group_close(&hg);
-            assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
-        }
-    }
-    assert_int_equal(he, COLL_OK);
-    assert_int_equal(((int32_t *)coll_mem_ptr(hb))[16 + 3], 6);
-    assert_int_equal(child_wait(p, 20000), 0);
-    coll_disconnect(&c0);
+    pair_reforms(a[0].sock, hc, &hg, hb);
     coll_disconnect(&hc);
     coll_disconnect(&bc);
     assert_int_equal(agent_stop(&a[0]), 0);
@@ -1258,38 +1265,10 @@ static void a_client_busy_for_ever_holds_its_group_back_a_heartbeat(void **state
     close(r.fd);
     munmap(r.shm, sizeof(struct wire_shm));
     close(r.efd);
-    coll_conn *c0;
-    coll_group *g0;
-    coll_buffer *b0, *hb;
-    assert_int_equal(coll_connect(&c0, a[0].sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY), COLL_OK);
-    assert_int_equal(coll_mem_alloc(&b0, c0, 4096, COLL_DEVICE_HOST), COLL_OK);
+    coll_buffer *hb;
     assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
     assert_int_equal(coll_mem_alloc(&hb, hc, 4096, COLL_DEVICE_HOST), COLL_OK);
-    pid_t p = fork();
-    if (p == 0) {
-        coll_err pe = COLL_ERR_TIMEOUT;
-        for (int k = 0; k < 50 && pe != COLL_OK; k++) {
-            pe = honest_allreduce(c0, g0, coll_mem_ptr(b0), NULL);
-            if (pe == COLL_ERR_EPOCH) {
-                coll_group_close(&g0);
-                coll_group_open(&g0, c0, "duo", COLL_SLOT_ANY);
-            }
-        }
-        _exit(pe == COLL_OK && ((int32_t *)coll_mem_ptr(b0))[16 + 3] == 6 ? 0 : 1);
-    }
-    coll_err he = COLL_ERR_TIMEOUT;
-    for (int k = 0; k < 50 && he != COLL_OK; k++) {
-        he = honest_allreduce(hc, hg, coll_mem_ptr(hb), NULL);
-        if (he == COLL_ERR_EPOCH) {
-            coll_group_close(&hg);
-            assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
-        }
-    }
-    assert_int_equal(he, COLL_OK);
-    assert_int_equal(((int32_t *)coll_mem_ptr(hb))[16 + 3], 6);
-    assert_int_equal(child_wait(p, 20000), 0);
-    coll_disconnect(&c0);
+    pair_reforms(a[0].sock, hc, &hg, hb);
     coll_disconnect(&hc);
     assert_int_equal(agent_stop(&a[0]), 0);
     assert_int_equal(agent_stop(&a[1]), 0);
