@@ -353,13 +353,14 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     _Static_assert(sizeof(m.lease_ok.prev) == sizeof(l.prev), "the ack state travels whole");
     memcpy(m.lease_ok.prev, l.prev, sizeof(l.prev));
     m.lease_ok.lease_void = atomic_load_explicit(&s->shm->lease_void, memory_order_relaxed);
+    /* before the reply: the client may count its first direct op before we look again */
+    group_direct_follow(g, s, q->handle);
     if (send_reply(s, &m, l.fds, l.nfds) < 0) {
         net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, COLL_OK, "", why,
                    sizeof(why));
         return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
     }
     g->lent_to = s;
-    group_direct_follow(g, s, q->handle);
     g->lease_id = l.id;
     g->leases++;
     log_msg(LOG_DEBUG, "session.lease", "session=%llu group=%s lease=%llu seq=%llu",
