@@ -72,8 +72,9 @@ static void io_end(void *ctx, int code, const char *why, int drain)
 {
     struct ngroup *g = ctx;
     int wait = drain && g->ready && !g->lent && (g->q_head || g->running || g->handoff);
-    /* (a mismatch ends the epoch's ops everywhere: nothing to finish) */
-    if (drain && g->ready && g->lent && g->lease_w && code != COLL_ERR_MISMATCH) {
+    /* (not for a mismatch, which ends the epoch's ops everywhere, nor a silent pod, whose
+     * bytes will not come: the client's op waits for them on its own sockets) */
+    if (drain == RDV_DRAIN && g->ready && g->lent && g->lease_w && code != COLL_ERR_MISMATCH) {
         /* lent: the same for the ops the client has under way. Bump drain, then look at
          * busy (the client stores busy, then looks at drain: one of us sees the other).
          * Not busy: end at once (a later op of its fails on the shut sockets and reads

@@ -370,12 +370,13 @@ void rendezvous_tick(struct rendezvous *s, int64_t now)
             snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i, s->peers[i].join.pod,
                      (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
             s->peers[i].present = 0;
-            rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, RDV_DRAIN_SILENT);
         }
     } else {
         if (!s->committed && now >= s->next_join) send_join(s, now);
         if (s->committed && now - s->coord_heard > 3 * s->hb_ns)
-            rendezvous_fail(s, COLL_ERR_PEER_LOST, "the coordinator is silent", 0, 1);
+            rendezvous_fail(s, COLL_ERR_PEER_LOST, "the coordinator is silent", 0,
+                            RDV_DRAIN_SILENT);
     }
     if (s->committed && !s->formed && now > s->form_deadline)
         rendezvous_fail(s, COLL_ERR_PEER_LOST, "data connections not up within join_ms", 1, 0);

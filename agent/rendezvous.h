@@ -40,7 +40,9 @@ struct rendezvous_io {
      * when they are up. */
     void (*commit)(void *ctx, const struct rdv_commit *c);
     /* Another pod, or a deadline, ends the epoch. drain: the ops every pod holds may
-     * finish first. The owner calls rendezvous_end (tell 0) once it has ended. */
+     * finish first (RDV_DRAIN; RDV_DRAIN_SILENT where a pod went silent: what it did
+     * not send will not come, so only work the owner moves itself is worth finishing).
+     * The owner calls rendezvous_end (tell 0) once it has ended. */
     void (*end)(void *ctx, int code, const char *why, int drain);
     /* n random bytes (secrets, jitter). */
     void (*random)(void *ctx, void *buf, size_t n);
@@ -106,6 +108,7 @@ int rendezvous_silent(const struct rendezvous *s, int64_t now, char *why, size_t
 void rendezvous_formed(struct rendezvous *s);
 /* Something the owner saw (a broken data connection) ends the committed epoch: as if
  * the machine had decided it: ABORT to the others (tell), then io.end with drain. */
+enum { RDV_DRAIN = 1, RDV_DRAIN_SILENT = 2 };
 void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, int drain);
 /* The owner ends the epoch (an op failed, a deadline, or after io.end): tell the
  * other pods (tell), forget who joined (coordinator) or join again (members: at once

@@ -149,6 +149,13 @@ static int voided(const coll_group *g)
     return atomic_load_explicit(&g->conn->shm->lease_void, memory_order_acquire) != g->d->void_seen;
 }
 
+/* Our lease itself ended on the agent's side (lease_void is the session's, for any of
+ * its leases: lease_end says whose). */
+static int ended_under(const coll_group *g)
+{
+    return g->d->held && voided(g) && g->conn->shm->lease_end.lease_id == g->d->lease_id;
+}
+
 static struct wire_lease_words *words(const coll_group *g)
 {
     return &g->conn->shm->lease_q[g->handle];
@@ -447,7 +454,13 @@ static int run(coll_group *g, uint32_t want, int64_t until)
                 }
             }
         }
-        if (d->started) {
+        if (d->started && ended_under(g)) {
+            /* the agent ended this lease's epoch without waiting for us (a mismatch, a
+             * silent pod, a drain that ran out): what we wait for will not come */
+            d->started = 0;
+            st = COLL_ERR_PEER_LOST;
+            snprintf(why, sizeof(why), "the group's epoch ended under this op");
+        } else if (d->started) {
             struct tcp_comm cm = comm_of(d, r->deadline, until ? until : now_ns());
             st = tcp_tiny_progress(d->tiny, &cm, why, sizeof(why));
             if (st == TCP_AGAIN) return 0;
