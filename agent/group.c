@@ -225,16 +225,18 @@ static uint64_t grew(const _Atomic uint64_t *w, uint64_t *seen)
     return d;
 }
 
-void group_direct_fold(struct group *g)
+/* What the client's counts grew by since the last look, added to m (NULL: only looked). */
+static void take_counts(struct group *g, struct group_metrics *m)
 {
-    if (!g->dc_s || !g->dc_s->shm) return;
     const struct wire_direct_counts *k = &g->dc_s->shm->direct[g->dc_handle];
-    struct group_metrics *m = &g->m;
+    struct group_metrics none = {0};
+    if (!m) m = &none;
+    uint64_t ops = 0;
     for (int o = 0; o < WIRE_OP_KIND_COUNT; o++) {
         for (int st = 0; st < GROUP_STATUS_MAX; st++) {
             uint64_t d = grew(&k->ops[o][st], &g->dc_seen.ops[o][st]);
             m->ops[o][st] += d;
-            g->direct_ops += d;
+            ops += d;
         }
         m->bytes[o] += grew(&k->bytes[o], &g->dc_seen.bytes[o]);
     }
@@ -244,24 +246,23 @@ void group_direct_fold(struct group *g)
         m->count += d;
     }
     m->sum_s += (double)grew(&k->sum_ns, &g->dc_seen.sum_ns) / 1e9;
+    if (m != &none) g->direct_ops += ops;
+}
+
+void group_direct_fold(struct group *g)
+{
+    if (g->dc_s && g->dc_s->shm) take_counts(g, &g->m);
 }
 
 void group_direct_follow(struct group *g, struct session *s, uint32_t handle)
 {
-    if (handle >= WIRE_DIRECT_HANDLES || (g->dc_s == s && g->dc_handle == handle)) return;
+    if (g->dc_s == s && g->dc_handle == handle) return;
     group_direct_fold(g); /* the one before, if any */
     g->dc_s = s;
     g->dc_handle = handle;
     /* from now on: what the words say already was never this group's */
-    const struct wire_direct_counts *k = &s->shm->direct[handle];
-    for (int o = 0; o < WIRE_OP_KIND_COUNT; o++) {
-        for (int st = 0; st < GROUP_STATUS_MAX; st++)
-            g->dc_seen.ops[o][st] = atomic_load_explicit(&k->ops[o][st], memory_order_relaxed);
-        g->dc_seen.bytes[o] = atomic_load_explicit(&k->bytes[o], memory_order_relaxed);
-    }
-    for (int b = 0; b <= GROUP_HIST_BUCKETS; b++)
-        g->dc_seen.hist[b] = atomic_load_explicit(&k->hist[b], memory_order_relaxed);
-    g->dc_seen.sum_ns = atomic_load_explicit(&k->sum_ns, memory_order_relaxed);
+    memset(&g->dc_seen, 0, sizeof(g->dc_seen));
+    take_counts(g, NULL);
 }
 
 void group_net_mark_done(struct group *g)

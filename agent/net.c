@@ -390,7 +390,7 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
     if (!g) return 0;
-    int end = 0;
+    int end = 0, knock = 0;
     pthread_mutex_lock(&n->coll_lock);
     if (g->lent && g->lease_id == id && g->abort_pending) {
         /* the epoch is ending (a pod left) and waited for the client's ops: end it now
@@ -399,7 +399,7 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
         g->lease_w = NULL;
         end = g->abort_code;
         snprintf(end_why, end_whylen, "%s", g->abort_why);
-        code = COLL_ERR_PEER_LOST; /* knock: the net thread ends it */
+        knock = 1; /* the net thread ends it */
     } else if (g->lent && g->lease_id == id) {
         g->lent = 0;
         g->lease_w = NULL;
@@ -415,12 +415,11 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
         } else {
             g->inline_abort = code;
             snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
+            knock = 1;
         }
-    } else {
-        code = COLL_OK; /* an ended lease: its epoch is gone already */
-    }
+    } /* else an ended lease: its epoch is gone already */
     pthread_mutex_unlock(&n->coll_lock);
-    if (code != COLL_OK) knock_net(n);
+    if (knock) knock_net(n);
     return end;
 }
 

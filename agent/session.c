@@ -328,11 +328,13 @@ static int on_lease(struct session *s, const struct wire_lease *q)
         return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
     struct session_handle *h = &s->handles[q->handle];
     struct group *g = h->g;
-    if (!s->env->cfg->agent.direct_ops || !g->net || g->gpu || g->nslots != 1)
+    if (!s->env->cfg->agent.direct_ops || !g->net || g->gpu || g->nslots != 1 ||
+        q->handle >= WIRE_DIRECT_HANDLES)
         return refuse(s, q->h.req_id, COLL_ERR_UNSUPPORTED,
                       "group '%s' does not lend its connections (direct ops: a host group "
-                      "across pods with one slot per pod, agent.direct_ops)",
-                      g->cfg->name);
+                      "across pods with one slot per pod, among a session's first %d, "
+                      "agent.direct_ops)",
+                      g->cfg->name, WIRE_DIRECT_HANDLES);
     if (h->epoch != g->epoch || !g->net_formed || g->lent_to || !group_idle(g))
         return refuse(s, q->h.req_id, COLL_ERR_BUSY,
                       "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);

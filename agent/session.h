@@ -30,7 +30,7 @@ struct session_env {
     int draining;     /* SIGTERM: new ops fail with SHUTDOWN, those in flight finish */
 };
 
-#define SESSION_MAX_HANDLES WIRE_MAX_HANDLES /* each has its lease words in the region */
+#define SESSION_MAX_HANDLES 64
 #define SESSION_MAX_BUFFERS 4096
 #define SESSION_MAX_IMPORTS 8 /* GPU buffer imports of one session on the worker at once */
 

@@ -20,7 +20,6 @@
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_WHY_MAX 160       /* the reason of a failed op, in the shared region */
 #define WIRE_MAX_MSG 512       /* no control message is larger */
-#define WIRE_MAX_HANDLES 64    /* groups one session may have open */
 #define WIRE_DIRECT_HANDLES 16 /* ... of which may run direct ops (the first) */
 #define WIRE_STATUS_COUNT 18   /* COLL_OK .. COLL_ERR_INTERNAL */
 /* the op-duration histogram's upper bounds, in seconds (agent: group_hist_bounds) */
@@ -397,7 +396,7 @@ struct wire_shm {
      * that finished an op and left delivered its bytes first. Each side stores its word,
      * fences (seq_cst) and loads the other's, so one of them always sees the other.
      */
-    struct wire_lease_words lease_q[WIRE_MAX_HANDLES];
+    struct wire_lease_words lease_q[WIRE_DIRECT_HANDLES];
     struct wire_direct_counts direct[WIRE_DIRECT_HANDLES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
