@@ -1005,17 +1005,22 @@ static void a_client_s_false_cpu_never_makes_the_agent_spin_against_others(void 
 
 /* ---- a client that holds its group's connections (direct ops) ---------------------- */
 
-static int start_duo(struct agent *a, int port, int index)
+static int start_duo_with(struct agent *a, int port, int index, const char *extra)
 {
-    char body[768];
+    char body[1024];
     snprintf(body, sizeof(body),
              "node:\n  index: %d\n  name: pod-%d\n"
              "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: duo\n    backend: host\n    members: 2\n"
              "    timeouts: {op_ms: 5000, heartbeat_ms: 250, join_ms: 5000}\n"
-             "  - name: solo\n    backend: host\n",
-             index, index, port);
+             "  - name: solo\n    backend: host\n%s",
+             index, index, port, extra);
     return agent_start(a, "  direct_ops: true\n", body);
+}
+
+static int start_duo(struct agent *a, int port, int index)
+{
+    return start_duo_with(a, port, index, "");
 }
 
 static void raw_request(struct raw *r, union wire_msg *m, union wire_msg *reply, int *fds,
@@ -1274,6 +1279,89 @@ static void a_client_busy_for_ever_holds_its_group_back_a_heartbeat(void **state
     assert_int_equal(agent_stop(&a[1]), 0);
 }
 
+/* /metrics of the agent at hport, parsed (metrics_parse) into out; 0, or 77 without the
+ * parser. Waits for a publish first (at most a second old). */
+static int scrape(int hport, char *out, size_t cap)
+{
+    char url[96], file[128];
+    usleep(1200 * 1000);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    tmp_path(file, sizeof(file), "metrics", 0);
+    assert_int_equal(http_get(url, file), 200);
+    int rc = metrics_parse(file, out, cap);
+    unlink(file);
+    return rc;
+}
+
+/* Tried on purpose: the counts of direct ops live in the client's region, so a client can
+ * forge them. It can raise its own group's counters (as running ops would), never make
+ * one go back: lowered, then raised past the old value, the agent's counters only grow,
+ * and a fresh lease does not count what the words held before it. */
+static void a_client_s_forged_counts_never_make_a_counter_go_back(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port(), hport = free_port();
+    while (hport == port)
+        hport = free_port();
+    char extra[96];
+    snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    assert_int_equal(start_duo_with(&a[0], port, 0, extra), 0);
+    assert_int_equal(start_duo(&a[1], port, 1), 0);
+    coll_conn *hc;
+    coll_group *hg;
+    assert_int_equal(coll_connect(&hc, a[1].sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&hg, hc, "duo", COLL_SLOT_ANY), COLL_OK);
+    struct raw r;
+    raw_hello(&r, a[0].sock);
+    uint32_t epoch;
+    uint32_t h = raw_open(&r, "duo", &epoch);
+    struct wire_direct_counts *k = &r.shm->direct[h];
+    /* before any lease: not the group's */
+    atomic_store(&k->ops[WIRE_OP_ALLREDUCE][COLL_OK], 1000);
+    union wire_msg q;
+    int fds[4];
+    raw_lease(&r, h, &q, fds);
+    char out[4096];
+    int rc = scrape(hport, out, sizeof(out));
+    if (rc == 77) {
+        printf("%s", out);
+        close(fds[0]);
+        close(fds[1]);
+        coll_disconnect(&hc);
+        assert_int_equal(agent_stop(&a[0]), 0);
+        assert_int_equal(agent_stop(&a[1]), 0);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(metric_of(out, "ops_duo_allreduce_ok"), 0);
+    /* seven forged ops, then fewer, then more */
+    const uint64_t steps[] = {1007, 1003, 1010};
+    const long want[] = {7, 7, 10};
+    for (int i = 0; i < 3; i++) {
+        atomic_store(&k->ops[WIRE_OP_ALLREDUCE][COLL_OK], steps[i]);
+        atomic_store(&k->hist[0], steps[i] - 1000);
+        atomic_store(&k->bytes[WIRE_OP_ALLREDUCE], (steps[i] - 1000) * 64);
+        assert_int_equal(scrape(hport, out, sizeof(out)), 0);
+        assert_int_equal(metric_of(out, "ops_duo_allreduce_ok"), want[i]);
+        assert_int_equal(metric_of(out, "hist_count_duo"), want[i]);
+        assert_int_equal(metric_of(out, "bytes_duo_allreduce"), want[i] * 64);
+        assert_int_equal(metric_of(out, "path_duo_direct"), want[i]);
+    }
+    /* the agent serves on: the pair re-forms with an honest client on pod 0 */
+    close(fds[0]);
+    close(fds[1]);
+    close(r.fd);
+    munmap(r.shm, sizeof(struct wire_shm));
+    close(r.efd);
+    coll_buffer *hb;
+    assert_int_equal(coll_mem_alloc(&hb, hc, 4096, COLL_DEVICE_HOST), COLL_OK);
+    pair_reforms(a[0].sock, hc, &hg, hb);
+    coll_disconnect(&hc);
+    assert_int_equal(agent_stop(&a[0]), 0);
+    assert_int_equal(agent_stop(&a[1]), 0);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1308,6 +1396,7 @@ int main(void)
         cmocka_unit_test(a_client_s_false_cpu_never_makes_the_agent_spin_against_others),
         cmocka_unit_test(a_client_holding_the_connections_hurts_only_its_group),
         cmocka_unit_test(a_client_busy_for_ever_holds_its_group_back_a_heartbeat),
+        cmocka_unit_test(a_client_s_forged_counts_never_make_a_counter_go_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
