@@ -3,7 +3,7 @@
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
  *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1] [-a] [-i]
- *              [-L SIZE,SIZE...]
+ *              [-L SIZE,SIZE...] [-T MIN_MS]
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
@@ -19,6 +19,11 @@
  * bench/compare.sh runs both; the first listed size warms up with 10x WARMUP ops, as
  * the others' first ops are a fresh process's (its connections, an agent's first
  * slice under load before it stops yielding: libcoll/src/spin.h), not a running one's.
+ * -T runs each size at least MIN_MS: rank 0 times the second half of its warmup (two ops
+ * above 1 MiB) and, where ITERS ops would
+ * take less, broadcasts a larger count (at most BENCH_ITERS_MAX) before the timed loop
+ * (mpi_bench.c and gloo_bench.py do the same): a cell of 2000 ops of 10 us is 20 ms,
+ * two periods of compare.sh's neighbour, and one kernel thread's slice moves it by 10%.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -49,7 +54,7 @@ struct opts {
     int nsizes; /* -L: these sizes, in order */
     double factor;
     int op, dtype, iters, warmup, procs, check, inplace;
-    long gap_us;
+    long gap_us, min_ms;
     const char *group, *sock;
 };
 
@@ -59,6 +64,18 @@ static int bench_iters(size_t bytes, int iters)
     if (bytes <= (1u << 20)) return iters;
     size_t k = (256u << 20) / bytes;
     return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
+}
+
+#define BENCH_ITERS_MAX 100000
+
+/* -T: the iterations that make a size's loop last min_ms at warm_us per op, never
+ * fewer than iters (bench_iters' count) nor more than BENCH_ITERS_MAX. */
+static int long_enough(int iters, double warm_us, long min_ms)
+{
+    if (min_ms <= 0 || warm_us <= 0) return iters;
+    double want = (double)min_ms * 1e3 / warm_us;
+    if (want > BENCH_ITERS_MAX) want = BENCH_ITERS_MAX;
+    return want > iters ? (int)want : iters;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -229,22 +246,38 @@ static int run_rank(const struct opts *o)
         printf("# coll-bench: op %s dtype %s ranks %d backend %s iters %d warmup %d gap_us %ld\n",
                op_names[o->op], coll_dtype_name(o->dtype), n, info.backend, o->iters, o->warmup,
                o->gap_us);
-        printf("%12s %12s %10s %10s %10s %8s %10s %10s\n", "bytes", "count", "time(us)", "algbw",
-               "busbw", "#wrong", "p50(us)", "p90(us)");
+        printf("%12s %12s %10s %10s %10s %8s %10s %10s %8s\n", "bytes", "count", "time(us)",
+               "algbw", "busbw", "#wrong", "p50(us)", "p90(us)", "iters");
     }
-    double *lat = calloc((size_t)o->iters + 1, sizeof(double));
+    double *lat = calloc((size_t)(o->min_ms > 0 ? BENCH_ITERS_MAX : o->iters) + 1, sizeof(double));
     int rc = 0;
     for (size_t bytes = o->nsizes ? o->sizes[0] : o->minb, si = 0; bytes <= o->maxb;) {
         size_t count = bytes / es;
         int iters = o->nsizes ? bench_iters(bytes, o->iters) : o->iters;
-        int warmup = o->nsizes && bytes > (1u << 20) ? 1 : o->warmup;
+        /* with -T, the pace is timed on the second half of the warmup (a size's first op
+         * finds its buffers cold), so above 1 MiB there are two */
+        int warmup = o->nsizes && bytes > (1u << 20) ? (o->min_ms > 0 ? 2 : 1) : o->warmup;
         if (o->nsizes && si == 0) warmup *= 10;
         if (o->op == 6) count = 0;
         coll_request req;
         fill(s, count * (size_t)n, o->dtype, rank);
         void *dst = o->inplace ? s : r;
+        double w0 = now_us();
         for (int i = 0; i < warmup; i++) {
+            if (i == warmup / 2) w0 = now_us();
             if (submit(o, g, s, dst, count, &req) || coll_wait(c, req, -1)) goto fail;
+        }
+        if (o->min_ms > 0) { /* rank 0's count for all (r is written by the ops anyway) */
+            int64_t *k = r;
+            int timed = warmup - warmup / 2;
+            *k = long_enough(iters, timed ? (now_us() - w0) / timed : 0, o->min_ms);
+            if (coll_broadcast(g, k, k, 1, COLL_INT64, 0, NULL, &req) || coll_wait(c, req, -1))
+                goto fail;
+            if (*k < 1 || *k > BENCH_ITERS_MAX) {
+                fprintf(stderr, "coll-bench: rank 0 sent %lld iterations\n", (long long)*k);
+                goto fail;
+            }
+            iters = (int)*k;
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
         double total = 0, start = now_us();
@@ -278,8 +311,8 @@ static int run_rank(const struct opts *o)
         if (o->op == 3 || o->op == 4 || o->op == 5) f = (double)(n - 1) / n;
         if (o->op == 3 || o->op == 4 || o->op == 5) algbw *= n; /* nccl-tests: total bytes */
         if (rank == 0)
-            printf("%12zu %12zu %10.2f %10.3f %10.3f %8ld %10.2f %10.2f\n", count * es, count, t,
-                   algbw, algbw * f, wrong, lat[iters / 2], lat[(iters * 9) / 10]);
+            printf("%12zu %12zu %10.2f %10.3f %10.3f %8ld %10.2f %10.2f %8d\n", count * es, count,
+                   t, algbw, algbw * f, wrong, lat[iters / 2], lat[(iters * 9) / 10], iters);
         fflush(stdout);
         if (wrong) rc = 1;
         if (o->nsizes) {
@@ -335,7 +368,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:h")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:h")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -391,6 +424,9 @@ int main(int argc, char **argv)
         case 'i':
             o.inplace = 1;
             break;
+        case 'T':
+            o.min_ms = atol(optarg);
+            break;
         case 'L': {
             char *save = NULL, *l = strdup(optarg);
             o.nsizes = 0;
@@ -410,12 +446,13 @@ int main(int argc, char **argv)
         default:
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
-                            "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...]\n");
+                            "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS]\n");
             return 2;
         }
     }
     if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||
-        o.factor <= 1 || (o.inplace && o.op != 0 && o.op != 1)) {
+        o.factor <= 1 || o.min_ms < 0 || o.min_ms > 600000 ||
+        (o.inplace && o.op != 0 && o.op != 1)) {
         fprintf(stderr, "coll-bench: bad arguments\n");
         return 2;
     }

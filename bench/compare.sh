@@ -5,12 +5,14 @@
 # (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
 # half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
 # same rounds, and the floors of a small op (coll-floors: a hand-off on one CPU, an
-# 8-byte swap over TCP between two) and of CPU-bound work (both CPUs copying in step). Bound (default): pod i's agent and application, and
-# MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv, table.md, time.png and
-# busbw.png to OUTDIR (bench/compare_report.py rebuilds the last four from raw.txt).
+# 8-byte swap over TCP between two, a stream of one small send per op) and of CPU-bound
+# work (both CPUs copying in step). Bound (default): pod i's agent and application, and
+# MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv,
+# table.md, time.png and busbw.png to OUTDIR (bench/compare_report.py rebuilds the last
+# four from raw.txt).
 #
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
-#                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-u] [-d OUTDIR]
+#                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-t MIN_MS] [-u] [-d OUTDIR]
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
 #   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
@@ -18,18 +20,21 @@
 #   ops first for every system (1 above 1 MiB, 1000 for a run's first size: its processes
 #   are fresh; coll tries two ways of waiting on its first 64 ops of a kind and size,
 #   agent/backends/tcp.h, and under load an agent loses one slice before it stops
-#   yielding, libcoll/src/spin.h), bench/results/host-<UTC date>
+#   yielding, libcoll/src/spin.h), every size run for at least 300 ms (-t: more iterations
+#   where ITERS would take less at the warmup's pace, coll-bench -T; a 2000-op cell of
+#   10 µs ops was 20 ms, two periods of the neighbour, and its rounds spread 0.3-1.6x),
+#   bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
 sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=2000 warmup=100
-bind=1 out=""
-while getopts "b:p:o:s:r:l:n:w:ud:" c; do
+min_ms=300 bind=1 out=""
+while getopts "b:p:o:s:r:l:n:w:t:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
-    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
+    *) sed -n '2,28p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)
@@ -58,7 +63,7 @@ raw=$out/raw.txt
 {
     echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
-    echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup bind $bind gloo $gloo"
+    echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
@@ -83,22 +88,22 @@ ceiling() { # one TCP stream over loopback, server and client as two pods
 run_coll() { # N OP
     local n=$1 op=$2
     timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
-        -n "$iters" -w "$warmup" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
+        -n "$iters" -w "$warmup" -T "$min_ms" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
 }
 run_mpi() { # N OP
     local n=$1 op=$2 wrap=""
     [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
     timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
-        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup" 2>&1
+        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms" 2>&1
 }
 run_gloo() { # N OP
     local n=$1 op=$2 port=$((30000 + RANDOM % 20000)) r pids=()
     for r in $(seq 0 $((n - 1))); do
         if [ $bind = 1 ]; then
-            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" &
+            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" "$min_ms" &
         else
-            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" &
+            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" "$min_ms" &
         fi
         pids+=($!)
     done

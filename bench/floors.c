@@ -19,6 +19,12 @@
  * tcp_swap:  both sides send 8 bytes and receive the other's 8 over one loopback TCP
  *            connection (non-blocking, looking again with a yield): what an 8-byte
  *            allreduce between two processes costs at the least over TCP.
+ * tcp_send:  one side sends 48 bytes (a coll op header and 8 bytes of data) per round
+ *            over loopback TCP, not waiting for an answer, while the other reads all it
+ *            can; a round is one send (again after a yield when the socket is full).
+ *            tcp_stream: the time per send of the whole stream, until the reader has
+ *            every byte: what a 2-pod 8-byte broadcast whose root sends each op as it
+ *            is submitted costs per op at the least.
  * copy:      with two CPUs named, both sides copy 2 MiB, in step: a round ends when both
  *            have copied (two CPU-bound pods in a collective, for what a load on the node
  *            costs work that needs all of its CPU; the mean is the figure under a load
@@ -363,6 +369,53 @@ int main(int argc, char **argv)
     }
     waitpid(p, NULL, 0);
     report("tcp_swap", lat, n, gap);
+
+    /* a stream of 48-byte sends, the other side reading; it says when it has them all */
+    p = fork();
+    if (p == 0) {
+        pin(cpu_child);
+        char buf[65536];
+        size_t want = (size_t)n * 48, got = 0;
+        while (got < want) {
+            ssize_t r = recv(sv[1], buf, sizeof(buf), 0);
+            if (r > 0)
+                got += (size_t)r;
+            else if (r == 0 || errno != EAGAIN)
+                _exit(1);
+            else
+                sched_yield();
+        }
+        if (send(sv[1], "k", 1, MSG_NOSIGNAL) != 1) _exit(1);
+        _exit(0);
+    }
+    char msg[48] = {1};
+    double s0 = now_us();
+    for (int i = 0; i < n; i++) {
+        double t0 = now_us();
+        size_t sent = 0;
+        while (sent < sizeof(msg)) {
+            ssize_t r = send(sv[0], msg + sent, sizeof(msg) - sent, MSG_NOSIGNAL);
+            if (r > 0)
+                sent += (size_t)r;
+            else if (r < 0 && errno != EAGAIN)
+                return 1;
+            else
+                sched_yield();
+        }
+        lat[i] = now_us() - t0;
+    }
+    for (char k;;) { /* the stream's end: the reader has every byte */
+        ssize_t r = recv(sv[0], &k, 1, 0);
+        if (r == 1) break;
+        if (r == 0 || errno != EAGAIN) return 1;
+        sched_yield();
+    }
+    double per = (now_us() - s0) / n;
+    waitpid(p, NULL, 0);
+    report("tcp_send", lat, n, 0);
+    /* the rate the stream kept, until the reader had it all: one figure */
+    printf("floor %-12s gap_us=%-6d p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n",
+           "tcp_stream", 0, per, per, per, per);
 
     if (cpu_parent >= 0 && cpu_child >= 0 && cpu_parent != cpu_child) {
         int nc = n / 4 > 100 ? n / 4 : 100; /* 20000: about half a second */

@@ -3,11 +3,12 @@
 (Debian's python3-torch), the same ops, sizes and columns. bench/compare.sh runs it when
 torch imports. Not part of the product.
 
-    gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS [WARMUP]
+    gloo_bench.py RANK WORLD PORT OP SIZE,SIZE... ITERS [WARMUP [MIN_MS]]
 
 ITERS up to 1 MiB, then about 256 MiB of data per size, at least 3 (coll-bench -L's rule);
 WARMUP untimed ops first (default 3; 1 above 1 MiB; 10x for the first size; as coll-bench
-and mpi_bench).
+and mpi_bench); with MIN_MS, more iterations where ITERS would take less than MIN_MS
+at rank 0's warmup time per op (at most 100000; coll-bench -T).
 """
 import sys
 import time
@@ -18,11 +19,13 @@ import torch.distributed as dist
 rank, world, port, op = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 sizes, iters0 = [int(x) for x in sys.argv[5].split(",")], int(sys.argv[6])
 warmup0 = int(sys.argv[7]) if len(sys.argv) > 7 else 3
+min_ms = int(sys.argv[8]) if len(sys.argv) > 8 else 0
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                         world_size=world)
 if rank == 0:
     print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters0}")
-    print("%12s %12s %10s %10s %10s" % ("bytes", "count", "time(us)", "algbw", "busbw"))
+    print("%12s %12s %10s %10s %10s %8s" % ("bytes", "count", "time(us)", "algbw", "busbw",
+                                           "iters"))
 for size in sizes:
     iters = iters0 if size <= 1 << 20 else max(3, min(iters0, (256 << 20) // size))
     count = max(size // 4, 1)
@@ -42,8 +45,19 @@ for size in sizes:
             dist.reduce_scatter(r, ins)  # Gloo may not implement it
 
     try:
-        for _ in range((warmup0 if size <= 1 << 20 else 1) * (10 if size == sizes[0] else 1)):
+        big = 2 if min_ms > 0 else 1
+        wu = (warmup0 if size <= 1 << 20 else big) * (10 if size == sizes[0] else 1)
+        w0 = time.perf_counter()
+        for i in range(wu):
+            if i == wu // 2:  # the pace of the warmup's second half (coll-bench -T)
+                w0 = time.perf_counter()
             run()
+        if min_ms > 0 and wu:  # rank 0's count for all
+            per_us = max((time.perf_counter() - w0) / (wu - wu // 2) * 1e6, 1e-3)
+            k = torch.tensor([min(100000, max(iters, int(min_ms * 1e3 / per_us)))],
+                             dtype=torch.int64)
+            dist.broadcast(k, 0)
+            iters = int(k.item())
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -60,5 +74,6 @@ for size in sizes:
         algbw *= world
         f = (world - 1) / world
     if rank == 0:
-        print("%12d %12d %10.2f %10.3f %10.3f" % (size, count, t, algbw, algbw * f), flush=True)
+        print("%12d %12d %10.2f %10.3f %10.3f %8d" % (size, count, t, algbw, algbw * f, iters),
+              flush=True)
 dist.destroy_process_group()

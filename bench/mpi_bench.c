@@ -5,9 +5,9 @@
  * it); not part of the product.
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
- *                          [-L SIZE,SIZE...]
+ *                          [-L SIZE,SIZE...] [-T MIN_MS]
  * -L: the listed sizes, with coll-bench's rules for iterations (bench_iters) and warmup
- * (10x WARMUP for the first size). The time
+ * (10x WARMUP for the first size); -T as coll-bench's (at least MIN_MS per size). The time
  * per op is rank 0's loop ended by a barrier, as coll-bench's: a broadcast's root, whose
  * eager sends complete at once, would otherwise time only itself.
  */
@@ -25,6 +25,16 @@ static int bench_iters(size_t bytes, int iters)
     return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
 }
 
+/* coll_bench.c's -T: at least min_ms per size, from rank 0's warmup time per op. */
+#define BENCH_ITERS_MAX 100000
+static int long_enough(int iters, double warm_us, long min_ms)
+{
+    if (min_ms <= 0 || warm_us <= 0) return iters;
+    double want = (double)min_ms * 1e3 / warm_us;
+    if (want > BENCH_ITERS_MAX) want = BENCH_ITERS_MAX;
+    return want > iters ? (int)want : iters;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -34,10 +44,11 @@ int main(int argc, char **argv)
     size_t minb = 8, maxb = 8;
     double factor = 2;
     int iters = 100, warmup = 10, c;
+    long min_ms = 0;
     const char *op = "allreduce";
     size_t sizes[32];
     int nsizes = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:n:w:L:")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:n:w:L:T:")) != -1) {
         if (c == 'L') {
             char *save = NULL;
             for (char *t = strtok_r(optarg, ",", &save); t && nsizes < 32;
@@ -53,6 +64,7 @@ int main(int argc, char **argv)
         if (c == 'o') op = optarg;
         if (c == 'n') iters = atoi(optarg);
         if (c == 'w') warmup = atoi(optarg);
+        if (c == 'T') min_ms = atol(optarg);
     }
     size_t elems = maxb / 4 * (size_t)n + 1;
     float *s = malloc(elems * 4), *r = malloc(elems * 4);
@@ -67,7 +79,8 @@ int main(int argc, char **argv)
     }
     if (rank == 0) {
         printf("# mpi_bench: op %s ranks %d float32 iters %d\n", op, n, iters);
-        printf("%12s %12s %10s %10s %10s\n", "bytes", "count", "time(us)", "algbw", "busbw");
+        printf("%12s %12s %10s %10s %10s %8s\n", "bytes", "count", "time(us)", "algbw", "busbw",
+               "iters");
     }
     for (int si = 0;; si++) {
         if (nsizes && si >= nsizes) break;
@@ -78,11 +91,18 @@ int main(int argc, char **argv)
         if (!nsizes && bytes > maxb) break;
         int count = (int)(bytes / 4);
         int it = nsizes ? bench_iters(bytes, iters) : iters;
-        int wu = nsizes && bytes > (1u << 20) ? 1 : warmup;
+        int wu = nsizes && bytes > (1u << 20) ? (min_ms > 0 ? 2 : 1) : warmup;
         if (nsizes && si == 0) wu *= 10;
-        double t0 = 0;
+        double t0 = 0, w0 = MPI_Wtime();
         for (int i = -wu; i < it; i++) {
+            if (i == -(wu - wu / 2)) w0 = MPI_Wtime(); /* the warmup's second half */
             if (i == 0) {
+                if (min_ms > 0) { /* rank 0's count for all */
+                    int timed = wu - wu / 2;
+                    long k = long_enough(it, timed ? (MPI_Wtime() - w0) * 1e6 / timed : 0, min_ms);
+                    MPI_Bcast(&k, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+                    it = (int)k;
+                }
                 MPI_Barrier(MPI_COMM_WORLD);
                 t0 = MPI_Wtime();
             }
@@ -104,7 +124,7 @@ int main(int argc, char **argv)
             f = (double)(n - 1) / n;
         }
         if (rank == 0)
-            printf("%12zu %12d %10.2f %10.3f %10.3f\n", bytes, count, t, algbw, algbw * f);
+            printf("%12zu %12d %10.2f %10.3f %10.3f %8d\n", bytes, count, t, algbw, algbw * f, it);
         if (!nsizes && bytes == maxb) break;
     }
     MPI_Finalize();
