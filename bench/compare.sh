@@ -34,7 +34,7 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,28p' "$0"; exit 2 ;;
+    *) sed -n '2,27p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
+# runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
+# coll-floors' tcp_stream floor, and compare_report.py's verdicts on a raw.txt whose
+# answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
+# socket's floor). Real agents on loopback; no MPI needed.
+#   run.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+tmp=$(mktemp -d /tmp/coll-test-bench-XXXX)
+AGENT_PIDS=()
+cleanup() {
+    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$src/bench/agents.sh"
+start_agents "$build" 2 "$tmp" $((21000 + RANDOM % 20000))
+
+# coll-bench -T: 5 iterations asked, 150 ms per size wanted: far more ops than 5 at 8 B
+out=$(timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce -L 8,65536 \
+    -n 5 -w 20 -T 150 -c 1)
+echo "$out"
+rows=$(echo "$out" | awk '!/^#/ && $1 ~ /^[0-9]+$/')
+[ "$(echo "$rows" | wc -l)" = 2 ] || fail "two sizes, two rows"
+echo "$rows" | awk '$6 != 0 {exit 1}' || fail "wrong elements with -T"
+# iterations (last column) above the 5 asked, and the loop at least ~150 ms long
+echo "$rows" | awk '{ if ($NF <= 5 || $NF * $3 < 120000) exit 1 }' ||
+    fail "-T 150 did not lengthen every size to 150 ms"
+# without -T the count is the one asked
+out=$(timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allgather -L 8 -n 7 -w 2 -c 1)
+echo "$out" | awk '!/^#/ && $1 ~ /^[0-9]+$/ { n++; if ($NF != 7) exit 1 } END { exit n != 1 }' ||
+    fail "without -T, 7 iterations"
+# a bad -T is refused before anything runs
+rc=0
+"$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -L 8 -T -1 2>"$tmp/err" || rc=$?
+[ $rc = 2 ] && grep -q "bad arguments" "$tmp/err" || fail "-T -1: exit $rc, $(cat "$tmp/err")"
+
+# coll-floors: the stream floor is there, one figure, above zero
+fl=$(timeout 60 "$build/coll-floors" -n 500)
+echo "$fl" | grep -E '^floor tcp_stream +gap_us=0 +p50_us=[0-9.]+' >/dev/null || fail "no tcp_stream floor"
+echo "$fl" | awk '/^floor tcp_stream/ { split($4, a, "="); if (a[2] + 0 <= 0) exit 1 }' ||
+    fail "tcp_stream floor not above zero"
+
+# compare_report.py on known figures: two rounds, two pods, reduce_scatter 64 MiB, where
+# coll is CPU-bound (keeps 0.74 of its speed, CPU-bound work keeps 0.75) and the
+# reference keeps all of its; and 8 B where coll is behind and the socket floor is 5 µs
+d=$tmp/report
+mkdir -p "$d"
+{
+    echo "# compare.sh test: 2 CPUs"
+    for r in 1 2; do
+        for load in quiet loaded; do
+            echo "## round $r load $load ceiling_gbit 20.0"
+            if [ $load = quiet ]; then copy=100 c64=1000 c8=10; else copy=133.3 c64=1351 c8=12; fi
+            echo "#floor two_cpus floor copy         gap_us=0      p50_us=$copy p10_us=$copy p90_us=$copy mean_us=$copy"
+            echo "#floor two_cpus floor tcp_swap     gap_us=0      p50_us=5.00 p10_us=5.00 p90_us=5.00 mean_us=5.00"
+            echo "#floor two_cpus floor tcp_stream   gap_us=0      p50_us=3.00 p10_us=3.00 p90_us=3.00 mean_us=3.00"
+            echo "### pods 2 op reduce_scatter system coll"
+            echo "           8            2      $c8      0.001      0.001        0       1.00       1.00    1000"
+            echo "    67108864     16777216    $c64      0.1      0.1        0       1.00       1.00    4"
+            echo "### pods 2 op reduce_scatter system mpi"
+            echo "           8            2      9.00      0.001      0.001    1000"
+            echo "    67108864     16777216    4000      0.1      0.1    4"
+        done
+    done
+} >"$d/raw.txt"
+/usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
+t=$d/table.md
+cat "$t"
+grep -q "^- at the floor: 2 pods reduce_scatter 64 MiB: loaded ratio 2.96 vs quiet 4.00" "$t" ||
+    fail "the CPU-bound steady miss is not told apart"
+grep -q "^- missed: 2 pods reduce_scatter 8 B quiet: 0.90 against mpi; 2 of 2 rounds below 1; floor two_cpus tcp_swap 5.0 µs: coll 10.0 µs (2.00x it), mpi 9.0 µs (1.80x it)" "$t" ||
+    fail "the 8 B miss does not name the socket floor"
+grep -q "at the floor: 2 pods reduce_scatter 8 B" "$t" && fail "an op behind is never 'at the floor'"
+echo "bench tools: ok"
