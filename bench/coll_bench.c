@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_iters.h"
 #include "coll/coll.h"
 
 static double now_us(void)
@@ -57,26 +58,6 @@ struct opts {
     long gap_us, min_ms;
     const char *group, *sock;
 };
-
-/* Iterations for a size with -L: ITERS up to 1 MiB, then about 256 MiB of data. */
-static int bench_iters(size_t bytes, int iters)
-{
-    if (bytes <= (1u << 20)) return iters;
-    size_t k = (256u << 20) / bytes;
-    return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
-}
-
-#define BENCH_ITERS_MAX 100000
-
-/* -T: the iterations that make a size's loop last min_ms at warm_us per op, never
- * fewer than iters (bench_iters' count) nor more than BENCH_ITERS_MAX. */
-static int long_enough(int iters, double warm_us, long min_ms)
-{
-    if (min_ms <= 0 || warm_us <= 0) return iters;
-    double want = (double)min_ms * 1e3 / warm_us;
-    if (want > BENCH_ITERS_MAX) want = BENCH_ITERS_MAX;
-    return want > iters ? (int)want : iters;
-}
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -17,23 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* coll_bench.c's rule: ITERS up to 1 MiB, then about 256 MiB of data, at least 3. */
-static int bench_iters(size_t bytes, int iters)
-{
-    if (bytes <= (1u << 20)) return iters;
-    size_t k = (256u << 20) / bytes;
-    return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
-}
-
-/* coll_bench.c's -T: at least min_ms per size, from rank 0's warmup time per op. */
-#define BENCH_ITERS_MAX 100000
-static int long_enough(int iters, double warm_us, long min_ms)
-{
-    if (min_ms <= 0 || warm_us <= 0) return iters;
-    double want = (double)min_ms * 1e3 / warm_us;
-    if (want > BENCH_ITERS_MAX) want = BENCH_ITERS_MAX;
-    return want > iters ? (int)want : iters;
-}
+#include "bench_iters.h"
 
 int main(int argc, char **argv)
 {
