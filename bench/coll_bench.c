@@ -445,7 +445,9 @@ int main(int argc, char **argv)
         socks[nsocks++] = t;
     if (o.procs == 1) {
         o.sock = nsocks ? socks[0] : NULL;
-        return run_rank(&o);
+        int rc = run_rank(&o);
+        free(list);
+        return rc;
     }
     pid_t pids[64];
     for (int i = 0; i < o.procs; i++) {
@@ -463,5 +465,6 @@ int main(int argc, char **argv)
         waitpid(pids[i], &st, 0);
         if (!WIFEXITED(st) || WEXITSTATUS(st)) bad++;
     }
+    free(list);
     return bad ? 1 : 0;
 }
