@@ -422,5 +422,6 @@ int main(int argc, char **argv)
         if (copy_floor(lat, nc, w) != 0) return 1;
         report("copy", lat, nc, 0);
     }
+    free(lat);
     return 0;
 }
