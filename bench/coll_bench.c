@@ -20,10 +20,10 @@
  * the others' first ops are a fresh process's (its connections, an agent's first
  * slice under load before it stops yielding: libcoll/src/spin.h), not a running one's.
  * -T runs each size at least MIN_MS: rank 0 times the second half of its warmup (two ops
- * above 1 MiB) and, where ITERS ops would
- * take less, broadcasts a larger count (at most BENCH_ITERS_MAX) before the timed loop
- * (mpi_bench.c and gloo_bench.py do the same): a cell of 2000 ops of 10 us is 20 ms,
- * two periods of compare.sh's neighbour, and one kernel thread's slice moves it by 10%.
+ * above 1 MiB) and, where ITERS ops would take less, broadcasts a larger count (at most
+ * BENCH_ITERS_MAX) before the timed loop (mpi_bench.c and gloo_bench.py do the same): a
+ * cell of 2000 ops of 10 us is 20 ms, two periods of compare.sh's neighbour, and one
+ * kernel thread's slice moves it by 10%.
  */
 #include <errno.h>
 #include <getopt.h>

@@ -110,10 +110,9 @@ def small_floor(load, op, ref):
     c, m = med_time(load, 2, op, 8, "coll"), med_time(load, 2, op, 8, ref)
     if c is None or m is None:
         return ""
-    name = "tcp_stream" if op == "broadcast" else "tcp_swap"
-    v = floors.get((load, "two_cpus", name)) if floors.get((load, "two_cpus", "tcp_stream")) else None
-    if v:
-        f = statistics.median(v)
+    if (load, "two_cpus", "tcp_stream") in floors:  # a run with direct ops' floors
+        name = "tcp_stream" if op == "broadcast" else "tcp_swap"
+        f = statistics.median(floors[(load, "two_cpus", name)])
         return (f"; floor two_cpus {name} {f:.1f} µs: coll {c:.1f} µs ({c / f:.2f}x it), "
                 f"{ref} {m:.1f} µs ({m / f:.2f}x it)")
     for name in ("epoll", "eventfd"):
