@@ -17,7 +17,8 @@
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
 #   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
 #   neighbour's 10 ms period, so it fell in its busy or idle half by chance), 100 untimed
-#   ops first for every system (1 above 1 MiB, 1000 for a run's first size: its processes
+#   ops first for every system (above 1 MiB 1, or 2 with -t, the second timed for the
+#   pace; 1000 for a run's first size: its processes
 #   are fresh; coll tries two ways of waiting on its first 64 ops of a kind and size,
 #   agent/backends/tcp.h, and under load an agent loses one slice before it stops
 #   yielding, libcoll/src/spin.h), every size run for at least 300 ms (-t: more iterations
@@ -34,7 +35,7 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,28p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)
