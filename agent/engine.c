@@ -336,6 +336,8 @@ static void publish(struct engine *eng)
                             .sessions = eng->nsessions - eng->nclosing,
                             .sessions_opened = eng->stats.sessions_opened,
                             .yield_closed = atomic_load(&eng->gate.closed),
+                            .waits_spun = eng->stats.spun,
+                            .waits_slept = eng->stats.sleeps,
                             .draining = eng->draining,
                             .gpu_imports = imports,
                             .up_s = (double)(now_ns() - eng->started_ns) / 1e9};
@@ -574,17 +576,18 @@ int engine_run(struct engine *eng)
     /* the wait for the next piece of work, from last_work: how long it may spin
      * (spin.h: learnt, capped by agent.spin_us) and whether it has slept */
     int64_t budget = 0;
-    int slept = 0, work = 0;
+    int slept = 0, work = 0, spun = 0;
     while (!eng->stop) {
         atomic_store_explicit(&eng->alive_ns, now, memory_order_relaxed);
         if (eng->http && now >= eng->next_publish) publish(eng);
         if (work) { /* a wait ended with work: learn from it, start the next */
+            if (spun && !slept) eng->stats.spun++;
             int known;
             int64_t cap = engine_spin_cap(eng, &known);
             spin_learn(&eng->idle, !slept, (int32_t)cap);
             budget = spin_budget(&eng->idle);
             if (known || budget > cap) budget = cap;
-            slept = work = 0;
+            slept = work = spun = 0;
         }
         if (poll_rings(eng) > 0) {
             last_work = now_ns();
@@ -627,6 +630,7 @@ int engine_run(struct engine *eng)
                 next_ctl = now + CTL_POLL_NS;
             }
             spin_relax(&eng->gate, now); /* a yield while safe (spin.h) */
+            spun = 1;
             continue;
         }
         /* go to sleep: announce it, then look once more (see ring.h) */
@@ -711,9 +715,9 @@ void engine_fini(struct engine *eng)
     if (eng->sigfd >= 0) close(eng->sigfd);
     if (eng->epfd >= 0) close(eng->epfd);
     log_msg(LOG_INFO, "agent.stopped",
-            "sessions_opened=%llu ops=%llu sleeps=%llu yields=%llu yield_closed=%llu",
+            "sessions_opened=%llu ops=%llu sleeps=%llu spun=%llu yields=%llu yield_closed=%llu",
             (unsigned long long)eng->stats.sessions_opened, (unsigned long long)eng->stats.ops,
-            (unsigned long long)eng->stats.sleeps,
+            (unsigned long long)eng->stats.sleeps, (unsigned long long)eng->stats.spun,
             (unsigned long long)atomic_load(&eng->gate.yields),
             (unsigned long long)atomic_load(&eng->gate.closed));
 }

@@ -27,6 +27,7 @@ struct net;
 
 struct engine_stats {
     uint64_t sleeps; /* times the engine went to sleep in epoll */
+    uint64_t spun;   /* waits for work that a spin ended (work came before it slept) */
     uint64_t ops;    /* ops taken from rings */
     uint64_t sessions_opened, sessions_dropped;
 };

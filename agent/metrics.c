@@ -64,6 +64,14 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         "# TYPE coll_spin_yield_closed_total counter\ncoll_spin_yield_closed_total %llu\n",
         (unsigned long long)in->yield_closed);
     put(&o,
+        "# HELP coll_engine_waits_total The agent engine's waits for work, by how they ended: "
+        "work found while it spun, or it slept (an agent sharing its clients' CPU never "
+        "spins; agent.spin_us).\n"
+        "# TYPE coll_engine_waits_total counter\n"
+        "coll_engine_waits_total{ended=\"spin\"} %llu\n"
+        "coll_engine_waits_total{ended=\"sleep\"} %llu\n",
+        (unsigned long long)in->waits_spun, (unsigned long long)in->waits_slept);
+    put(&o,
         "# HELP coll_gpu_buffer_imports Client GPU buffers the agent holds open.\n"
         "# TYPE coll_gpu_buffer_imports gauge\ncoll_gpu_buffer_imports %d\n",
         in->gpu_imports);

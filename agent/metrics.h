@@ -15,7 +15,8 @@ struct metrics_in {
     int ngroups;
     int sessions;
     uint64_t sessions_opened;
-    uint64_t yield_closed; /* the agent's spin gate closings (spin.h) */
+    uint64_t yield_closed;            /* the agent's spin gate closings (spin.h) */
+    uint64_t waits_spun, waits_slept; /* the engine's waits for work, by how they ended */
     int draining;
     int gpu_imports;
     double up_s;

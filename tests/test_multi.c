@@ -2175,6 +2175,8 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_int_equal(metric_of(out, "hist_sum_positive_g"), 1);
     assert_true(metric_of(out, "epoch_g") >= 1);
     assert_int_equal(metric_of(out, "draining"), 0);
+    /* its engine slept through the idle second before the scrape; spun: 0 or more */
+    assert_true(metric_of(out, "waits_sleep") >= 1 && metric_of(out, "waits_spin") >= 0);
     assert_true(metric_of(out, "formations_g") >= 1);
     assert_int_equal(metric_of(out, "formation_positive_g"), 1);
     assert_true(metric_of(out, "joined_g") >= 1 && metric_of(out, "joined_g") <= 2);
