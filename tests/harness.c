@@ -220,6 +220,21 @@ int agent_log_count(const struct agent *a, const char *needle)
     return n;
 }
 
+long agent_log_number(const struct agent *a, const char *event, const char *key)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return -1;
+    char line[4096], pat[64];
+    long v = -1;
+    snprintf(pat, sizeof(pat), " %s=", key);
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, event) ? strstr(line, pat) : NULL;
+        if (p) v = strtol(p + strlen(pat), NULL, 10);
+    }
+    fclose(f);
+    return v;
+}
+
 int agent_log_wait(const struct agent *a, const char *needle, int n, int ms)
 {
     double deadline = now_ms() + ms;

@@ -42,6 +42,9 @@ long metric_of(const char *out, const char *key);
 int agent_stop(struct agent *a);
 /* How many lines of the agent's log hold needle. */
 int agent_log_count(const struct agent *a, const char *needle);
+/* The number after " key=" on the last line of the agent's log that holds event, or -1
+ * (e.g. "agent.stopped", "spun"). */
+long agent_log_number(const struct agent *a, const char *event, const char *key);
 /* Wait up to ms for agent_log_count(a, needle) >= n. Returns 1 if reached. */
 int agent_log_wait(const struct agent *a, const char *needle, int n, int ms);
 

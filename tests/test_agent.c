@@ -252,22 +252,6 @@ static long engine_sleeps(pid_t pid)
 
 #define LAYOUT_OPS 4000
 
-/* The number after " key=" on the agent's last "agent.stopped" line, or -1. */
-static long stopped_count(const struct agent *a, const char *key)
-{
-    FILE *f = fopen(a->log, "r");
-    if (!f) return -1;
-    char line[1024], pat[64];
-    long v = -1;
-    snprintf(pat, sizeof(pat), " %s=", key);
-    while (fgets(line, sizeof(line), f)) {
-        const char *p = strstr(line, "agent.stopped") ? strstr(line, pat) : NULL;
-        if (p) v = strtol(p + strlen(pat), NULL, 10);
-    }
-    fclose(f);
-    return v;
-}
-
 struct layout {
     long sleeps; /* the engine's sleeps during the last LAYOUT_OPS ops */
     long spun;   /* its waits that a spin ended, over the agent's life */
@@ -308,7 +292,8 @@ static struct layout wait_for_layout(int agent_cpu, int client_cpu)
     assert_int_equal(agent_stop(&a), 0);
     assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
     assert_true(before >= 0 && after >= before);
-    struct layout l = {.sleeps = after - before, .spun = stopped_count(&a, "spun")};
+    struct layout l = {.sleeps = after - before,
+                       .spun = agent_log_number(&a, "agent.stopped", "spun")};
     assert_true(l.spun >= 0); /* the agent said it */
     return l;
 }
