@@ -7,6 +7,9 @@
 #define COLL_BENCH_ITERS_H
 
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 
 #define BENCH_ITERS_MAX 100000
 
@@ -28,6 +31,42 @@ static inline int long_enough(int iters, double warm_us, long min_ms)
     double want = (double)min_ms * 1e3 / warm_us;
     if (want > BENCH_ITERS_MAX) want = BENCH_ITERS_MAX;
     return want > iters ? (int)want : iters;
+}
+
+/* BENCH_RUSAGE=1 (bench/compare.sh sets it): every rank says on stderr, for each size's
+ * timed loop, how often per op it slept (voluntary switches: a wait in poll, epoll or a
+ * futex) and was preempted (involuntary ones: a yield, or the scheduler giving its CPU
+ * to another task), and its CPU time per op: where an op's time went, side by side for
+ * the systems compared (compare_report.py's "Where the time went"). */
+struct bench_ru {
+    int on;
+    struct rusage u;
+};
+
+static inline void bench_ru_start(struct bench_ru *r)
+{
+    const char *e = getenv("BENCH_RUSAGE");
+    r->on = e && *e == '1' && getrusage(RUSAGE_SELF, &r->u) == 0;
+}
+
+static inline double bench_ru_cpu_us(const struct rusage *u)
+{
+    return (double)(u->ru_utime.tv_sec + u->ru_stime.tv_sec) * 1e6 +
+           (double)(u->ru_utime.tv_usec + u->ru_stime.tv_usec);
+}
+
+static inline void bench_ru_end(const struct bench_ru *r, const char *sys, int rank, size_t bytes,
+                                long ops)
+{
+    struct rusage u;
+    if (!r->on || ops <= 0 || getrusage(RUSAGE_SELF, &u) != 0) return;
+    double n = (double)ops;
+    fprintf(
+        stderr,
+        "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f cpu_us/op %.3f\n",
+        sys, rank, bytes, ops, (double)(u.ru_nvcsw - r->u.ru_nvcsw) / n,
+        (double)(u.ru_nivcsw - r->u.ru_nivcsw) / n,
+        (bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u)) / n);
 }
 
 #endif

@@ -261,6 +261,8 @@ static int run_rank(const struct opts *o)
             iters = (int)*k;
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
+        struct bench_ru ru;
+        bench_ru_start(&ru);
         double total = 0, start = now_us();
         for (int i = 0; i < iters; i++) {
             if (o->gap_us) usleep((useconds_t)o->gap_us);
@@ -273,6 +275,7 @@ static int run_rank(const struct opts *o)
          * its sends long before the others have their data (mpi_bench does the same) */
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
         if (!o->gap_us) total = now_us() - start;
+        bench_ru_end(&ru, "coll", rank, count * es, iters);
         long wrong = 0;
         if (o->check) {
             if (o->inplace)

@@ -26,6 +26,8 @@
 #   10 µs ops was 20 ms, two periods of the neighbour, and its rounds spread 0.3-1.6x),
 #   bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
+#   every rank of every system reports per size its sleeps, preemptions and CPU time per
+#   op (#rusage lines in raw.txt; BENCH_RUSAGE=0 turns that off)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
@@ -35,7 +37,7 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,28p' "$0"; exit 2 ;;
+    *) sed -n '2,30p' "$0"; exit 2 ;;
     esac
 done
 build=$(cd "$build" && pwd)
@@ -44,6 +46,7 @@ mkdir -p "$out"
 for t in mpicc mpirun iperf3 taskset; do
     command -v $t >/dev/null || { echo "compare.sh needs $t (openmpi-bin libopenmpi-dev iperf3)"; exit 2; }
 done
+export BENCH_RUSAGE=${BENCH_RUSAGE:-1} # bench_iters.h: where each op's time went
 tmp=$(mktemp -d /tmp/coll-compare-XXXX)
 LOAD_PIDS=() AGENT_PIDS=()
 stop_load() { for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; LOAD_PIDS=(); }
@@ -131,7 +134,7 @@ for r in $(seq "$rounds"); do
                 [ $gloo = 1 ] && systems="$systems gloo"
                 for sys in $systems; do
                     echo "### pods $n op $op system $sys" >>"$raw"
-                    "run_$sys" "$n" "$op" >>"$raw" || echo "# $sys failed" >>"$raw"
+                    "run_$sys" "$n" "$op" >>"$raw" 2>&1 || echo "# $sys failed" >>"$raw"
                 done
                 echo "round $r $load: $n pods $op done"
             done

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The report of a bench/compare.sh run, from its raw.txt: results.csv (every
-measurement), table.md (medians over rounds and the ratios, quiet and loaded side by
+measurement), rusage.csv (every rank's sleeps, preemptions and CPU time per op and
+size, where the run has them), table.md (medians over rounds and the ratios, quiet and loaded side by
 side, and the issue's targets checked), time.png and busbw.png (one panel per op, pod
 count and load; one line per system, the loopback ceiling in busbw).
 
@@ -22,6 +23,7 @@ out = sys.argv[1]
 rows, ceil = [], collections.defaultdict(list)
 floors = collections.defaultdict(list)  # (load, where, name) -> p50 us
 copy_mean = collections.defaultdict(list)  # load -> mean us of coll-floors' copy round
+rus = []  # every rank's #rusage line: where its ops' time went
 header = []
 rnd = load = pods = op = sysname = None
 for line in open(out + "/raw.txt"):
@@ -44,6 +46,14 @@ for line in open(out + "/raw.txt"):
     if m:
         pods, op, sysname = int(m.group(1)), m.group(2), m.group(3)
         continue
+    m = re.match(r"#rusage (\S+) rank (\d+) bytes (\d+) ops (\d+) sleeps/op (\S+) "
+                 r"preempted/op (\S+) cpu_us/op (\S+)", line)
+    if m and pods:
+        rus.append(dict(round=rnd, load=load, pods=pods, op=op, system=m.group(1),
+                        rank=int(m.group(2)), bytes=int(m.group(3)), ops=int(m.group(4)),
+                        sleeps=float(m.group(5)), preempted=float(m.group(6)),
+                        cpu_us=float(m.group(7))))
+        continue
     f = line.split()
     if sysname and len(f) >= 5 and f[0].isdigit() and not line.startswith("#"):
         wrong = int(f[5]) if sysname == "coll" and len(f) > 5 else 0
@@ -54,6 +64,12 @@ with open(out + "/results.csv", "w", newline="") as fh:
     w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["round"])
     w.writeheader()
     w.writerows(rows)
+
+if rus:
+    with open(out + "/rusage.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rus[0]))
+        w.writeheader()
+        w.writerows(rus)
 
 by = collections.defaultdict(dict)  # (load, pods, op, bytes, system) -> {round: row}
 for r in rows:
@@ -204,6 +220,44 @@ for ref in refs:
                             bad.append(line)
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+# Where a small op's time went: per system and load, the ranks' mean per op of CPU time,
+# sleeps (voluntary switches) and preemptions (involuntary ones), medians over rounds;
+# off-CPU = the op's time less the CPU time: what the rank spent neither running nor
+# (mostly, with few sleeps) asleep by choice, i.e. waiting for a CPU the load held
+ru_by = collections.defaultdict(lambda: collections.defaultdict(list))
+for x in rus:
+    ru_by[(x["load"], x["pods"], x["op"], x["bytes"], x["system"])][x["round"]].append(x)
+
+
+def ru_med(key, field):
+    per_round = [statistics.mean(x[field] for x in v) for v in ru_by[key].values()]
+    return statistics.median(per_round) if per_round else None
+
+
+small = [b for b in sizes if b <= 32768]
+if rus and small:
+    lines += ["## Where a small op's time went", "",
+              "Per rank and op, mean over ranks, median over rounds: the op's time (rank 0's "
+              "loop), CPU time, off-CPU (time less CPU: waiting to run or asleep), sleeps "
+              "(voluntary switches: waits in poll, epoll or a futex) and preemptions "
+              "(involuntary: a yield, or the CPU given to another task); from the ranks' "
+              "getrusage around each timed loop (BENCH_RUSAGE).", "",
+              "| pods | op | size | load | system | µs/op | CPU µs/op | off-CPU µs/op | "
+              "sleeps/op | preempted/op |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for pods in podss:
+        for op in ops:
+            for b in small:
+                for load in loads:
+                    for sname in systems:
+                        key = (load, pods, op, b, sname)
+                        t, cpu = med_time(load, pods, op, b, sname), ru_med(key, "cpu_us")
+                        if t is None or cpu is None:
+                            continue
+                        lines.append(f"| {pods} | {op} | {fmt_size(b)} | {load} | {sname} | "
+                                     f"{t:.2f} | {cpu:.2f} | {t - cpu:.2f} | "
+                                     f"{ru_med(key, 'sleeps'):.3f} | "
+                                     f"{ru_med(key, 'preempted'):.4f} |")
+    lines.append("")
 wrong = [r for r in rows if r["wrong"]]
 lines.append("## Targets")
 lines.append("")
@@ -270,4 +324,4 @@ for metric, ylabel in (("time_us", "time per op (µs)"), ("busbw", "busbw (GB/s)
                  " (median of rounds; bars: min-max)", fontsize=11)
     fig.tight_layout()
     fig.savefig(f"{out}/{'time' if metric == 'time_us' else 'busbw'}.png", dpi=80)
-print(f"wrote {out}/results.csv, table.md, time.png, busbw.png")
+print(f"wrote {out}/results.csv, {'rusage.csv, ' if rus else ''}table.md, time.png, busbw.png")

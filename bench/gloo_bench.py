@@ -10,6 +10,8 @@ WARMUP untimed ops first (default 3; 1 above 1 MiB; 10x for the first size; as c
 and mpi_bench); with MIN_MS, more iterations where ITERS would take less than MIN_MS
 at rank 0's warmup time per op (at most 100000; coll-bench -T).
 """
+import os
+import resource
 import sys
 import time
 
@@ -59,11 +61,19 @@ for size in sizes:
             dist.broadcast(k, 0)
             iters = int(k.item())
         dist.barrier()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         for _ in range(iters):
             run()
         dist.barrier()  # until every rank is done, as coll-bench and mpi_bench
         t = (time.perf_counter() - t0) / iters * 1e6
+        if os.environ.get("BENCH_RUSAGE") == "1":  # as bench_iters.h's bench_ru_end
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+            print("#rusage gloo rank %d bytes %d ops %d sleeps/op %.4f preempted/op %.4f "
+                  "cpu_us/op %.3f" % (rank, size, iters, (ru.ru_nvcsw - ru0.ru_nvcsw) / iters,
+                                      (ru.ru_nivcsw - ru0.ru_nivcsw) / iters, cpu * 1e6 / iters),
+                  file=sys.stderr, flush=True)
     except RuntimeError as e:
         if rank == 0:
             print(f"# {op}: {str(e).splitlines()[0]}")

@@ -78,6 +78,7 @@ int main(int argc, char **argv)
         int wu = nsizes && bytes > (1u << 20) ? (min_ms > 0 ? 2 : 1) : warmup;
         if (nsizes && si == 0) wu *= 10;
         double t0 = 0, w0 = MPI_Wtime();
+        struct bench_ru ru;
         for (int i = -wu; i < it; i++) {
             if (i == -(wu - wu / 2)) w0 = MPI_Wtime(); /* the warmup's second half */
             if (i == 0) {
@@ -88,6 +89,7 @@ int main(int argc, char **argv)
                     it = (int)k;
                 }
                 MPI_Barrier(MPI_COMM_WORLD);
+                bench_ru_start(&ru);
                 t0 = MPI_Wtime();
             }
             if (!strcmp(op, "allreduce"))
@@ -101,6 +103,7 @@ int main(int argc, char **argv)
         }
         MPI_Barrier(MPI_COMM_WORLD); /* until every rank is done, as coll-bench */
         double t = (MPI_Wtime() - t0) / it * 1e6;
+        bench_ru_end(&ru, "mpi", rank, bytes, it);
         double algbw = (double)bytes / t / 1e3, f = 1;
         if (!strcmp(op, "allreduce")) f = 2.0 * (n - 1) / n;
         if (!strcmp(op, "allgather") || !strcmp(op, "reduce_scatter")) {

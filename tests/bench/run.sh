@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
 # runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
-# coll-floors' tcp_stream floor, and compare_report.py's verdicts on a raw.txt whose
+# BENCH_RUSAGE's per-size lines, coll-floors' tcp_stream floor, and compare_report.py's
+# verdicts and its table of where a small op's time went on a raw.txt whose
 # answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
 # socket's floor). Real agents on loopback; no MPI needed.
 #   run.sh BUILD_DIR SOURCE_DIR
@@ -30,6 +31,16 @@ echo "$rows" | awk '$6 != 0 {exit 1}' || fail "wrong elements with -T"
 # (a sanitizer build on a busy CI machine: 18 µs an op in the warmup, 49 after) is short
 echo "$rows" | awk '{ if ($NF <= 5 || $NF * $3 < 30000) exit 1 }' ||
     fail "-T 150 did not lengthen every size"
+# BENCH_RUSAGE=1: each rank says, per size, where its timed ops' time went (stderr)
+err=$(BENCH_RUSAGE=1 timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce \
+    -L 8,4096 -n 50 -w 5 -c 1 2>&1 >/dev/null)
+echo "$err"
+[ "$(echo "$err" | grep -cE '^#rusage coll rank [01] bytes (8|4096) ops 50 sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+$')" = 4 ] ||
+    fail "BENCH_RUSAGE: not one line per rank and size"
+echo "$err" | awk '/^#rusage/ { if ($NF + 0 <= 0) exit 1 }' || fail "BENCH_RUSAGE: no CPU time"
+# without it, nothing of the kind
+BENCH_RUSAGE=0 timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce -L 8 \
+    -n 5 -w 2 -c 1 2>&1 | grep -q '^#rusage' && fail "BENCH_RUSAGE=0 still reports"
 # without -T the count is the one asked
 out=$(timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allgather -L 8 -n 7 -w 2 -c 1)
 echo "$out" | awk '!/^#/ && $1 ~ /^[0-9]+$/ { n++; if ($NF != 7) exit 1 } END { exit n != 1 }' ||
@@ -61,6 +72,8 @@ mkdir -p "$d"
             echo "#floor two_cpus floor tcp_stream   gap_us=0      p50_us=3.00 p10_us=3.00 p90_us=3.00 mean_us=3.00"
             echo "### pods 2 op reduce_scatter system coll"
             echo "           8            2      $c8      0.001      0.001        0       1.00       1.00    1000"
+            echo "#rusage coll rank 0 bytes 8 ops 1000 sleeps/op 0.0100 preempted/op 0.0020 cpu_us/op 5.000"
+            echo "#rusage coll rank 1 bytes 8 ops 1000 sleeps/op 0.0300 preempted/op 0.0040 cpu_us/op 7.000"
             echo "    67108864     16777216    $c64      0.1      0.1        0       1.00       1.00    4"
             echo "### pods 2 op reduce_scatter system mpi"
             echo "           8            2      9.00      0.001      0.001    1000"
@@ -76,4 +89,10 @@ grep -q "^- at the floor: 2 pods reduce_scatter 64 MiB: loaded ratio 2.96 vs qui
 grep -q "^- missed: 2 pods reduce_scatter 8 B quiet: 0.90 against mpi; 2 of 2 rounds below 1; floor two_cpus tcp_swap 5.0 µs: coll 10.0 µs (2.00x it), mpi 9.0 µs (1.80x it)" "$t" ||
     fail "the 8 B miss does not name the socket floor"
 grep -q "at the floor: 2 pods reduce_scatter 8 B" "$t" && fail "an op behind is never 'at the floor'"
+# where the time went: ranks averaged (CPU 6, sleeps 0.02, preempted 0.003), off-CPU the rest
+grep -q "^| 2 | reduce_scatter | 8 B | quiet | coll | 10.00 | 6.00 | 4.00 | 0.020 | 0.0030 |" "$t" ||
+    fail "no rusage row for 8 B quiet"
+grep -q "^| 2 | reduce_scatter | 8 B | loaded | coll | 12.00 | 6.00 | 6.00 |" "$t" ||
+    fail "no rusage row for 8 B loaded"
+[ "$(wc -l <"$d/rusage.csv")" = 9 ] || fail "rusage.csv: a header and 8 rows"
 echo "bench tools: ok"
