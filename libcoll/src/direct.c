@@ -392,7 +392,10 @@ static void finish(coll_group *g, uint32_t idx, int st, const char *why)
     r->state = REQ_DONE;
     r->status = st;
     r->agent_failed = 0;
-    snprintf(r->why, sizeof(r->why), "%s", st != COLL_OK && why ? why : "");
+    if (st != COLL_OK && why) /* a formatted copy only where there is a reason */
+        snprintf(r->why, sizeof(r->why), "%s", why);
+    else
+        r->why[0] = '\0';
     if (r->sb) r->sb->inflight--;
     if (r->rb) r->rb->inflight--;
     r->sb = r->rb = NULL;
