@@ -312,10 +312,18 @@ scenario_duplicate() {
     for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null; done
     local before=$(grep -c 'event=rendezvous.commit' "$DIR/train-0.agent.log")
     start_pod dup-1 "$NET.50" LWS_WORKER_INDEX=1
-    sleep 6
+    # A storm is epochs that keep coming. Taking the index over costs one (CI: 1 every
+    # time); a slow build may take a few more before it settles (TSan once took 4), but
+    # then none come in the second half of the 6 s
+    sleep 3
+    local half=$(( $(grep -c 'event=rendezvous.commit' "$DIR/train-0.agent.log") - before ))
+    sleep 3
     local commits=$(( $(grep -c 'event=rendezvous.commit' "$DIR/train-0.agent.log") - before ))
-    log "in 6 s with two pods on index 1: $commits new epochs"
-    [ "$commits" -le 3 ] || fail "$commits epochs: a storm"
+    log "in 6 s with two pods on index 1: $commits new epochs ($half in the first 3 s)"
+    if [ "$commits" -gt 3 ] && [ "$commits" -gt "$half" ]; then
+        grep -E 'event=rendezvous\.(commit|join|replaced|reject)' "$DIR/train-0.agent.log" | tail -20 >&2
+        fail "$commits epochs, still coming after 3 s: a storm"
+    fi
     grep -q 'event=rendezvous.rejected.*two pods claim node index 1' "$DIR/train-1.agent.log" \
         "$DIR/dup-1.agent.log" || fail "neither pod on index 1 was told why it is refused"
     touch "$DIR/train-1.stop" "$DIR/dup-1.stop" # their applications cannot both run
