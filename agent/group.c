@@ -165,6 +165,9 @@ void group_break(struct group *g, int err, const char *why)
 {
     break_local(g, err, why);
     if (g->net) {
+        /* the net thread ends the epoch on our word and posts no event of it: not formed
+         * from now until its next "formed" (/readyz, leases) */
+        g->net_formed = 0;
         g->mark_pending = 1;
         g->mark_pending_abort = 1;
         g->mark_code = err;
@@ -267,6 +270,9 @@ void group_direct_follow(struct group *g, struct session *s, uint32_t handle)
 
 void group_net_mark_done(struct group *g)
 {
+    /* an abort the net has acted on: a "formed" it posted before it (of the epoch that
+     * ended) may have come in since group_break; its next one comes after this */
+    if (g->mark.abort) g->net_formed = 0;
     g->mark_busy = 0;
     send_mark(g);
 }
