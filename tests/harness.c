@@ -114,6 +114,15 @@ int free_port(void)
     return ntohs(sa.sin_port);
 }
 
+int http_extra(char *extra, size_t cap, int port)
+{
+    int hport = free_port();
+    while (hport == port)
+        hport = free_port();
+    snprintf(extra, cap, "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    return hport;
+}
+
 int http_get(const char *url, const char *file)
 {
     char cmd[512], out[64];

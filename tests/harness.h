@@ -27,6 +27,9 @@ struct agent {
 int agent_start(struct agent *a, const char *agent_extra, const char *body);
 /* A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous address). */
 int free_port(void);
+/* A config body's lines that serve the endpoints on 127.0.0.1 at a free port other than
+ * port (a rendezvous port taken a moment ago) into extra; returns that port. */
+int http_extra(char *extra, size_t cap, int port);
 /* GET url with curl into file; the HTTP status, or -1. */
 int http_get(const char *url, const char *file);
 /* Whether file holds needle (its first 64 KiB). */

@@ -2136,11 +2136,9 @@ static void http_endpoints_say_health_and_metrics(void **state)
 {
     (void)state;
     struct agent a[2];
-    int port = free_port(), hport = free_port();
-    while (hport == port)
-        hport = free_port();
+    int port = free_port();
     char extra[128], url[128], file[128];
-    snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    int hport = http_extra(extra, sizeof(extra), port);
     tmp_path(file, sizeof(file), "http", 0);
     assert_int_equal(start_member(&a[0], port, 0, 2, 1, extra), 0);
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/livez", hport);
@@ -2243,11 +2241,9 @@ static void readyz_says_not_formed_once_this_pod_ends_the_epoch(void **state)
 {
     (void)state;
     struct agent a[2];
-    int port = free_port(), hport = free_port();
-    while (hport == port)
-        hport = free_port();
+    int port = free_port();
     char extra[128], url[128], file[128];
-    snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    int hport = http_extra(extra, sizeof(extra), port);
     tmp_path(file, sizeof(file), "readyz", 0);
     assert_int_equal(start_member(&a[0], port, 0, 2, 1, extra), 0);
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);

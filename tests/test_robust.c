@@ -1300,11 +1300,9 @@ static void a_client_s_forged_counts_never_make_a_counter_go_back(void **state)
 {
     (void)state;
     struct agent a[2];
-    int port = free_port(), hport = free_port();
-    while (hport == port)
-        hport = free_port();
+    int port = free_port();
     char extra[96];
-    snprintf(extra, sizeof(extra), "http:\n  address: 127.0.0.1\n  port: %d\n", hport);
+    int hport = http_extra(extra, sizeof(extra), port);
     assert_int_equal(start_duo_with(&a[0], port, 0, extra), 0);
     assert_int_equal(start_duo(&a[1], port, 1), 0);
     coll_conn *hc;
