@@ -1,7 +1,8 @@
 /*
- * bench_iters.h: how many timed ops a size gets, one rule for coll-bench and mpi_bench
- * (gloo_bench.py spells the same rule in Python), so that the systems bench/compare.sh
- * sets side by side time the same amount of work.
+ * bench_iters.h: what coll-bench and mpi_bench share (gloo_bench.py spells the same in
+ * Python), so that the systems bench/compare.sh sets side by side time the same amount
+ * of work and report it alike: how many timed ops a size gets, and where their time
+ * went (BENCH_RUSAGE).
  */
 #ifndef COLL_BENCH_ITERS_H
 #define COLL_BENCH_ITERS_H
