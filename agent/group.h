@@ -100,8 +100,9 @@ struct group {
     /* direct ops: the session whose client holds the group's connections (net_lend),
      * and the lease's id; NULL when nobody does */
     struct session *lent_to;
-    uint64_t lease_id;           /* ... and the lease's id */
-    uint64_t leases, direct_ops; /* lent, and the ops its clients ran on them */
+    uint64_t lease_id;               /* ... and the lease's id */
+    uint64_t leases, direct_ops;     /* lent, and the ops its clients ran on them */
+    uint64_t stash_lent, stash_back; /* bytes read ahead that went with leases, each way */
     /* the client whose direct ops' counts (its region's direct[handle]) go into m, and
      * what of them m has already (group_direct_fold) */
     struct session *dc_s;

@@ -248,6 +248,7 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .spin = g->spin,
                              .gate = g->net->gate,
                              .acks = g->acks,
+                             .stash = g->stash,
                              .wake_fd = {-1, -1},
                              .short_spin = tcp_tune_way(g->tune)};
 }
@@ -337,7 +338,7 @@ static void knock_net(struct net *n)
 }
 
 int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
-             char *why, size_t whylen)
+             net_stash *stash_out, char *why, size_t whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
     if (!g || g->gpu || g->nlocal != 1 || g->nodes > TCP_EAGER_ALL ||
@@ -372,6 +373,15 @@ int net_lend(struct net *n, int group, struct wire_lease_words *words, struct ne
         if (rc) {
             snprintf(why, whylen, "the group's connections are not all up");
         } else {
+            _Static_assert(TCP_STASH_BYTES == WIRE_STASH_BYTES, "a stash travels whole");
+            _Static_assert(TCP_EAGER_ALL <= WIRE_STASH_NODES, "every pod's stash travels");
+            memset(out->stash_len, 0, sizeof(out->stash_len));
+            for (int p = 0; p < g->nodes; p++) {
+                size_t len = tcp_stash_front(&g->stash[p]);
+                memcpy((*stash_out)[p], g->stash[p].b, len);
+                out->stash_len[p] = (uint16_t)len;
+                g->stash[p].len = 0;
+            }
             g->lent = 1;
             g->lease_w = words;
             g->lease_id = ++n->lease_next;
@@ -386,7 +396,8 @@ int net_lend(struct net *n, int group, struct wire_lease_words *words, struct ne
 }
 
 int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev, uint32_t run,
-               const uint8_t *prev, int code, const char *why, char *end_why, size_t end_whylen)
+               const uint8_t *prev, const uint16_t *stash_len, const net_stash *stash, int code,
+               const char *why, char *end_why, size_t end_whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
     if (!g) return 0;
@@ -412,6 +423,15 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
         if (code == COLL_OK) {
             g->ops_done = seq;
             tcp_acks_import(g->acks, has_prev, run, prev);
+            /* the counts are checked (wire_decode); the bytes are the peers' stream as
+             * the client read it, which it could have made up anyway: the ops that read
+             * them check their headers like any others */
+            for (int p = 0; p < g->nodes; p++) {
+                size_t len = stash_len[p] <= TCP_STASH_BYTES && p != g->me ? stash_len[p] : 0;
+                memcpy(g->stash[p].b, (*stash)[p], len);
+                g->stash[p].off = 0;
+                g->stash[p].len = (uint32_t)len;
+            }
         } else {
             g->inline_abort = code;
             snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
@@ -739,10 +759,12 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         g->tiny = malloc(tcp_tiny_size());
         g->acks = tcp_acks_new(g->nodes);
         g->tune = tcp_tune_new();
-        if (!g->tiny || !g->acks || !g->tune) {
+        if (g->nodes <= TCP_EAGER_ALL) g->stash = calloc((size_t)g->nodes, sizeof(*g->stash));
+        if (!g->tiny || !g->acks || !g->tune || (g->nodes <= TCP_EAGER_ALL && !g->stash)) {
             free(g->tiny);
             free(g->acks);
             free(g->tune);
+            free(g->stash);
             free(g);
             goto free_net;
         }
@@ -824,6 +846,7 @@ void net_free(struct net **np)
                     n->groups[i]->cfg->name, (unsigned long long)learnt, (unsigned long long)shrt);
         free(n->groups[i]->tiny);
         free(n->groups[i]->acks);
+        free(n->groups[i]->stash);
         free(n->groups[i]->tune);
         free(n->groups[i]->scratch.p[0]);
         free(n->groups[i]->scratch.p[1]);

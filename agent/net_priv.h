@@ -146,6 +146,8 @@ struct ngroup {
     uint64_t ops_done;
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
     struct tcp_acks *acks;      /* ... and the acks broadcast roots are owed (tcp.h) */
+    struct tcp_stash *stash;    /* ... and what was read ahead of each pod (groups of up to
+                                 * TCP_EAGER_ALL pods; else NULL), dropped with the connections */
     struct tcp_tune *tune;      /* ... and the spin each op class waits with (tcp.h) */
     /* how long to spin for each pod's bytes before sleeping in poll (spin.h), learnt
      * by whoever holds coll_lock */

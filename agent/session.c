@@ -340,7 +340,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
                       "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);
     struct net_lease l;
     char why[160] = "";
-    int rc = net_lend(g->net, g->index, &s->shm->lease_q[q->handle], &l, why, sizeof(why));
+    int rc = net_lend(g->net, g->index, &s->shm->lease_q[q->handle], &l,
+                      &s->shm->lease_stash[q->handle], why, sizeof(why));
     if (rc != COLL_OK) return refuse(s, q->h.req_id, rc, "group '%s': %s", g->cfg->name, why);
     union wire_msg m;
     wire_init(&m, WIRE_LEASE_OK, q->h.req_id);
@@ -355,16 +356,19 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     _Static_assert(sizeof(m.lease_ok.prev) == sizeof(l.prev), "the ack state travels whole");
     memcpy(m.lease_ok.prev, l.prev, sizeof(l.prev));
     m.lease_ok.lease_void = atomic_load_explicit(&s->shm->lease_void, memory_order_relaxed);
+    memcpy(m.lease_ok.stash_len, l.stash_len, sizeof(l.stash_len));
     /* before the reply: the client may count its first direct op before we look again */
     group_direct_follow(g, s, q->handle);
     if (send_reply(s, &m, l.fds, l.nfds) < 0) {
-        net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, COLL_OK, "", why,
-                   sizeof(why));
+        net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, l.stash_len,
+                   &s->shm->lease_stash[q->handle], COLL_OK, "", why, sizeof(why));
         return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
     }
     g->lent_to = s;
     g->lease_id = l.id;
     g->leases++;
+    for (int p = 0; p < WIRE_STASH_NODES; p++)
+        g->stash_lent += l.stash_len[p];
     log_msg(LOG_DEBUG, "session.lease", "session=%llu group=%s lease=%llu seq=%llu",
             (unsigned long long)s->id, g->cfg->name, (unsigned long long)l.id,
             (unsigned long long)l.seq);
@@ -378,15 +382,23 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
     struct group *g = s->handles[q->handle].g;
     if (q->code < 0 || q->code > COLL_ERR_INTERNAL)
         return violation(s, "lease given back with status %d", q->code);
+    for (int p = 0; p < WIRE_STASH_NODES; p++) /* wire_decode saw to the sizes */
+        if (q->stash_len[p] && (p >= g->cfg->members || p == g->node_index))
+            return violation(s,
+                             "lease given back with %u bytes read ahead of node %d (group '%s': "
+                             "%d pods, this one %d)",
+                             q->stash_len[p], p, g->cfg->name, g->cfg->members, g->node_index);
     union wire_msg m;
     wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     if (g->lent_to == s && g->lease_id == q->lease_id) {
         g->lent_to = NULL;
+        for (int p = 0; q->code == COLL_OK && p < WIRE_STASH_NODES; p++)
+            g->stash_back += q->stash_len[p];
         /* the epoch may have been waiting for it to end (a pod left): say why */
-        m.lease_back_ok.code =
-            net_unlend(g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->code,
-                       q->why[0] ? q->why : "a direct op failed", m.lease_back_ok.why,
-                       sizeof(m.lease_back_ok.why));
+        m.lease_back_ok.code = net_unlend(
+            g->net, g->index, q->lease_id, q->seq, q->has_prev, q->run, q->prev, q->stash_len,
+            &s->shm->lease_stash[q->handle], q->code, q->why[0] ? q->why : "a direct op failed",
+            m.lease_back_ok.why, sizeof(m.lease_back_ok.why));
     } /* else the lease ended already (its epoch did): nothing to take back */
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
 }

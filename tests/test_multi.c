@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "backends/tcp.h" /* TCP_ACK_EVERY, TCP_ACK_WINDOW */
 #include "coll/coll.h"
 #include "harness.h"
 #include "opcheck.h"
@@ -920,6 +921,97 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
     member_agent = NULL;
 }
 
+/* A run of four 8-byte broadcasts from pod 0 owes the root no pod's word (tcp.h:
+ * TCP_ACK_EVERY), so it sends them and goes on at once to a broadcast too large to run
+ * direct, through its agent, while the others sleep after the first: each then finds
+ * the rest of the run and the large op's first bytes in its socket, and its first read
+ * takes them all (read-ahead, tcp.h: struct tcp_stash). What was read ahead is the
+ * stream's: it must go back to the agent with the lease, which reads the large op from
+ * it, and out again with the next. Then a tiny allreduce, direct again. */
+#define AHEAD_RUN 4
+static int read_ahead_main(void *arg)
+{
+    const struct mix *o = arg;
+    if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, MIX_BIG * 4 * 2, &c, &g, &info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(g, 10000) != COLL_OK) return 151;
+    int n = info.size, me = info.rank;
+    int32_t *in = mem, *out = in + MIX_BIG;
+    coll_request r;
+    coll_err e;
+    for (int round = 0; round < o->rounds; round++) {
+        for (int k = 0; k < AHEAD_RUN; k++) {
+            in[0] = round * 1000 + k;
+            in[1] = -k;
+            e = mix_wait(c, coll_broadcast(g, in, out, 2, COLL_INT32, 0, NULL, &r), r);
+            if (e) return mix_fail(me, "8-byte broadcast", e);
+            if (out[0] != round * 1000 + k || out[1] != -k) {
+                fprintf(stderr, "rank %d: broadcast %d of round %d: %d %d\n", me, k, round, out[0],
+                        out[1]);
+                return 152;
+            }
+            if (k == 0 && me != 0) usleep(100000);
+        }
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = me == 0 ? (int32_t)(i * 7 + (size_t)round) : -1;
+        e = mix_wait(c, coll_broadcast(g, in, out, MIX_BIG, COLL_INT32, 0, NULL, &r), r);
+        if (e) return mix_fail(me, "large broadcast", e);
+        for (size_t i = 0; i < MIX_BIG; i++)
+            if (out[i] != (int32_t)(i * 7 + (size_t)round)) {
+                fprintf(stderr, "rank %d: large broadcast of round %d: [%zu] = %d\n", me, round, i,
+                        out[i]);
+                return 153;
+            }
+        for (int i = 0; i < 4; i++)
+            in[i] = me + i + round;
+        e = mix_wait(c, coll_allreduce(g, in, out, 4, COLL_INT32, COLL_SUM, NULL, &r), r);
+        if (e) return mix_fail(me, "allreduce", e);
+        for (int i = 0; i < 4; i++)
+            if (out[i] != n * (n - 1) / 2 + n * (i + round)) return 154;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void read_ahead_travels_with_the_lease(void **state)
+{
+    (void)state;
+    const struct {
+        int pods;
+        unsigned agent_mask; /* ranks whose clients go through their agents */
+    } cases[] = {{2, 0}, {2, 1}, {2, 2}, {4, 0}, {4, 0xa}};
+    enum { ROUNDS = 3 };
+    member_agent = "  direct_ops: true\n";
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int n = cases[k].pods;
+        struct agent a[4];
+        int port;
+        start_all(a, n, 1, &port);
+        struct mix jobs[4];
+        for (int i = 0; i < n; i++)
+            jobs[i] = (struct mix){a[i].sock, (int)(cases[k].agent_mask >> i) & 1, ROUNDS};
+        fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, cases[k].agent_mask);
+        run_ranks(read_ahead_main, jobs, sizeof(jobs[0]), n, 60000);
+        stop_all(a, n);
+        for (int i = 0; i < n; i++) {
+            long back = group_stat(&a[i], "read_ahead_back="),
+                 lent = group_stat(&a[i], "read_ahead_lent=");
+            fprintf(stderr, "  pod %d: read_ahead_back=%ld read_ahead_lent=%ld\n", i, back, lent);
+            assert_true(back >= 0 && lent >= 0);
+            if (jobs[i].agent_path) assert_int_equal(back + lent, 0);
+        }
+        /* pod 1 reads from the root: a direct client there gave bytes of the large op
+         * back with the lease in every round */
+        if (!jobs[1].agent_path) assert_true(group_stat(&a[1], "read_ahead_back=") >= ROUNDS);
+    }
+    member_agent = NULL;
+}
+
 struct lost {
     const char *sock;
     const char *ready; /* touched once this rank has run direct ops for a while */
@@ -1311,8 +1403,9 @@ static void disagreements_between_pods_are_mismatches(void **state)
  * of its own (it reads nothing from the root) or to an allreduce, must still make every
  * rank fail with MISMATCH, the root within its window, and nobody wait for a deadline. */
 #define RUN_AGREED 10
-#define RUN_OPS 80
-#define RUN_LATEST (RUN_AGREED + 8 * 4 + 4 + 1) /* TCP_ACK_WINDOW * TCP_ACK_EVERY, + one */
+#define RUN_LATEST (RUN_AGREED + TCP_ACK_WINDOW * TCP_ACK_EVERY + TCP_ACK_EVERY + 1)
+#define RUN_OPS (RUN_LATEST + 16) /* small ones run ahead as far as the window lets them */
+#define RUN_AFTER 40              /* the run in the next epoch */
 
 struct run {
     const char *sock;
@@ -1388,7 +1481,7 @@ static int run_turns_main(void *arg)
         return 114;
     }
     /* and a run of broadcasts in the new epoch, whose acks nothing of the old one spoils */
-    for (int k = 0; k < RUN_OPS / 2; k++) {
+    for (int k = 0; k < RUN_AFTER; k++) {
         for (size_t i = 0; info.rank == 0 && i < o->count; i++)
             x[i] = (float)(100 + k);
         coll_request r;
@@ -2292,6 +2385,7 @@ int main(void)
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
+        cmocka_unit_test(read_ahead_travels_with_the_lease),
         cmocka_unit_test(a_direct_op_ends_retryably_when_a_pod_dies),
         cmocka_unit_test(a_late_pod_finishes_its_direct_op_when_others_leave),
         cmocka_unit_test(mismatched_configs_are_rejected),

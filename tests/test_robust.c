@@ -1212,6 +1212,26 @@ static void a_client_holding_the_connections_hurts_only_its_group(void **state)
     expect_dropped(r.fd, COLL_ERR_PROTOCOL, "status");
     munmap(r.shm, sizeof(struct wire_shm));
     close(r.efd);
+    /* bytes read ahead that no lease can carry back (wire.h: stash_len): of this pod's
+     * own connection, or more than a stash holds; the offender is dropped each time */
+    const struct {
+        int node;
+        uint16_t len;
+    } lies[] = {{0, 8}, {1, WIRE_STASH_BYTES + 1}, {5, 1}};
+    for (size_t k = 0; k < sizeof(lies) / sizeof(lies[0]); k++) {
+        struct raw r2;
+        raw_hello(&r2, a[0].sock);
+        uint32_t h2 = raw_open(&r2, "duo", &epoch);
+        wire_init(&m, WIRE_LEASE_BACK, 11);
+        m.lease_back.handle = h2;
+        m.lease_back.stash_len[lies[k].node] = lies[k].len;
+        raw_send(r2.fd, &m, m.h.len, -1);
+        char needle[64];
+        snprintf(needle, sizeof(needle), "bytes read ahead of node %d", lies[k].node);
+        expect_dropped(r2.fd, COLL_ERR_PROTOCOL, needle);
+        munmap(r2.shm, sizeof(struct wire_shm));
+        close(r2.efd);
+    }
     /* both agents serve: the bystander, and the pair with an honest client on pod 0 */
     int32_t *bp = coll_mem_ptr(bb);
     assert_int_equal(honest_allreduce(bc, bg, bp, NULL), COLL_OK);

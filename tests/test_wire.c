@@ -85,7 +85,10 @@ static void other_versions_are_named(void **state)
     m.h.version = 9;
     assert_int_equal(wire_decode(&m, m.h.len, &out, &v, err, sizeof(err)), -1);
     assert_int_equal(v, 9);
-    assert_non_null(strstr(err, "protocol version 9 is not supported (this side speaks 3)"));
+    char want[80];
+    snprintf(want, sizeof(want), "protocol version 9 is not supported (this side speaks %u)",
+             WIRE_VERSION);
+    assert_non_null(strstr(err, want));
 }
 
 static void unterminated_strings_are_refused(void **state)
@@ -131,6 +134,38 @@ static void lease_shapes_are_checked(void **state)
     memset(m.lease_back.why, 'x', sizeof(m.lease_back.why));
     assert_int_equal(decode(&m, m.h.len, &out, err), -1);
     assert_non_null(strstr(err, "NUL-terminated"));
+    /* the bytes read ahead that travel with a lease: at most WIRE_STASH_BYTES per pod, and
+     * (where the message says who is who) none of this pod's or beyond the group */
+    const struct {
+        uint32_t nodes, me, at, len;
+        int ok;
+    } stash[] = {{2, 0, 1, WIRE_STASH_BYTES, 1},
+                 {2, 0, 1, WIRE_STASH_BYTES + 1, 0},
+                 {2, 0, 0, 1, 0},
+                 {2, 0, 2, 1, 0},
+                 {16, 3, 15, 48, 1},
+                 {16, 3, 3, 48, 0},
+                 {4, 1, 0, 0xffff, 0}};
+    for (size_t k = 0; k < sizeof(stash) / sizeof(stash[0]); k++) {
+        wire_init(&m, WIRE_LEASE_OK, 1);
+        m.lease_ok.nodes = stash[k].nodes;
+        m.lease_ok.me = stash[k].me;
+        m.lease_ok.nfds = 2 * (stash[k].nodes - 1);
+        m.lease_ok.stash_len[stash[k].at] = (uint16_t)stash[k].len;
+        assert_int_equal(decode(&m, m.h.len, &out, err), stash[k].ok ? 0 : -1);
+        if (!stash[k].ok) assert_non_null(strstr(err, "bytes read ahead of node"));
+    }
+    const uint32_t back[] = {WIRE_STASH_BYTES, WIRE_STASH_BYTES + 1, 0xffff};
+    for (size_t k = 0; k < sizeof(back) / sizeof(back[0]); k++) {
+        wire_init(&m, WIRE_LEASE_BACK, 1);
+        m.lease_back.stash_len[WIRE_STASH_NODES - 1] = (uint16_t)back[k];
+        int ok = back[k] <= WIRE_STASH_BYTES;
+        assert_int_equal(decode(&m, m.h.len, &out, err), ok ? 0 : -1);
+        if (ok)
+            assert_int_equal(out.lease_back.stash_len[WIRE_STASH_NODES - 1], back[k]);
+        else
+            assert_non_null(strstr(err, "bytes read ahead of node 15"));
+    }
     /* the answer to a give-back: the end's code is an error code, its reason a string */
     const int32_t codes[] = {0, COLL_ERR_PEER_LOST, COLL_ERR_INTERNAL, -1, COLL_ERR_INTERNAL + 1};
     for (size_t k = 0; k < sizeof(codes) / sizeof(codes[0]); k++) {

@@ -146,6 +146,48 @@ int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
     return code;
 }
 
+size_t tcp_stash_front(struct tcp_stash *s)
+{
+    if (s->off) memmove(s->b, s->b + s->off, s->len);
+    s->off = 0;
+    return s->len;
+}
+
+/* Read node p's bytes into v[0..nv) (nv at most 4, as x_iov makes) as recvmsg would,
+ * without waiting: first what was read ahead, then the socket, offering it the stash too
+ * when little is asked for. */
+static ssize_t conn_read(struct tcp_comm *c, int p, const struct iovec *v, int nv)
+{
+    struct tcp_stash *s = c->stash ? &c->stash[p] : NULL;
+    struct iovec w[5];
+    size_t got = 0, rest = 0;
+    int nw = 0;
+    for (int i = 0; i < nv && i < 4; i++) {
+        size_t take = !s ? 0 : s->len < v[i].iov_len ? s->len : v[i].iov_len;
+        if (take) {
+            memcpy(v[i].iov_base, s->b + s->off, take);
+            s->off += (uint32_t)take;
+            s->len -= (uint32_t)take;
+            got += take;
+        }
+        if (take < v[i].iov_len) {
+            w[nw++] = (struct iovec){(char *)v[i].iov_base + take, v[i].iov_len - take};
+            rest += v[i].iov_len - take;
+        }
+    }
+    if (!nw) return (ssize_t)got;
+    if (s) s->off = 0; /* empty: every asked-for byte it held is taken */
+    if (s && rest <= TCP_STASH_BYTES) w[nw++] = (struct iovec){s->b, sizeof(s->b)};
+    struct msghdr mh = {.msg_iov = w, .msg_iovlen = (size_t)nw};
+    ssize_t r = recvmsg(c->rfds[p], &mh, MSG_DONTWAIT);
+    if (r <= 0) return got ? (ssize_t)got : r; /* a close or an error shows on the next call */
+    if ((size_t)r > rest) {
+        s->len = (uint32_t)((size_t)r - rest);
+        r = (ssize_t)rest;
+    }
+    return (ssize_t)got + r;
+}
+
 static int check_hdr(struct opctx *o, int peer);
 static int peek_acks(struct opctx *o, const struct xfer *x, int nx);
 
@@ -181,7 +223,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                      * application (direct ops), whose signals are not ours */
                     struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)nv};
                     ssize_t r = t->is_send ? sendmsg(c->fds[t->peer], &mh, MSG_NOSIGNAL)
-                                           : readv(c->rfds[t->peer], v, nv);
+                                           : conn_read(c, t->peer, v, nv);
                     if (r > 0) {
                         t->done += (size_t)r;
                         if (t->copy_to) x_copy_sent(t, t->done - (size_t)r);
@@ -446,7 +488,8 @@ static int owed_check(struct tcp_comm *c, int p, char *why, size_t whylen)
 static int owed_read(struct tcp_comm *c, int p, size_t want, char *why, size_t whylen)
 {
     struct tcp_owed *w = &c->acks->peer[p];
-    ssize_t r = recv(c->rfds[p], (char *)w->in + w->got, want, MSG_DONTWAIT);
+    struct iovec v = {(char *)w->in + w->got, want};
+    ssize_t r = conn_read(c, p, &v, 1);
     if (r == 0) {
         snprintf(why, whylen, "node %d closed the data connection", p);
         return COLL_ERR_PEER_LOST;

@@ -26,6 +26,22 @@ struct tcp_scratch {
  * with why) or go on (0). */
 typedef int (*tcp_service_fn)(void *ctx, char *why, size_t whylen);
 
+/*
+ * What a connection's reader took beyond what it asked for (read-ahead). A small read
+ * (at most TCP_STASH_BYTES) also offers the kernel this buffer, so a run of small ops a
+ * peer sent ahead of us (a broadcast root's) is taken in one call instead of one per op;
+ * every read of that connection takes from here first. The bytes are the stream's: they
+ * go wherever the connection goes (a lease carries them, wire.h) and are dropped with it.
+ */
+#define TCP_STASH_BYTES 4096
+struct tcp_stash {
+    uint32_t off, len; /* the bytes held: b[off, off + len) */
+    uint8_t b[TCP_STASH_BYTES];
+};
+/* The bytes s holds, moved to the front of its buffer (for a lease to carry): returns
+ * how many. */
+size_t tcp_stash_front(struct tcp_stash *s);
+
 struct tcp_comm {
     tcp_service_fn service; /* NULL: none (the engine's budgeted runs never wait) */
     void *service_ctx;
@@ -47,6 +63,7 @@ struct tcp_comm {
     struct spin_adapt *spin; /* by node index: spin this long for its bytes (NULL: none) */
     struct spin_gate *gate;  /* whether a spin may yield (spin.h; NULL: pause only) */
     struct tcp_acks *acks;   /* the epoch's owed acks (tcp_settle); NULL: never deferred */
+    struct tcp_stash *stash; /* by node index: read ahead of that node's bytes (NULL: none) */
 };
 
 /*

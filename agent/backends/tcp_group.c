@@ -69,12 +69,13 @@ static void tcp_fini(struct group *g)
     if (!x) return;
     log_msg(LOG_INFO, "group.stats",
             "group=%s ops_done=%llu ops_failed=%llu inline=%llu handed_over=%llu queued=%llu "
-            "direct=%llu leases=%llu",
+            "direct=%llu leases=%llu read_ahead_lent=%llu read_ahead_back=%llu",
             g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
             (unsigned long long)x->inline_count[NET_INLINE_DONE],
             (unsigned long long)x->inline_count[NET_INLINE_HANDED],
             (unsigned long long)x->inline_count[NET_INLINE_NO], (unsigned long long)g->direct_ops,
-            (unsigned long long)g->leases);
+            (unsigned long long)g->leases, (unsigned long long)g->stash_lent,
+            (unsigned long long)g->stash_back);
     free(x->pool_ops);
     free(x->pool);
     free(x);

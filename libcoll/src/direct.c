@@ -46,6 +46,7 @@ struct lc_direct {
     struct tcp_acks *acks;
     struct tcp_scratch scratch;
     struct spin_adapt *spin; /* by node */
+    struct tcp_stash *stash; /* by node: read ahead of its connection (travels with the lease) */
     struct tcp_tiny *tiny;
     struct net_task task; /* the head op's */
     int started;          /* ... and it is under way */
@@ -63,6 +64,7 @@ static void direct_free(struct lc_direct *d)
     free(d->fds);
     free(d->rfds);
     free(d->spin);
+    free(d->stash);
     free(d->acks);
     free(d->tiny);
     free(d);
@@ -80,10 +82,11 @@ coll_err lc_direct_init(coll_group *g)
         d->fds = malloc((size_t)n * sizeof(int));
         d->rfds = malloc((size_t)n * sizeof(int));
         d->spin = calloc((size_t)n, sizeof(*d->spin));
+        d->stash = calloc((size_t)n, sizeof(*d->stash));
         d->acks = tcp_acks_new(n);
         d->tiny = malloc(tcp_tiny_size());
     }
-    if (!d || !d->fds || !d->rfds || !d->spin || !d->acks || !d->tiny) {
+    if (!d || !d->fds || !d->rfds || !d->spin || !d->stash || !d->acks || !d->tiny) {
         direct_free(d);
         return lc_fail(COLL_ERR_NOMEM, "no memory for the group's direct ops");
     }
@@ -128,7 +131,8 @@ static struct tcp_comm comm_of(struct lc_direct *d, int64_t deadline, int64_t un
                              .nap = until > now_ns() ? nap_here : NULL,
                              .wake_fd = {-1, -1},
                              .spin = d->spin,
-                             .acks = d->acks};
+                             .acks = d->acks,
+                             .stash = d->stash};
 }
 
 /* ---- the lease ----------------------------------------------------------------------- */
@@ -139,6 +143,7 @@ static void drop(struct lc_direct *d)
         if (d->fds[p] >= 0) close(d->fds[p]);
         if (d->rfds[p] >= 0) close(d->rfds[p]);
         d->fds[p] = d->rfds[p] = -1;
+        d->stash[p].off = d->stash[p].len = 0; /* the bytes go with the connections */
     }
     d->held = 0;
     d->started = 0;
@@ -221,7 +226,12 @@ static void take(coll_group *g)
     }
     d->nodes = (int)l->nodes;
     d->me = (int)l->me;
+    _Static_assert(TCP_STASH_BYTES == WIRE_STASH_BYTES, "a stash travels whole");
     for (int p = 0, k = 0; p < d->nodes; p++) {
+        /* what the agent read ahead (wire_decode checked the counts) */
+        memcpy(d->stash[p].b, c->shm->lease_stash[g->handle][p], l->stash_len[p]);
+        d->stash[p].off = 0;
+        d->stash[p].len = l->stash_len[p];
         if (p == d->me) continue;
         d->fds[p] = fds[k++];
         d->rfds[p] = fds[k++];
@@ -256,6 +266,11 @@ static int give(coll_group *g, int code, const char *why, char *end_why)
     }
     m.lease_back.code = code;
     snprintf(m.lease_back.why, sizeof(m.lease_back.why), "%s", why ? why : "");
+    for (int p = 0; code == COLL_OK && p < d->nodes; p++) {
+        size_t len = tcp_stash_front(&d->stash[p]);
+        memcpy(c->shm->lease_stash[g->handle][p], d->stash[p].b, len);
+        m.lease_back.stash_len[p] = (uint16_t)len;
+    }
     drop(d);
     pthread_mutex_lock(&c->lock);
     coll_err rc =

@@ -57,6 +57,20 @@ static int terminated(const char *s, size_t cap)
     return memchr(s, '\0', cap) != NULL;
 }
 
+/* A lease's counts of bytes read ahead: at most WIRE_STASH_BYTES each, none beyond nodes
+ * pods or at node me (no connection to itself). */
+static int stash_ok(const uint16_t *len, unsigned nodes, unsigned me, char *err, size_t errlen)
+{
+    for (unsigned p = 0; p < WIRE_STASH_NODES; p++)
+        if (len[p] > WIRE_STASH_BYTES || (len[p] && (p >= nodes || p == me))) {
+            snprintf(err, errlen,
+                     "lease with %u bytes read ahead of node %u (at most %u, of %u pods)", len[p],
+                     p, WIRE_STASH_BYTES, nodes);
+            return 0;
+        }
+    return 1;
+}
+
 int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *version_out, char *err,
                 size_t errlen)
 {
@@ -120,6 +134,8 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
         break;
     case WIRE_LEASE_BACK:
         if (!terminated(out->lease_back.why, sizeof(out->lease_back.why))) goto unterminated;
+        if (!stash_ok(out->lease_back.stash_len, WIRE_STASH_NODES, WIRE_STASH_NODES, err, errlen))
+            return -1;
         break;
     case WIRE_LEASE_BACK_OK:
         if (!terminated(out->lease_back_ok.why, sizeof(out->lease_back_ok.why))) goto unterminated;
@@ -137,6 +153,8 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
                      out->lease_ok.nodes, out->lease_ok.me, out->lease_ok.nfds);
             return -1;
         }
+        if (!stash_ok(out->lease_ok.stash_len, out->lease_ok.nodes, out->lease_ok.me, err, errlen))
+            return -1;
         break;
     default:
         break;

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
-#define WIRE_VERSION 3
+#define WIRE_VERSION 4
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_WHY_MAX 160       /* the reason of a failed op, in the shared region */
@@ -133,6 +133,11 @@ struct wire_group_state_ok {
  */
 #define WIRE_LEASE_STATE 48 /* the agent's broadcast-ack state, opaque to libcoll */
 #define WIRE_LEASE_MAX_FDS 30
+/* The bytes read ahead of each pod's connection (agent/backends/tcp.h: struct tcp_stash)
+ * are the stream's and travel with the lease both ways: their counts in the message, by
+ * node index, the bytes in the region's lease_stash[handle][node]. */
+#define WIRE_STASH_NODES 16 /* WIRE_LEASE_MAX_FDS / 2 + 1 */
+#define WIRE_STASH_BYTES 4096
 struct wire_lease {
     struct wire_hdr h;
     uint32_t handle;
@@ -149,6 +154,7 @@ struct wire_lease_ok {
     uint8_t prev[WIRE_LEASE_STATE];
     uint32_t lease_void; /* the session's lease_void word when lent (struct wire_shm) */
     uint32_t pad;
+    uint16_t stash_len[WIRE_STASH_NODES];
 };
 
 struct wire_lease_back {
@@ -159,6 +165,7 @@ struct wire_lease_back {
     uint64_t seq;
     uint32_t has_prev, run;
     uint8_t prev[WIRE_LEASE_STATE];
+    uint16_t stash_len[WIRE_STASH_NODES];
     char why[WIRE_WHY_MAX];
 };
 
@@ -398,6 +405,10 @@ struct wire_shm {
      */
     struct wire_lease_words lease_q[WIRE_DIRECT_HANDLES];
     struct wire_direct_counts direct[WIRE_DIRECT_HANDLES];
+    /* direct ops: what was read ahead of each pod's connection, handed over with a lease
+     * (wire_lease_ok, wire_lease_back: stash_len). Written only by the side that hands
+     * the lease over, before its message; the other copies it out once on receipt */
+    uint8_t lease_stash[WIRE_DIRECT_HANDLES][WIRE_STASH_NODES][WIRE_STASH_BYTES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 
