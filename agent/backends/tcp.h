@@ -79,7 +79,7 @@ struct tcp_comm {
  * after a run may leave the others' last ops of it undelivered (they fail with EPOCH):
  * docs/ARCHITECTURE.md.
  */
-#define TCP_ACK_EVERY 4
+#define TCP_ACK_EVERY 256
 #define TCP_ACK_WINDOW 8
 struct tcp_acks;
 /* Acks for a group of nodes pods, none owed; NULL if out of memory. */
