@@ -6,13 +6,22 @@
 # order flips every round.
 # PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
 # BENCH_ARGS: more coll-bench options for both (e.g. -i: in place, as compare.sh runs broadcast).
+# LOAD=1: under compare.sh's load all along (bench/loadgen.c: a nice-19 busy loop pinned to
+# every CPU, and a normal-priority neighbour busy half of every 10 ms).
 # Usage: bench/ab.sh BUILD_A BUILD_B AGENTS OP MIN MAX ITERS ROUNDS
 #   e.g. bench/ab.sh /tmp/base/build build-rel 4 broadcast 1048576 67108864 5 5
 set -euo pipefail
-[ $# -eq 8 ] || { sed -n '2,8p' "$0"; exit 2; }
+[ $# -eq 8 ] || { sed -n "2,10p" "$0"; exit 2; }
 A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
 out=$(mktemp /tmp/coll-ab-XXXX)
-trap 'rm -f "$out"' EXIT
+LOAD_PIDS=()
+trap 'rm -f "$out" "$out.loadgen"; for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+if [ "${LOAD:-0}" = 1 ]; then
+    cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
+    for i in $(seq 0 $(($(nproc) - 1))); do "$out.loadgen" spin "$i" & LOAD_PIDS+=($!); done
+    "$out.loadgen" duty 50 & LOAD_PIDS+=($!)
+    sleep 0.5
+fi
 . "$(dirname "$0")/agents.sh"
 run() { # build label
     local build=$1 lab=$2 dir extra
@@ -24,7 +33,7 @@ run() { # build label
     "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
         -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
     kill "${AGENT_PIDS[@]}" 2>/dev/null || true
-    wait 2>/dev/null || true
+    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$dir"
 }
 for r in $(seq "$rounds"); do # the order flips every round (the second run of a pair was

@@ -95,4 +95,12 @@ grep -q "^| 2 | reduce_scatter | 8 B | quiet | coll | 10.00 | 6.00 | 4.00 | 0.02
 grep -q "^| 2 | reduce_scatter | 8 B | loaded | coll | 12.00 | 6.00 | 6.00 |" "$t" ||
     fail "no rusage row for 8 B loaded"
 [ "$(wc -l <"$d/rusage.csv")" = 9 ] || fail "rusage.csv: a header and 8 rows"
+# bench/ab.sh LOAD=1: both builds' rounds under the load, a ratio per size, and the load
+# gone when it ends
+ab=$(LOAD=1 "$src/bench/ab.sh" "$build" "$build" 2 allreduce 8 8 20 1 2>&1) || fail "ab.sh LOAD=1: $ab"
+echo "$ab"
+echo "$ab" | awk '$1 == 8 && NF == 5 && $4 + 0 > 0 { ok = 1 } END { exit !ok }' ||
+    fail "ab.sh LOAD=1: no B/A row for 8 bytes"
+sleep 0.2
+pgrep -f 'coll-ab-.*loadgen' >/dev/null && fail "ab.sh left its load running"
 echo "bench tools: ok"
