@@ -792,6 +792,35 @@ static coll_err mix_wait(coll_conn *c, coll_err e, coll_request r)
     return e == COLL_OK ? coll_wait(c, r, 10000) : e;
 }
 
+/* A mix rank's start: its path, its connection, group and buffer (in, then out, MIX_BIG
+ * int32s each), the group formed; 0, or the rank's exit code. */
+static int mix_open(const struct mix *o, coll_conn **c, coll_group **g, coll_group_info *info,
+                    int32_t **in)
+{
+    if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
+    void *mem;
+    int rc = rank_open(o->sock, MIX_BIG * 4 * 2, c, g, info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(*g, 10000) != COLL_OK) return 151;
+    *in = mem;
+    return 0;
+}
+
+/* One case of a mix: n pods' agents, fn once per pod with its rank's mix (agent_mask:
+ * the ranks whose clients go through their agents), the agents stopped; their logs stay
+ * in a for the caller's checks. */
+static void mix_case(struct agent *a, struct mix *jobs, int n, unsigned agent_mask, int rounds,
+                     int (*fn)(void *), int ms)
+{
+    int port;
+    start_all(a, n, 1, &port);
+    for (int i = 0; i < n; i++)
+        jobs[i] = (struct mix){a[i].sock, (int)(agent_mask >> i) & 1, rounds};
+    fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, agent_mask);
+    run_ranks(fn, jobs, sizeof(jobs[0]), n, ms);
+    stop_all(a, n);
+}
+
 /* Every kind of tiny op, a run of broadcasts from changing roots, a send and receive
  * while the connections are lent, and an allreduce too large to run direct (the
  * connections go back to the agent and come out again), each result checked exactly.
@@ -800,16 +829,14 @@ static coll_err mix_wait(coll_conn *c, coll_err e, coll_request r)
 static int direct_mix_main(void *arg)
 {
     const struct mix *o = arg;
-    if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
-    void *mem;
-    int rc = rank_open(o->sock, MIX_BIG * 4 * 2, &c, &g, &info, &mem);
+    int32_t *in;
+    int rc = mix_open(o, &c, &g, &info, &in);
     if (rc) return rc;
-    if (coll_group_wait(g, 10000) != COLL_OK) return 151;
     int n = info.size, me = info.rank;
-    int32_t *in = mem, *out = in + MIX_BIG;
+    int32_t *out = in + MIX_BIG;
     coll_request r;
     coll_err e;
     for (int round = 0; round < o->rounds; round++) {
@@ -896,14 +923,8 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         int n = cases[k].pods;
         struct agent a[4];
-        int port;
-        start_all(a, n, 1, &port);
         struct mix jobs[4];
-        for (int i = 0; i < n; i++)
-            jobs[i] = (struct mix){a[i].sock, (int)(cases[k].agent_mask >> i) & 1, ROUNDS};
-        fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, cases[k].agent_mask);
-        run_ranks(direct_mix_main, jobs, sizeof(jobs[0]), n, 120000);
-        stop_all(a, n);
+        mix_case(a, jobs, n, cases[k].agent_mask, ROUNDS, direct_mix_main, 120000);
         for (int i = 0; i < n; i++) {
             long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
             long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
@@ -932,16 +953,14 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
 static int read_ahead_main(void *arg)
 {
     const struct mix *o = arg;
-    if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
-    void *mem;
-    int rc = rank_open(o->sock, MIX_BIG * 4 * 2, &c, &g, &info, &mem);
+    int32_t *in;
+    int rc = mix_open(o, &c, &g, &info, &in);
     if (rc) return rc;
-    if (coll_group_wait(g, 10000) != COLL_OK) return 151;
     int n = info.size, me = info.rank;
-    int32_t *in = mem, *out = in + MIX_BIG;
+    int32_t *out = in + MIX_BIG;
     coll_request r;
     coll_err e;
     for (int round = 0; round < o->rounds; round++) {
@@ -990,14 +1009,8 @@ static void read_ahead_travels_with_the_lease(void **state)
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         int n = cases[k].pods;
         struct agent a[4];
-        int port;
-        start_all(a, n, 1, &port);
         struct mix jobs[4];
-        for (int i = 0; i < n; i++)
-            jobs[i] = (struct mix){a[i].sock, (int)(cases[k].agent_mask >> i) & 1, ROUNDS};
-        fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, cases[k].agent_mask);
-        run_ranks(read_ahead_main, jobs, sizeof(jobs[0]), n, 60000);
-        stop_all(a, n);
+        mix_case(a, jobs, n, cases[k].agent_mask, ROUNDS, read_ahead_main, 60000);
         for (int i = 0; i < n; i++) {
             long back = group_stat(&a[i], "read_ahead_back="),
                  lent = group_stat(&a[i], "read_ahead_lent=");
