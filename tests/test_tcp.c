@@ -2,7 +2,8 @@
  * test_tcp.c: the host backend's waiting, below the agent: two "pods" run a tiny
  * allreduce over real nonblocking socket pairs, one as the engine runs it (a budget, a
  * nap, wake fds) and one as the net thread does, started late or not at all; and the
- * spin tuner (tcp.h) fed op sequences and op times.
+ * spin tuner (tcp.h) fed op sequences and op times; and a connection's read-ahead
+ * (struct tcp_stash) on a real socket.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -17,6 +18,7 @@
 #include <fcntl.h>
 
 #include "backends/tcp.h"
+#include "backends/tcp_priv.h" /* tcp_exchange, to read through a stash */
 #include "coll/coll.h"
 #include "harness.h"
 #include "net.h"
@@ -386,9 +388,92 @@ static void classes_are_kept_apart_and_forgotten_in_order(void **state)
     free(tu);
 }
 
+/* Read-ahead (tcp.h: struct tcp_stash) on a real socket: a small read takes what follows,
+ * the next reads take it first (across a header and a payload piece, then on into the
+ * socket), a read of more than the stash holds takes nothing beyond itself, and a close
+ * shows once the stash is spent. */
+static struct opctx stash_ctx; /* 160 KiB: not on the stack */
+static char stash_why[160];
+
+static int stash_read(struct tcp_comm *c, void *hdr, size_t hl, void *p, size_t n)
+{
+    static struct net_task t;
+    struct xfer x;
+    tcp_x_recv(&x, 1, hdr, hl, p, n);
+    x.check_hdr = 0; /* raw bytes, no op header */
+    c->deadline_ns = clock_ns() + 2000000000LL;
+    stash_why[0] = '\0';
+    tcp_init_ctx(&stash_ctx, c, &t, stash_why, sizeof(stash_why));
+    int st = tcp_exchange(&stash_ctx, &x, 1);
+    if (st != COLL_OK) fprintf(stderr, "stash_read: %s\n", stash_why);
+    return st;
+}
+
+static void a_small_read_keeps_what_follows_for_the_next(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    int fds[2] = {-1, -1}, rfds[2] = {-1, sv[0]};
+    struct tcp_scratch scratch = {0};
+    struct tcp_stash *stash = calloc(2, sizeof(*stash));
+    assert_non_null(stash);
+    struct tcp_comm c = {.nodes = 2,
+                         .me = 0,
+                         .nlocal = 1,
+                         .fds = fds,
+                         .rfds = rfds,
+                         .scratch = &scratch,
+                         .wake_fd = {-1, -1},
+                         .stash = stash};
+    static unsigned char sent[20000], got[20000];
+    for (size_t i = 0; i < sizeof(sent); i++)
+        sent[i] = (unsigned char)(i * 131 + 7);
+    size_t at = 0; /* what has been read, in order */
+    assert_int_equal(write(sv[1], sent, 300), 300);
+    /* 40 asked: the other 260 come along */
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 40), COLL_OK);
+    at += 40;
+    assert_int_equal(stash[1].len, 260);
+    /* a header and a payload piece, both from the stash */
+    assert_int_equal(stash_read(&c, got + at, 40, got + at + 40, 60), COLL_OK);
+    at += 100;
+    assert_int_equal(stash[1].len, 160);
+    /* the stash's 160, then the socket, whose rest (up to the stash's size) comes along */
+    assert_int_equal(write(sv[1], sent + 300, 6000), 6000);
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 2000), COLL_OK);
+    at += 2000;
+    assert_int_equal(stash[1].len, TCP_STASH_BYTES);
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 6300 - at), COLL_OK);
+    at = 6300;
+    assert_int_equal(stash[1].len, 0);
+    /* more than a stash holds: nothing beyond it is taken */
+    assert_int_equal(write(sv[1], sent + at, 12000), 12000);
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 8000), COLL_OK);
+    at += 8000;
+    assert_int_equal(stash[1].len, 0);
+    /* the last 4000, then the peer closes: read ahead, taken, and only then the close */
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 10), COLL_OK);
+    at += 10;
+    assert_int_equal(stash[1].len, 3990);
+    close(sv[1]);
+    assert_int_equal(stash_read(&c, NULL, 0, got + at, 3990), COLL_OK);
+    at += 3990;
+    assert_memory_equal(got, sent, at);
+    assert_int_equal(at, 18300);
+    unsigned char one;
+    assert_int_equal(stash_read(&c, NULL, 0, &one, 1), COLL_ERR_PEER_LOST);
+    assert_non_null(strstr(stash_why, "node 1 closed the data connection"));
+    close(sv[0]);
+    free(stash);
+    free(scratch.p[0]);
+    free(scratch.p[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_small_read_keeps_what_follows_for_the_next),
         cmocka_unit_test(engine_sleeps_in_an_op_until_its_bytes_come),
         cmocka_unit_test(a_spent_budget_hands_the_op_over),
         cmocka_unit_test(either_wake_fd_hands_the_op_over),
