@@ -30,18 +30,11 @@ void dataconn_close_grave(struct ngroup *g)
     g->ngrave = 0;
 }
 
-/* What was read ahead of the connections goes with them. */
-static void stash_drop(struct ngroup *g)
-{
-    for (int i = 0; g->stash && i < g->nodes; i++)
-        g->stash[i].off = g->stash[i].len = 0;
-}
-
 /* Like dataconn_close, a heartbeat interval later (see grave). */
 void dataconn_bury(struct ngroup *g)
 {
     dataconn_close_grave(g);
-    stash_drop(g);
+    tcp_stash_drop(g->stash, g->nodes); /* what was read ahead goes with them */
     for (int i = 0; i < g->nog; i++)
         close(g->og[i].fd);
     g->nog = 0;
@@ -58,7 +51,7 @@ void dataconn_bury(struct ngroup *g)
 
 void dataconn_close(struct ngroup *g)
 {
-    stash_drop(g);
+    tcp_stash_drop(g->stash, g->nodes); /* what was read ahead goes with them */
     for (int i = 0; i < g->nog; i++)
         close(g->og[i].fd);
     g->nog = 0;

@@ -338,7 +338,7 @@ static void knock_net(struct net *n)
 }
 
 int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
-             net_stash *stash_out, char *why, size_t whylen)
+             wire_stash *stash_out, char *why, size_t whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;
     if (!g || g->gpu || g->nlocal != 1 || g->nodes > TCP_EAGER_ALL ||
@@ -396,7 +396,7 @@ int net_lend(struct net *n, int group, struct wire_lease_words *words, struct ne
 }
 
 int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev, uint32_t run,
-               const uint8_t *prev, const uint16_t *stash_len, const net_stash *stash, int code,
+               const uint8_t *prev, const uint16_t *stash_len, const wire_stash *stash, int code,
                const char *why, char *end_why, size_t end_whylen)
 {
     struct ngroup *g = group >= 0 && group < n->ngroups ? n->groups[group] : NULL;

@@ -120,21 +120,19 @@ struct net_lease {
     uint8_t prev[TCP_ACKS_STATE];
     uint16_t stash_len[WIRE_STASH_NODES]; /* what was read ahead, by node (in stash_out) */
 };
-/* The bytes read ahead of each pod's connection, by node (wire.h: lease_stash). */
-typedef uint8_t net_stash[WIRE_STASH_NODES][WIRE_STASH_BYTES];
 /* Lend group's connections: 0 (out filled, and what was read ahead of them moved to
  * stash_out), COLL_ERR_BUSY (not formed, an op under way or acks owed: ask again later;
  * why says which) or COLL_ERR_UNSUPPORTED (never: several participants on this pod, a
  * GPU group, more pods than a lease holds). */
 int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
-             net_stash *stash_out, char *why, size_t whylen);
+             wire_stash *stash_out, char *why, size_t whylen);
 /* Take lease id back with the state the client left (code: COLL_OK, or the failure of
  * a direct op, which ends the epoch, as why says; with COLL_OK, stash_len[p] bytes of
  * stash[p] are what it read ahead of node p, checked by wire_decode). A lease that already ended
  * (the epoch did) is ignored. Where the epoch was ending already (a pod left while the client had
  * ops under way: words' drain), returns that end's code and fills end_why; else 0. */
 int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has_prev, uint32_t run,
-               const uint8_t *prev, const uint16_t *stash_len, const net_stash *stash, int code,
+               const uint8_t *prev, const uint16_t *stash_len, const wire_stash *stash, int code,
                const char *why, char *end_why, size_t end_whylen);
 /* The client of lease id is gone: forget its words (they are unmapped next; the epoch
  * ends under the lease as the group's break says). Engine thread. */

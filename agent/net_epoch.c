@@ -53,8 +53,6 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
     tcp_acks_reset(g->acks);
     tcp_tune_reset(g->tune);
-    for (int p = 0; g->stash && p < g->nodes; p++) /* new connections: nothing read ahead */
-        g->stash[p].off = g->stash[p].len = 0;
     g->has_commid = c->has_commid != 0;
     memcpy(g->commid, c->commid, sizeof(g->commid));
     memcpy(g->secret, c->secret, sizeof(g->secret));

@@ -146,6 +146,12 @@ int tcp_failf(struct opctx *o, int code, const char *fmt, ...)
     return code;
 }
 
+void tcp_stash_drop(struct tcp_stash *s, int n)
+{
+    for (int i = 0; s && i < n; i++)
+        s[i].off = s[i].len = 0;
+}
+
 size_t tcp_stash_front(struct tcp_stash *s)
 {
     if (s->off) memmove(s->b, s->b + s->off, s->len);

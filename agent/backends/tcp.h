@@ -41,6 +41,8 @@ struct tcp_stash {
 /* The bytes s holds, moved to the front of its buffer (for a lease to carry): returns
  * how many. */
 size_t tcp_stash_front(struct tcp_stash *s);
+/* Empty the n stashes at s (NULL: none), their connections closed. */
+void tcp_stash_drop(struct tcp_stash *s, int n);
 
 struct tcp_comm {
     tcp_service_fn service; /* NULL: none (the engine's budgeted runs never wait) */

@@ -143,8 +143,8 @@ static void drop(struct lc_direct *d)
         if (d->fds[p] >= 0) close(d->fds[p]);
         if (d->rfds[p] >= 0) close(d->rfds[p]);
         d->fds[p] = d->rfds[p] = -1;
-        d->stash[p].off = d->stash[p].len = 0; /* the bytes go with the connections */
     }
+    tcp_stash_drop(d->stash, d->nodes); /* what was read ahead goes with the connections */
     d->held = 0;
     d->started = 0;
 }

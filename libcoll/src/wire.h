@@ -138,6 +138,7 @@ struct wire_group_state_ok {
  * node index, the bytes in the region's lease_stash[handle][node]. */
 #define WIRE_STASH_NODES 16 /* WIRE_LEASE_MAX_FDS / 2 + 1 */
 #define WIRE_STASH_BYTES 4096
+typedef uint8_t wire_stash[WIRE_STASH_NODES][WIRE_STASH_BYTES];
 struct wire_lease {
     struct wire_hdr h;
     uint32_t handle;
@@ -408,7 +409,7 @@ struct wire_shm {
     /* direct ops: what was read ahead of each pod's connection, handed over with a lease
      * (wire_lease_ok, wire_lease_back: stash_len). Written only by the side that hands
      * the lease over, before its message; the other copies it out once on receipt */
-    uint8_t lease_stash[WIRE_DIRECT_HANDLES][WIRE_STASH_NODES][WIRE_STASH_BYTES];
+    wire_stash lease_stash[WIRE_DIRECT_HANDLES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 
