@@ -403,15 +403,7 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
     if (!g) return 0;
     int end = 0, knock = 0;
     pthread_mutex_lock(&n->coll_lock);
-    if (g->lent && g->lease_id == id && g->abort_pending) {
-        /* the epoch is ending (a pod left) and waited for the client's ops: end it now
-         * with the reason it ends for (the client's failure, if any, came of it) */
-        g->lent = 0;
-        g->lease_w = NULL;
-        end = g->abort_code;
-        snprintf(end_why, end_whylen, "%s", g->abort_why);
-        knock = 1; /* the net thread ends it */
-    } else if (g->lent && g->lease_id == id) {
+    if (g->lent && g->lease_id == id) {
         g->lent = 0;
         g->lease_w = NULL;
         /* the client's word on how far it went: numbers only go forward (a false one
@@ -421,6 +413,8 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
             why = "the client gave the connections back with an op number from the past";
         }
         if (code == COLL_OK) {
+            /* kept even where the epoch is ending: an op the drain still runs (one the
+             * client submits next) goes on from here, not from the lease's start */
             g->ops_done = seq;
             tcp_acks_import(g->acks, has_prev, run, prev);
             /* the counts are checked (wire_decode); the bytes are the peers' stream as
@@ -432,7 +426,14 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
                 g->stash[p].off = 0;
                 g->stash[p].len = (uint32_t)len;
             }
-        } else {
+        }
+        if (g->abort_pending) {
+            /* the epoch is ending (a pod left) and waited for the client's ops: end it
+             * now with the reason it ends for (the client's failure, if any, came of it) */
+            end = g->abort_code;
+            snprintf(end_why, end_whylen, "%s", g->abort_why);
+            knock = 1; /* the net thread ends it */
+        } else if (code != COLL_OK) {
             g->inline_abort = code;
             snprintf(g->inline_why, sizeof(g->inline_why), "%s", why);
             knock = 1;
