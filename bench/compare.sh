@@ -13,6 +13,7 @@
 #
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
 #                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-t MIN_MS] [-u] [-d OUTDIR]
+#                         [-D 0|1|all]
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
 #   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
@@ -28,18 +29,22 @@
 #   GLOO=0: no Gloo rounds even where torch imports
 #   every rank of every system reports per size its sleeps, preemptions and CPU time per
 #   op (#rusage lines in raw.txt; BENCH_RUSAGE=0 turns that off)
+#   -D MODE: which of coll's ops its applications run themselves (libcoll's COLL_DIRECT):
+#   1, the default: tiny ones (up to 64 KiB), the rest through the agent; all: every
+#   collective (a large one in the application's wait, as an MPI rank's); 0: none
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
 sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=2000 warmup=100
-min_ms=300 bind=1 out=""
-while getopts "b:p:o:s:r:l:n:w:t:ud:" c; do
+min_ms=300 bind=1 out="" direct=1
+while getopts "b:p:o:s:r:l:n:w:t:ud:D:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
-    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;;
-    *) sed -n '2,30p' "$0"; exit 2 ;;
+    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;; D) direct=$OPTARG ;;
+    *) sed -n '2,33p' "$0"; exit 2 ;;
     esac
 done
+case $direct in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$direct'"; exit 2 ;; esac
 build=$(cd "$build" && pwd)
 out=${out:-$here/results/host-$(date -u +%Y%m%dT%H%M)}
 mkdir -p "$out"
@@ -69,6 +74,7 @@ raw=$out/raw.txt
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
+    echo "# coll's applications run their ops themselves: COLL_DIRECT=$direct ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || echo 'none'))"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
 cat "$raw"
@@ -91,7 +97,7 @@ ceiling() { # one TCP stream over loopback, server and client as two pods
 }
 run_coll() { # N OP
     local n=$1 op=$2
-    timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
+    COLL_DIRECT=$direct timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
         -n "$iters" -w "$warmup" -T "$min_ms" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
 }
 run_mpi() { # N OP

@@ -776,6 +776,7 @@ static void killed_agent_fails_survivors_then_group_reforms(void **state)
 struct mix {
     const char *sock;
     int agent_path; /* this rank's client runs no direct ops (COLL_DIRECT=0) */
+    int all;        /* ... or every collective itself, large ones too (COLL_DIRECT=all) */
     int rounds;
     const char *flag; /* a path the case's ranks may signal each other with (flag.ROUND) */
 };
@@ -799,6 +800,7 @@ static int mix_open(const struct mix *o, coll_conn **c, coll_group **g, coll_gro
                     int32_t **in)
 {
     if (o->agent_path) setenv("COLL_DIRECT", "0", 1);
+    if (o->all) setenv("COLL_DIRECT", "all", 1);
     void *mem;
     int rc = rank_open(o->sock, MIX_BIG * 4 * 2, c, g, info, &mem);
     if (rc) return rc;
@@ -810,16 +812,18 @@ static int mix_open(const struct mix *o, coll_conn **c, coll_group **g, coll_gro
 /* One case of a mix: n pods' agents, fn once per pod with its rank's mix (agent_mask:
  * the ranks whose clients go through their agents), the agents stopped; their logs stay
  * in a for the caller's checks. */
-static void mix_case(struct agent *a, struct mix *jobs, int n, unsigned agent_mask, int rounds,
-                     int (*fn)(void *), int ms)
+static void mix_case(struct agent *a, struct mix *jobs, int n, unsigned agent_mask,
+                     unsigned all_mask, int rounds, int (*fn)(void *), int ms)
 {
     int port;
     static char flag[128];
     tmp_path(flag, sizeof(flag), "mix", 0);
     start_all(a, n, 1, &port);
     for (int i = 0; i < n; i++)
-        jobs[i] = (struct mix){a[i].sock, (int)(agent_mask >> i) & 1, rounds, flag};
-    fprintf(stderr, "case: %d pods, through the agent: mask 0x%x\n", n, agent_mask);
+        jobs[i] = (struct mix){a[i].sock, (int)(agent_mask >> i) & 1, (int)(all_mask >> i) & 1,
+                               rounds, flag};
+    fprintf(stderr, "case: %d pods, through the agent: mask 0x%x, all direct: mask 0x%x\n", n,
+            agent_mask, all_mask);
     run_ranks(fn, jobs, sizeof(jobs[0]), n, ms);
     stop_all(a, n);
 }
@@ -927,7 +931,7 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
         int n = cases[k].pods;
         struct agent a[4];
         struct mix jobs[4];
-        mix_case(a, jobs, n, cases[k].agent_mask, ROUNDS, direct_mix_main, 120000);
+        mix_case(a, jobs, n, cases[k].agent_mask, 0, ROUNDS, direct_mix_main, 120000);
         for (int i = 0; i < n; i++) {
             long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
             long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
@@ -940,6 +944,141 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
                 assert_int_equal(direct, 0);
             else /* a tiny op that finds the agent still busy with its last goes there */
                 assert_true(direct >= ROUNDS * TINY / 2);
+        }
+    }
+    member_agent = NULL;
+}
+
+/* COLL_DIRECT=all: every kind of large op (256 KiB to 1 MiB a pod), one moved on by
+ * coll_test alone, and a large broadcast queued between two tiny allreduces and waited
+ * for last, each result checked exactly; pods may mix such clients with ones that go
+ * through their agents. */
+#define LARGE_OPS 10 /* per round */
+static int large_mix_main(void *arg)
+{
+    const struct mix *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    int32_t *in;
+    int rc = mix_open(o, &c, &g, &info, &in);
+    if (rc) return rc;
+    const int n = info.size, me = info.rank;
+    const size_t L = MIX_BIG / 4; /* 256 KiB of int32s: n * L fits MIX_BIG up to 4 pods */
+    int32_t *out = in + MIX_BIG;
+    coll_request r, q[3];
+    coll_err e;
+    for (int round = 0; round < o->rounds; round++) {
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = (int32_t)(i & 1023) + me + round;
+        e = mix_wait(c, coll_allreduce(g, in, out, MIX_BIG, COLL_INT32, COLL_SUM, NULL, &r), r);
+        if (e) return mix_fail(me, "allreduce", e);
+        for (size_t i = 0; i < MIX_BIG; i++)
+            if (out[i] != n * ((int32_t)(i & 1023) + round) + n * (n - 1) / 2) return 170;
+        for (size_t i = 0; i < L; i++)
+            in[i] = me * 7 + (int32_t)i + round;
+        e = mix_wait(c, coll_allgather(g, in, out, L, COLL_INT32, NULL, &r), r);
+        if (e) return mix_fail(me, "allgather", e);
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < L; i++)
+                if (out[(size_t)p * L + i] != p * 7 + (int32_t)i + round) return 171;
+        for (size_t j = 0; j < (size_t)n * L; j++)
+            in[j] = me + (int32_t)j + round;
+        e = mix_wait(c, coll_reduce_scatter(g, in, out, L, COLL_INT32, COLL_SUM, NULL, &r), r);
+        if (e) return mix_fail(me, "reduce_scatter", e);
+        for (size_t i = 0; i < L; i++)
+            if (out[i] != n * (n - 1) / 2 + n * ((int32_t)((size_t)me * L + i) + round)) return 172;
+        int root = round % n;
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = me == root ? root * 3 + (int32_t)i + round : -1;
+        e = mix_wait(c, coll_broadcast(g, in, out, MIX_BIG, COLL_INT32, root, NULL, &r), r);
+        if (e) return mix_fail(me, "broadcast", e);
+        for (size_t i = 0; i < MIX_BIG; i++)
+            if (out[i] != root * 3 + (int32_t)i + round) return 173;
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = me + (int32_t)i;
+        e = mix_wait(c, coll_reduce(g, in, out, MIX_BIG, COLL_INT32, COLL_SUM, 1, NULL, &r), r);
+        if (e) return mix_fail(me, "reduce", e);
+        for (size_t i = 0; me == 1 && i < MIX_BIG; i++)
+            if (out[i] != n * (n - 1) / 2 + n * (int32_t)i) return 174;
+        for (size_t j = 0; j < (size_t)n * L; j++)
+            in[j] = me * 100000 + (int32_t)j + round;
+        e = mix_wait(c, coll_alltoall(g, in, out, L, COLL_INT32, NULL, &r), r);
+        if (e) return mix_fail(me, "alltoall", e);
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < L; i++)
+                if (out[(size_t)p * L + i] != p * 100000 + (int32_t)((size_t)me * L + i) + round)
+                    return 175;
+        /* moved on by coll_test only (a large direct op runs whole in the first call) */
+        for (size_t i = 0; i < MIX_BIG; i++)
+            in[i] = (int32_t)(i % 77) * (me + 1);
+        e = coll_allreduce(g, in, out, MIX_BIG, COLL_INT32, COLL_SUM, NULL, &r);
+        if (e) return mix_fail(me, "allreduce (tested)", e);
+        int done = 0;
+        double until = now_ms() + 10000;
+        while (!done && now_ms() < until) {
+            e = coll_test(c, r, &done);
+            if (e) return mix_fail(me, "coll_test", e);
+            if (!done) usleep(100);
+        }
+        if (!done) return 176;
+        for (size_t i = 0; i < MIX_BIG; i++)
+            if (out[i] != (int32_t)(i % 77) * n * (n + 1) / 2) return 177;
+        /* three queued: tiny, large, tiny; the last waited for first */
+        const size_t B = MIX_BIG / 2, T = 16; /* the tiny ones beyond the broadcast */
+        root = (round + 1) % n;
+        for (size_t i = 0; i < B; i++)
+            in[i] = me == root ? 5 * (int32_t)i + round : 0;
+        for (size_t i = 0; i < 2 * T; i++)
+            in[B + i] = me + (int32_t)i;
+        if (coll_allreduce(g, in + B, out + B, T, COLL_INT32, COLL_SUM, NULL, &q[0]) ||
+            coll_broadcast(g, in, out, B, COLL_INT32, root, NULL, &q[1]) ||
+            coll_allreduce(g, in + B + T, out + B + T, T, COLL_INT32, COLL_SUM, NULL, &q[2]))
+            return mix_fail(me, "queued submission", COLL_ERR_INTERNAL);
+        for (int k = 2; k >= 0; k--) {
+            e = coll_wait(c, q[k], 10000);
+            if (e) return mix_fail(me, "queued op", e);
+        }
+        for (size_t i = 0; i < B; i++)
+            if (out[i] != 5 * (int32_t)i + round) return 178;
+        for (size_t i = 0; i < 2 * T; i++)
+            if (out[B + i] != n * (n - 1) / 2 + n * (int32_t)i) return 179;
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* COLL_DIRECT=all: the agent runs none of an all-direct client's collectives (its
+ * group.stats: every op came back counted as direct), and every result is exact in every
+ * mix with clients that go through their agents or run only tiny ops directly. */
+static void every_op_runs_in_the_application_with_direct_all(void **state)
+{
+    (void)state;
+    const struct {
+        int pods;
+        unsigned agent_mask, all_mask;
+    } cases[] = {{2, 0, 3}, {2, 2, 1}, {2, 0, 1}, {3, 0, 7}, {4, 0, 0xf}, {4, 0xa, 0x5}};
+    enum { ROUNDS = 2 };
+    member_agent = "  direct_ops: true\n";
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int n = cases[k].pods;
+        struct agent a[4];
+        struct mix jobs[4];
+        mix_case(a, jobs, n, cases[k].agent_mask, cases[k].all_mask, ROUNDS, large_mix_main,
+                 120000);
+        for (int i = 0; i < n; i++) {
+            long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
+            long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
+            fprintf(stderr, "  pod %d: direct=%ld inline=%ld handed_over=%ld queued=%ld\n", i,
+                    direct, inl, handed, queued);
+            assert_int_equal(direct + inl + handed + queued, ROUNDS * LARGE_OPS);
+            if (jobs[i].agent_path)
+                assert_int_equal(direct, 0);
+            else if (jobs[i].all)
+                assert_int_equal(direct, ROUNDS * LARGE_OPS);
+            else /* the tiny ones of the three queued (and a tiny op behind a large one
+                  * that the agent still runs goes there too) */
+                assert_true(direct <= 2 * ROUNDS);
         }
     }
     member_agent = NULL;
@@ -1025,7 +1164,7 @@ static void read_ahead_travels_with_the_lease(void **state)
         int n = cases[k].pods;
         struct agent a[4];
         struct mix jobs[4];
-        mix_case(a, jobs, n, cases[k].agent_mask, ROUNDS, read_ahead_main, 60000);
+        mix_case(a, jobs, n, cases[k].agent_mask, 0, ROUNDS, read_ahead_main, 60000);
         for (int i = 0; i < n; i++) {
             long back = group_stat(&a[i], "read_ahead_back="),
                  lent = group_stat(&a[i], "read_ahead_lent="),
@@ -1051,7 +1190,10 @@ struct lost {
     const char *sock;
     const char *ready; /* touched once this rank has run direct ops for a while */
     int survivor;      /* 1: runs until an op fails, then re-forms; 0: runs until killed */
+    int big;           /* COLL_DIRECT=all, and the ops until then 1 MiB allreduces */
 };
+
+#define LOST_BIG ((size_t)1 << 18) /* floats */
 
 /* After the re-form: more tiny ops, which take the new epoch's connections. */
 /* One tiny allreduce of two pods (x[0..16) = rank + 1, the sum at x + 64). */
@@ -1080,7 +1222,8 @@ static int direct_lost_main(void *arg)
     coll_group *g;
     coll_group_info info;
     void *mem;
-    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (o->big) setenv("COLL_DIRECT", "all", 1);
+    int rc = rank_open(o->sock, o->big ? LOST_BIG * 8 : 4096, &c, &g, &info, &mem);
     if (rc) return rc;
     if (coll_group_wait(g, 10000) != COLL_OK) return 160;
     float *x = mem;
@@ -1088,9 +1231,18 @@ static int direct_lost_main(void *arg)
     double last = now_ms();
     for (long k = 0; e == COLL_OK; k++) {
         last = now_ms();
-        e = allreduce16(c, g, x, info.rank);
-        if (e == COLL_OK && x[64] != 3.0f) return 161;
-        if (k == 2000) {
+        if (o->big) {
+            coll_request r;
+            for (size_t i = 0; i < LOST_BIG; i++)
+                x[i] = (float)(info.rank + 1);
+            e = coll_allreduce(g, x, x + LOST_BIG, LOST_BIG, COLL_FLOAT32, COLL_SUM, NULL, &r);
+            if (e == COLL_OK) e = coll_wait(c, r, 15000);
+            if (e == COLL_OK && (x[LOST_BIG] != 3.0f || x[2 * LOST_BIG - 1] != 3.0f)) return 161;
+        } else {
+            e = allreduce16(c, g, x, info.rank);
+            if (e == COLL_OK && x[64] != 3.0f) return 161;
+        }
+        if (k == (o->big ? 50 : 2000)) {
             FILE *f = fopen(o->ready, "w");
             if (f) fclose(f);
         }
@@ -1128,28 +1280,31 @@ static int reform_main(void *arg)
     return 0;
 }
 
-/* Two pods run direct ops; then pod 1's application is killed (what it held ends with
- * it), or pod 1's agent (its sockets close under both). Pod 0's op in flight fails at
- * once with a retryable error, its agent ends the epoch, and with a new application
- * (and agent) on pod 1 the group re-forms and runs. */
+/* Two pods run direct ops (tiny ones, or with COLL_DIRECT=all 1 MiB allreduces, which
+ * run whole in the application's wait); then pod 1's application is killed (what it
+ * held ends with it), or pod 1's agent (its sockets close under both). Pod 0's op in
+ * flight fails at once with a retryable error, its agent ends the epoch, and with a new
+ * application (and agent) on pod 1 the group re-forms and runs. */
 static void a_direct_op_ends_retryably_when_a_pod_dies(void **state)
 {
     (void)state;
     member_agent = "  direct_ops: true\n";
-    for (int kill_agent = 0; kill_agent < 2; kill_agent++) {
+    for (int run = 0; run < 4; run++) {
+        int kill_agent = run & 1, big = run >> 1;
         struct agent a[2];
         int port;
         start_all(a, 2, 1, &port);
         char ready[128];
         tmp_path(ready, sizeof(ready), "ready", 0);
-        struct lost l0 = {a[0].sock, ready, 1}, l1 = {a[1].sock, ready, 0};
+        struct lost l0 = {a[0].sock, ready, 1, big}, l1 = {a[1].sock, ready, 0, big};
         pid_t p0 = child_run(direct_lost_main, &l0), p1 = child_run(direct_lost_main, &l1);
         double until = now_ms() + 20000;
         while (access(ready, F_OK) != 0 && now_ms() < until)
             usleep(10000);
         assert_int_equal(access(ready, F_OK), 0);
         unlink(ready);
-        fprintf(stderr, "case: kill pod 1's %s\n", kill_agent ? "agent" : "application");
+        fprintf(stderr, "case: kill pod 1's %s (%s ops)\n", kill_agent ? "agent" : "application",
+                big ? "1 MiB" : "tiny");
         if (kill_agent) {
             kill(a[1].pid, SIGKILL);
             child_wait(a[1].pid, 5000);
@@ -2422,6 +2577,7 @@ int main(void)
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
+        cmocka_unit_test(every_op_runs_in_the_application_with_direct_all),
         cmocka_unit_test(read_ahead_travels_with_the_lease),
         cmocka_unit_test(a_direct_op_ends_retryably_when_a_pod_dies),
         cmocka_unit_test(a_late_pod_finishes_its_direct_op_when_others_leave),

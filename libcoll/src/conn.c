@@ -298,9 +298,12 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     c->efd_agent = fds[1];
     c->efd_client = fds[2];
     c->agent_gpu = (reply.hello_ok.flags & WIRE_HELLO_F_GPU) != 0;
+    /* COLL_DIRECT: 0 none, 1 (the default) tiny ops, "all" every collective */
+    const char *dv = getenv("COLL_DIRECT");
+    c->direct_all = dv && strcmp(dv, "all") == 0;
     c->agent_lease = (reply.hello_ok.flags & WIRE_HELLO_F_LEASE) != 0 &&
                      reply.hello_ok.shm_size >= sizeof(struct wire_shm) &&
-                     lc_env_int("COLL_DIRECT", 1);
+                     (c->direct_all || lc_env_int("COLL_DIRECT", 1));
     struct stat st;
     if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < reply.hello_ok.shm_size ||
         reply.hello_ok.shm_size < WIRE_SHM_MIN ||

@@ -13,6 +13,13 @@
  * coll_test move them on. A failed op gives the lease back with its failure, which ends
  * the epoch on every pod as a failed op of the agent's would; an epoch that ends on the
  * agent's side shuts the sockets down under us and bumps the region's lease_void.
+ *
+ * COLL_DIRECT=all: every collective runs here, the large ones too (tcp_run, the agent's
+ * pipelined ring and chain): a large op does not start at submission but runs whole in
+ * the first coll_wait or coll_test that reaches it, as an MPI rank's does in its wait.
+ * It saves the two switches per op between this process and the agent (where they share
+ * a CPU, each is a chance for another task to take it) and gives up the overlap of the
+ * op with this process's work that the agent's thread gives.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -24,7 +31,7 @@
 #include "lc.h"
 #include "net.h"
 
-#define DIRECT_BYTES ((uint64_t)64 << 10) /* what an op moves here, at most */
+#define DIRECT_BYTES ((uint64_t)64 << 10) /* what an op moves here, at most (but "all") */
 #define DIRECT_SLICE_NS (20 * 1000000LL)  /* a wait looks up at least this often */
 #define RETRY_BUSY_NS (1000000LL)         /* the agent said not now: ask again after */
 #define RETRY_OWN_NS (1000000LL)          /* ... or our ops were still with the agent */
@@ -102,12 +109,11 @@ coll_err lc_direct_init(coll_group *g)
 int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t count,
                     uint64_t bytes)
 {
-    if (!g->d || g->d->never || kind == WIRE_OP_SEND || kind == WIRE_OP_RECV ||
-        bytes > DIRECT_BYTES)
-        return 0;
+    if (!g->d || g->d->never || kind == WIRE_OP_SEND || kind == WIRE_OP_RECV) return 0;
+    if (g->conn->direct_all) return 1; /* a large one runs whole in a wait (run) */
     struct tcp_comm cm = {.nodes = g->info.nodes, .me = g->info.node_index, .nlocal = 1};
     struct net_task t = {.kind = (uint8_t)kind, .dtype = (uint8_t)dtype, .count = count};
-    return tcp_tiny_fits(&cm, &t);
+    return bytes <= DIRECT_BYTES && tcp_tiny_fits(&cm, &t);
 }
 
 static int nap_here(void *ctx, int asleep)
@@ -425,9 +431,32 @@ static void went_idle(coll_group *g)
     if (g->d->held && !voided(g) && drained(g)) hand_back(g);
 }
 
+/* Whether the lease's epoch ended under a large op (tcp_service_fn, every ~20 ms). */
+static int ended_service(void *ctx, char *why, size_t whylen)
+{
+    if (!ended_under(ctx)) return 0;
+    snprintf(why, whylen, "the group's epoch ended under this op");
+    return COLL_ERR_PEER_LOST;
+}
+
+/* An op that is not tiny (COLL_DIRECT=all) runs whole, with the agent's code for it: the
+ * pipelined ring or chain, as the agent's net thread would run it, bounded by the op's
+ * deadline. Direct lock held. */
+static int run_large(coll_group *g, struct net_task *t, int64_t deadline, char *why, size_t whylen)
+{
+    struct lc_direct *d = g->d;
+    struct tcp_comm cm = comm_of(d, deadline, 0);
+    cm.service = ended_service;
+    cm.service_ctx = g;
+    int st = tcp_run(&cm, t, why, whylen);
+    d->seq++;
+    return st;
+}
+
 /* Run the head op as far as until allows (see lc_direct_progress); returns 1 when the
- * queue is empty or req idx is done, 0 when the slice ran out. Direct lock held. */
-static int run(coll_group *g, uint32_t want, int64_t until)
+ * queue is empty or req idx is done, 0 when the slice ran out. whole: a large op may run
+ * (it takes as long as it takes; 0 at submission, which never blocks). Direct lock held. */
+static int run(coll_group *g, uint32_t want, int64_t until, int whole)
 {
     struct lc_direct *d = g->d;
     coll_conn *c = g->conn;
@@ -464,10 +493,13 @@ static int run(coll_group *g, uint32_t want, int64_t until)
                     int s0 = tcp_tiny_start(d->tiny, &cm, t);
                     if (s0 == 0) {
                         d->started = 1;
+                    } else if (s0 == -2) {
+                        st = COLL_ERR_NOMEM;
+                        snprintf(why, sizeof(why), "no memory for the op");
+                    } else if (!whole) {
+                        return 0; /* not tiny (COLL_DIRECT=all): it runs in a wait */
                     } else {
-                        st = s0 == -2 ? COLL_ERR_NOMEM : COLL_ERR_INTERNAL;
-                        snprintf(why, sizeof(why), "%s",
-                                 s0 == -2 ? "no memory for the op" : "not a tiny op");
+                        st = run_large(g, t, r->deadline, why, sizeof(why));
                     }
                 }
             }
@@ -501,7 +533,7 @@ void lc_direct_queue(coll_group *g, uint32_t idx)
     if (d->qt - d->qh == 1) {
         /* under way from here: an epoch that ends for a pod that left waits for us */
         atomic_store_explicit(&words(g)->busy, 1, memory_order_seq_cst);
-        run(g, UINT32_MAX, 0); /* send what it can now */
+        run(g, UINT32_MAX, 0, 0); /* send what it can now */
     }
     pthread_mutex_unlock(&d->lock);
 }
@@ -515,12 +547,12 @@ void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try)
         pthread_mutex_lock(&d->lock);
     }
     if (!deadline) {
-        run(g, idx, 0);
+        run(g, idx, 0, 1);
     } else {
         for (;;) {
             int64_t now = now_ns(), until = now + DIRECT_SLICE_NS;
             if (until > deadline) until = deadline;
-            if (until <= now || run(g, idx, until)) break;
+            if (until <= now || run(g, idx, until, 1)) break;
         }
     }
     pthread_mutex_unlock(&d->lock);
@@ -532,7 +564,7 @@ void lc_direct_give_back(coll_group *g)
     if (!d) return;
     pthread_mutex_lock(&d->lock);
     while (d->qh != d->qt) /* every queued op ends by its deadline */
-        run(g, UINT32_MAX, now_ns() + DIRECT_SLICE_NS);
+        run(g, UINT32_MAX, now_ns() + DIRECT_SLICE_NS, 1);
     if (d->held && voided(g)) drop(d);
     if (d->held) hand_back(g); /* with the acks a broadcast root went on without */
     pthread_mutex_unlock(&d->lock);

@@ -106,6 +106,7 @@ struct coll_conn {
     uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
     int agent_gpu;             /* the agent imports GPU buffers */
     int agent_lease;           /* the agent lends host groups' connections (direct.c) */
+    int direct_all;            /* COLL_DIRECT=all: every collective may run here (direct.c) */
     int shm_gpu;               /* the region is registered with CUDA */
     intptr_t shm_delta;        /* host -> GPU address of the region */
     coll_err stream_err;       /* a failed op that was handed to a stream, not yet reported */

@@ -103,4 +103,8 @@ echo "$ab" | awk '$1 == 8 && NF == 5 && $4 + 0 > 0 { ok = 1 } END { exit !ok }' 
     fail "ab.sh LOAD=1: no B/A row for 8 bytes"
 sleep 0.2
 pgrep -f 'coll-ab-.*loadgen' >/dev/null && fail "ab.sh left its load running"
+# compare.sh -D: only the modes libcoll knows, refused before anything runs
+msg=$("$src/bench/compare.sh" -D bogus -d "$tmp/never" 2>&1) && fail "compare.sh -D bogus ran"
+echo "$msg" | grep -q "takes 0, 1 or all, not 'bogus'" || fail "compare.sh -D bogus: $msg"
+[ -e "$tmp/never" ] && fail "compare.sh -D bogus made its results folder"
 echo "bench tools: ok"

@@ -216,9 +216,13 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
  * op that moves at most 64 KiB here runs in this process on connections the agent lends
  * (COLL_DIRECT=0 turns that off): it starts at submission and coll_wait / coll_test move
  * it on; any other collective of the group first waits for the group's direct ops to
- * finish (within the op timeout). Pointers must lie inside buffers shared through the
- * same connection (a count of 0 allows NULL). In-place use means send == recv (for
- * allgather send == recv + rank * count, for reduce_scatter recv == send + rank * count).
+ * finish (within the op timeout). COLL_DIRECT=all: every collective runs here, a larger
+ * one whole inside the first coll_wait or coll_test that reaches it (that call returns
+ * when the op is done, within the op timeout, whatever its own timeout): fewer switches
+ * per op, but no progress while the application does other work. Pointers must lie
+ * inside buffers shared through the same connection (a count of 0 allows NULL). In-place
+ * use means send == recv (for allgather send == recv + rank * count, for reduce_scatter
+ * recv == send + rank * count).
  * The n-th op of every rank of a group is matched with the n-th op of the others;
  * they must agree on kind, dtype, count, reduction and root, or every rank gets
  * COLL_ERR_MISMATCH. send/recv pair in order per (sender, receiver).
