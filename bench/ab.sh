@@ -6,12 +6,14 @@
 # order flips every round.
 # PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
 # BENCH_ARGS: more coll-bench options for both (e.g. -i: in place, as compare.sh runs broadcast).
+# ENV_A / ENV_B: environment for one side's applications (e.g. ENV_B=COLL_DIRECT=all, with
+# the same build for A and B).
 # LOAD=1: under compare.sh's load all along (bench/loadgen.c: a nice-19 busy loop pinned to
 # every CPU, and a normal-priority neighbour busy half of every 10 ms).
 # Usage: bench/ab.sh BUILD_A BUILD_B AGENTS OP MIN MAX ITERS ROUNDS
 #   e.g. bench/ab.sh /tmp/base/build build-rel 4 broadcast 1048576 67108864 5 5
 set -euo pipefail
-[ $# -eq 8 ] || { sed -n "2,10p" "$0"; exit 2; }
+[ $# -eq 8 ] || { sed -n "2,14p" "$0"; exit 2; }
 A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
 out=$(mktemp /tmp/coll-ab-XXXX)
 LOAD_PIDS=()
@@ -24,13 +26,13 @@ if [ "${LOAD:-0}" = 1 ]; then
 fi
 . "$(dirname "$0")/agents.sh"
 run() { # build label
-    local build=$1 lab=$2 dir extra
+    local build=$1 lab=$2 dir extra envv
     dir=$(mktemp -d /tmp/coll-ab-XXXX)
-    extra=EXTRA_$lab
+    extra=EXTRA_$lab envv=ENV_$lab
     AGENT_PIDS=()
     start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
     echo "## $lab" >>"$out"
-    "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
+    env ${!envv:-} "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
         -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
     kill "${AGENT_PIDS[@]}" 2>/dev/null || true
     for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done

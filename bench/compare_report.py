@@ -286,7 +286,9 @@ except ImportError:
     sys.exit(0)
 panels = [(p, l) for p in podss for l in loads]
 colors = {"coll": "tab:blue", "mpi": "tab:orange", "gloo": "tab:green"}
-names = {"coll": "coll (agents)", "mpi": "OpenMPI TCP", "gloo": "Gloo"}
+direct = next((h.split("COLL_DIRECT=")[1].split()[0] for h in header if "COLL_DIRECT=" in h), "")
+names = {"coll": "coll (agents" + (f", COLL_DIRECT={direct}" if direct else "") + ")",
+         "mpi": "OpenMPI TCP", "gloo": "Gloo"}
 for metric, ylabel in (("time_us", "time per op (µs)"), ("busbw", "busbw (GB/s)")):
     fig, axes = plt.subplots(len(ops), len(panels), figsize=(4.2 * len(panels), 3.2 * len(ops)),
                              squeeze=False, sharex=True)
