@@ -828,6 +828,18 @@ static void mix_case(struct agent *a, struct mix *jobs, int n, unsigned agent_ma
     stop_all(a, n);
 }
 
+/* What pod i's agent counted at its stop: the ops its client ran direct (returned) and
+ * those it ran itself, inline, handed over or queued (*agent). */
+static long mix_counts(const struct agent *a, int i, long *agent)
+{
+    long direct = group_stat(a, "direct="), inl = group_stat(a, "inline=");
+    long handed = group_stat(a, "handed_over="), queued = group_stat(a, "queued=");
+    fprintf(stderr, "  pod %d: direct=%ld inline=%ld handed_over=%ld queued=%ld\n", i, direct, inl,
+            handed, queued);
+    *agent = inl + handed + queued;
+    return direct;
+}
+
 /* Every kind of tiny op, a run of broadcasts from changing roots, a send and receive
  * while the connections are lent, and an allreduce too large to run direct (the
  * connections go back to the agent and come out again), each result checked exactly.
@@ -933,13 +945,10 @@ static void direct_ops_match_the_agent_path_in_every_mix(void **state)
         struct mix jobs[4];
         mix_case(a, jobs, n, cases[k].agent_mask, 0, ROUNDS, direct_mix_main, 120000);
         for (int i = 0; i < n; i++) {
-            long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
-            long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
-            fprintf(stderr, "  pod %d: direct=%ld inline=%ld handed_over=%ld queued=%ld\n", i,
-                    direct, inl, handed, queued);
+            long agent, direct = mix_counts(&a[i], i, &agent);
             /* every op ran once, here or there: the tiny ones, the large allreduce,
              * and on ranks 0 and 1 a send or a receive, each round */
-            assert_int_equal(direct + inl + handed + queued, ROUNDS * (TINY + 1 + (i < 2)));
+            assert_int_equal(direct + agent, ROUNDS * (TINY + 1 + (i < 2)));
             if (jobs[i].agent_path)
                 assert_int_equal(direct, 0);
             else /* a tiny op that finds the agent still busy with its last goes there */
@@ -1067,11 +1076,8 @@ static void every_op_runs_in_the_application_with_direct_all(void **state)
         mix_case(a, jobs, n, cases[k].agent_mask, cases[k].all_mask, ROUNDS, large_mix_main,
                  120000);
         for (int i = 0; i < n; i++) {
-            long direct = group_stat(&a[i], "direct="), inl = group_stat(&a[i], "inline=");
-            long handed = group_stat(&a[i], "handed_over="), queued = group_stat(&a[i], "queued=");
-            fprintf(stderr, "  pod %d: direct=%ld inline=%ld handed_over=%ld queued=%ld\n", i,
-                    direct, inl, handed, queued);
-            assert_int_equal(direct + inl + handed + queued, ROUNDS * LARGE_OPS);
+            long agent, direct = mix_counts(&a[i], i, &agent);
+            assert_int_equal(direct + agent, ROUNDS * LARGE_OPS);
             if (jobs[i].agent_path)
                 assert_int_equal(direct, 0);
             else if (jobs[i].all)
