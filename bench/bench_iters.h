@@ -70,4 +70,27 @@ static inline void bench_ru_end(const struct bench_ru *r, const char *sys, int r
         (bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u)) / n);
 }
 
+/* -O PREFIX: each rank writes the time of every op of a size's timed loop (us, one per
+ * line, in the order run) to PREFIX.BYTES.RANK, so that phases within a cell show (a run
+ * whose ops are all twice as slow against one with rare long ones: bench/phases.sh).
+ * Returns 0, or -1 (with a message) where the file cannot be written. */
+static inline int bench_dump_ops(const char *prefix, size_t bytes, int rank, const double *us,
+                                 int n)
+{
+    char fn[4096];
+    snprintf(fn, sizeof fn, "%s.%zu.%d", prefix, bytes, rank);
+    FILE *f = fopen(fn, "w");
+    if (!f) {
+        perror(fn);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%.2f\n", us[i]);
+    if (fclose(f) != 0) {
+        perror(fn);
+        return -1;
+    }
+    return 0;
+}
+
 #endif

@@ -3,7 +3,7 @@
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
  *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1] [-a] [-i]
- *              [-L SIZE,SIZE...] [-T MIN_MS]
+ *              [-L SIZE,SIZE...] [-T MIN_MS] [-O PREFIX]
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
@@ -24,6 +24,8 @@
  * BENCH_ITERS_MAX) before the timed loop (mpi_bench.c and gloo_bench.py do the same): a
  * cell of 2000 ops of 10 us is 20 ms, two periods of compare.sh's neighbour, and one
  * kernel thread's slice moves it by 10%.
+ * -O writes every rank's single-op times of each size to PREFIX.BYTES.RANK
+ * (bench_dump_ops; mpi_bench -O the same).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -57,6 +59,7 @@ struct opts {
     int op, dtype, iters, warmup, procs, check, inplace;
     long gap_us, min_ms;
     const char *group, *sock;
+    const char *dump; /* -O: the per-op times' file prefix */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -287,6 +290,7 @@ static int run_rank(const struct opts *o)
             wrong = check(o, r, count, rank, n);
         }
         if (coll_barrier(g, NULL, &req) || coll_wait(c, req, -1)) goto fail;
+        if (o->dump && bench_dump_ops(o->dump, count * es, rank, lat, iters) != 0) goto fail;
         qsort(lat, (size_t)iters, sizeof(double), cmp_double);
         double t = total / iters;
         double algbw = (double)(count * es) / t / 1e3;
@@ -352,7 +356,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:h")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:h")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -411,6 +415,9 @@ int main(int argc, char **argv)
         case 'T':
             o.min_ms = atol(optarg);
             break;
+        case 'O':
+            o.dump = optarg;
+            break;
         case 'L': {
             char *save = NULL, *l = strdup(optarg);
             o.nsizes = 0;
@@ -430,7 +437,8 @@ int main(int argc, char **argv)
         default:
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
-                            "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS]\n");
+                            "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS] "
+                            "[-O PREFIX]\n");
             return 2;
         }
     }

@@ -5,8 +5,9 @@
 # (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
 # half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
 # same rounds, and the floors of a small op (coll-floors: a hand-off on one CPU, an
-# 8-byte swap over TCP between two, a stream of one small send per op) and of CPU-bound
-# work (both CPUs copying in step). Bound (default): pod i's agent and application, and
+# 8-byte swap over TCP between two, a stream of one small send per op), of a two-pod
+# exchange (a bare 128 KiB swap each way over a fresh connection: bench/phases.sh) and of
+# CPU-bound work (both CPUs copying in step). Bound (default): pod i's agent and application, and
 # MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv,
 # table.md, time.png and busbw.png to OUTDIR (bench/compare_report.py rebuilds the last
 # four from raw.txt).
@@ -127,7 +128,8 @@ for r in $(seq "$rounds"); do
         # the floors of a small op: a hand-off between two processes on one CPU (what a
         # pod whose application and agent share its CPU pays twice per op) and an 8-byte
         # swap over loopback TCP between two CPUs (what any exchange between pods costs);
-        # with two CPUs also what the load costs CPU-bound work (the copy floor)
+        # with two CPUs also what the load costs CPU-bound work (the copy floor) and the
+        # bare 128 KiB exchange (tcp_swap_128K)
         if [ $bind = 1 ]; then
             "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' >>"$raw"
             "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' >>"$raw"

@@ -2,7 +2,7 @@
  * floors.c: the reference round trips between two bare processes, to set the
  * agent's latency against.
  *
- *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU]
+ *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES]
  *
  * syscall:   one bare system call (getppid), for scale.
  * shm_spin:  both sides spin on a word in shared memory (left out when -c names one CPU
@@ -29,6 +29,13 @@
  *            have copied (two CPU-bound pods in a collective, for what a load on the node
  *            costs work that needs all of its CPU; the mean is the figure under a load
  *            that comes and goes).
+ * tcp_swap_128K: with two CPUs named, both sides send 128 KiB and receive the other's
+ *            over a loopback TCP connection of their own (4 MiB buffers, as coll's data
+ *            connections), spinning: what a two-pod op of 128 KiB a pod each way (a 256
+ *            KiB reduce_scatter's or allgather's) costs at the least, with no
+ *            collective library in the way. -S BYTES runs only this, of BYTES each way
+ *            (bench/phases.sh: on the 2-vCPU VM its median is one of two levels about 3x
+ *            apart, set per connection, as coll's and OpenMPI's are).
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
  * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
  * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
@@ -162,6 +169,26 @@ static int swap8(int fd)
     return 0;
 }
 
+/* Send n bytes of out on fd and receive the peer's n into in; spin between looks, or
+ * yield where both sides share a CPU. */
+static int swap_bulk(int fd, const char *out, char *in, size_t n, int yield)
+{
+    size_t sent = 0, got = 0;
+    while (sent < n || got < n) {
+        ssize_t r = 0;
+        if (sent < n && (r = send(fd, out + sent, n - sent, MSG_NOSIGNAL)) > 0)
+            sent += (size_t)r;
+        else if (r < 0 && errno != EAGAIN)
+            return -1;
+        if (got < n && (r = recv(fd, in + got, n - got, 0)) > 0)
+            got += (size_t)r;
+        else if (r == 0 || (r < 0 && errno != EAGAIN))
+            return -1;
+        if (yield && (sent < n || got < n)) sched_yield();
+    }
+    return 0;
+}
+
 static double now_us(void)
 {
     struct timespec t;
@@ -183,6 +210,56 @@ static void report(const char *name, double *lat, int n, long gap)
     qsort(lat, (size_t)n, sizeof(double), cmp);
     printf("floor %-12s gap_us=%-6ld p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n", name, gap,
            lat[n / 2], lat[n / 10], lat[(n * 9) / 10], sum / n);
+}
+
+/* n round trips of swap_bulk of bytes each way, over a connection set up as two pods set
+ * up theirs: the partner, on cpu_child, connects from its own socket; we accept on
+ * ours; each sets no Nagle and 4 MiB buffers once connected (agent/dataconn.c). Reported
+ * as tcp_swap_<KiB>K. */
+static int bulk_floor(double *lat, int n, size_t bytes, long gap)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), buf = 4 << 20, one = 1,
+        yield = cpu_parent == cpu_child;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    char *mem = malloc(2 * bytes), name[32];
+    if (!mem || l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&sa, &len) != 0)
+        return -1;
+    memset(mem, 1, 2 * bytes);
+    int warm = n / 10 > 10 ? n / 10 : 10;
+    pid_t p = fork();
+    int fd = -1;
+    if (p == 0) {
+        pin(cpu_child);
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) _exit(1);
+    } else if (p < 0 || (fd = accept(l, NULL, NULL)) < 0) {
+        return -1;
+    }
+    close(l);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    if (p == 0) {
+        for (int i = 0; i < warm + n; i++)
+            if (swap_bulk(fd, mem, mem + bytes, bytes, yield) != 0) _exit(1);
+        _exit(0);
+    }
+    for (int i = -warm; i < n; i++) {
+        if (gap && i >= 0) usleep((useconds_t)gap);
+        double t0 = now_us();
+        if (swap_bulk(fd, mem, mem + bytes, bytes, yield) != 0) return -1;
+        if (i >= 0) lat[i] = now_us() - t0;
+    }
+    int st;
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+    close(fd);
+    free(mem);
+    snprintf(name, sizeof name, "tcp_swap_%zuK", bytes >> 10);
+    report(name, lat, n, gap);
+    return 0;
 }
 
 /* n rounds: in each both sides copy COPY_BYTES (buffers of their own), and the round
@@ -224,15 +301,20 @@ int main(int argc, char **argv)
     int n = 2000;
     long gap = 0;
     int c;
-    while ((c = getopt(argc, argv, "n:G:c:")) != -1) {
+    long bulk = 0;
+    while ((c = getopt(argc, argv, "n:G:c:S:")) != -1) {
         if (c == 'n')
             n = atoi(optarg);
+        else if (c == 'S' && (bulk = atol(optarg)) >= 1024 && bulk <= (64L << 20) &&
+                 bulk % 1024 == 0)
+            ;
         else if (c == 'G')
             gap = atol(optarg);
         else if (c == 'c' && sscanf(optarg, "%d,%d", &cpu_parent, &cpu_child) == 2)
             ;
         else {
-            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU]\n");
+            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES]\n"
+                            "  (-S: a multiple of 1024 from 1 KiB to 64 MiB)\n");
             return 2;
         }
     }
@@ -242,6 +324,7 @@ int main(int argc, char **argv)
     _Atomic uint32_t *w =
         mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (!lat || w == MAP_FAILED) return 1;
+    if (bulk) return bulk_floor(lat, n, (size_t)bulk, gap) == 0 ? 0 : 1;
 
     for (int i = 0; i < n; i++) {
         double t0 = now_us();
@@ -421,6 +504,7 @@ int main(int argc, char **argv)
         int nc = n / 4 > 100 ? n / 4 : 100; /* 20000: about half a second */
         if (copy_floor(lat, nc, w) != 0) return 1;
         report("copy", lat, nc, 0);
+        if (bulk_floor(lat, nc, 128 << 10, 0) != 0) return 1;
     }
     free(lat);
     return 0;

@@ -5,11 +5,12 @@
  * it); not part of the product.
  *
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
- *                          [-L SIZE,SIZE...] [-T MIN_MS]
+ *                          [-L SIZE,SIZE...] [-T MIN_MS] [-O PREFIX]
  * -L: the listed sizes, with coll-bench's rules for iterations (bench_iters) and warmup
  * (10x WARMUP for the first size); -T as coll-bench's (at least MIN_MS per size). The time
  * per op is rank 0's loop ended by a barrier, as coll-bench's: a broadcast's root, whose
- * eager sends complete at once, would otherwise time only itself.
+ * eager sends complete at once, would otherwise time only itself. -O as coll-bench's:
+ * every rank's single-op times (bench_dump_ops); without it no op is timed alone.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -29,10 +30,10 @@ int main(int argc, char **argv)
     double factor = 2;
     int iters = 100, warmup = 10, c;
     long min_ms = 0;
-    const char *op = "allreduce";
+    const char *op = "allreduce", *dump = NULL;
     size_t sizes[32];
     int nsizes = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:n:w:L:T:")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:n:w:L:T:O:")) != -1) {
         if (c == 'L') {
             char *save = NULL;
             for (char *t = strtok_r(optarg, ",", &save); t && nsizes < 32;
@@ -49,6 +50,7 @@ int main(int argc, char **argv)
         if (c == 'n') iters = atoi(optarg);
         if (c == 'w') warmup = atoi(optarg);
         if (c == 'T') min_ms = atol(optarg);
+        if (c == 'O') dump = optarg;
     }
     size_t elems = maxb / 4 * (size_t)n + 1;
     float *s = malloc(elems * 4), *r = malloc(elems * 4);
@@ -77,7 +79,7 @@ int main(int argc, char **argv)
         int it = nsizes ? bench_iters(bytes, iters) : iters;
         int wu = nsizes && bytes > (1u << 20) ? (min_ms > 0 ? 2 : 1) : warmup;
         if (nsizes && si == 0) wu *= 10;
-        double t0 = 0, w0 = MPI_Wtime();
+        double t0 = 0, w0 = MPI_Wtime(), *lat = NULL;
         struct bench_ru ru;
         for (int i = -wu; i < it; i++) {
             if (i == -(wu - wu / 2)) w0 = MPI_Wtime(); /* the warmup's second half */
@@ -88,10 +90,13 @@ int main(int argc, char **argv)
                     MPI_Bcast(&k, 1, MPI_LONG, 0, MPI_COMM_WORLD);
                     it = (int)k;
                 }
+                if (dump && !(lat = malloc(sizeof(double) * (size_t)it)))
+                    MPI_Abort(MPI_COMM_WORLD, 1);
                 MPI_Barrier(MPI_COMM_WORLD);
                 bench_ru_start(&ru);
                 t0 = MPI_Wtime();
             }
+            double o0 = lat ? MPI_Wtime() : 0;
             if (!strcmp(op, "allreduce"))
                 MPI_Allreduce(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (!strcmp(op, "allgather"))
@@ -100,10 +105,13 @@ int main(int argc, char **argv)
                 MPI_Bcast(s, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
             else if (!strcmp(op, "reduce_scatter"))
                 MPI_Reduce_scatter_block(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (lat && i >= 0) lat[i] = (MPI_Wtime() - o0) * 1e6;
         }
         MPI_Barrier(MPI_COMM_WORLD); /* until every rank is done, as coll-bench */
         double t = (MPI_Wtime() - t0) / it * 1e6;
         bench_ru_end(&ru, "mpi", rank, bytes, it);
+        if (lat && bench_dump_ops(dump, bytes, rank, lat, it) != 0) MPI_Abort(MPI_COMM_WORLD, 1);
+        free(lat);
         double algbw = (double)bytes / t / 1e3, f = 1;
         if (!strcmp(op, "allreduce")) f = 2.0 * (n - 1) / n;
         if (!strcmp(op, "allgather") || !strcmp(op, "reduce_scatter")) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
 # runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
-# BENCH_RUSAGE's per-size lines, coll-floors' tcp_stream floor, and compare_report.py's
+# BENCH_RUSAGE's per-size lines, -O's per-op times, coll-floors' tcp_stream and -S
+# floors, phases.sh's argument checks, and compare_report.py's
 # verdicts and its table of where a small op's time went on a raw.txt whose
 # answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
 # socket's floor). Real agents on loopback; no MPI needed.
@@ -50,6 +51,41 @@ rc=0
 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -L 8 -T -1 2>"$tmp/err" || rc=$?
 [ $rc = 2 ] && grep -q "bad arguments" "$tmp/err" || fail "-T -1: exit $rc, $(cat "$tmp/err")"
 
+# -O: every rank's single-op times, one file per size and rank, one line per timed op,
+# each a positive number; a prefix that cannot be written fails the run
+timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o reduce_scatter -L 8,65536 -n 9 -w 2 \
+    -c 1 -O "$tmp/ops" >/dev/null
+for f in "$tmp/ops.8.0" "$tmp/ops.8.1" "$tmp/ops.65536.0" "$tmp/ops.65536.1"; do
+    [ "$(wc -l <"$f")" = 9 ] || fail "-O: $f has $(wc -l <"$f") lines, not 9"
+    awk '!($1 + 0 > 0) {exit 1}' "$f" || fail "-O: $f holds a time not above zero"
+done
+rc=0
+timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -L 8 -n 3 -w 1 -c 1 \
+    -O "$tmp/no/such/dir/ops" >/dev/null 2>"$tmp/err" || rc=$?
+[ $rc != 0 ] && grep -q "no/such/dir/ops.8" "$tmp/err" || fail "-O into a missing folder: exit $rc, $(cat "$tmp/err")"
+
+# coll-floors -S: only the bulk swap, named by its size, a positive median; sizes that are
+# not whole KiB (or too large) refused
+fl=$(timeout 60 "$build/coll-floors" -c 0,$((1 % $(nproc))) -n 200 -S 65536)
+echo "$fl"
+[ "$(echo "$fl" | wc -l)" = 1 ] || fail "-S: more than its one floor"
+echo "$fl" | awk '$2 == "tcp_swap_64K" { split($4, a, "="); if (a[2] + 0 > 0) ok = 1 } END { exit !ok }' ||
+    fail "-S 65536: no tcp_swap_64K floor above zero"
+for bad in 1000 0 $((128 << 20)); do
+    rc=0
+    "$build/coll-floors" -S $bad >/dev/null 2>&1 || rc=$?
+    [ $rc = 2 ] || fail "coll-floors -S $bad: exit $rc, not 2"
+done
+
+# phases.sh: arguments checked before anything runs
+for args in "-o bogus" "-l busy" "-D 2" "-r 0" "-p 1" "-b $tmp/none"; do
+    rc=0
+    # shellcheck disable=SC2086
+    msg=$("$src/bench/phases.sh" $args -d "$tmp/ph" 2>&1) || rc=$?
+    [ $rc = 2 ] || fail "phases.sh $args: exit $rc ($msg)"
+    [ -e "$tmp/ph" ] && fail "phases.sh $args made its results folder"
+done
+
 # coll-floors: the stream floor is there, one figure, above zero
 fl=$(timeout 60 "$build/coll-floors" -n 500)
 echo "$fl" | grep -E '^floor tcp_stream +gap_us=0 +p50_us=[0-9.]+' >/dev/null || fail "no tcp_stream floor"
@@ -67,9 +103,11 @@ mkdir -p "$d"
         for load in quiet loaded; do
             echo "## round $r load $load ceiling_gbit 20.0"
             if [ $load = quiet ]; then copy=100 c64=1000 c8=10; else copy=133.3 c64=1351 c8=12; fi
+            bulk=$([ $r = 1 ] && echo 27.0 || echo 81.0) # its two levels, round by round
             echo "#floor two_cpus floor copy         gap_us=0      p50_us=$copy p10_us=$copy p90_us=$copy mean_us=$copy"
             echo "#floor two_cpus floor tcp_swap     gap_us=0      p50_us=5.00 p10_us=5.00 p90_us=5.00 mean_us=5.00"
             echo "#floor two_cpus floor tcp_stream   gap_us=0      p50_us=3.00 p10_us=3.00 p90_us=3.00 mean_us=3.00"
+            echo "#floor two_cpus floor tcp_swap_128K gap_us=0      p50_us=$bulk p10_us=$bulk p90_us=$bulk mean_us=$bulk"
             echo "### pods 2 op reduce_scatter system coll"
             echo "           8            2      $c8      0.001      0.001        0       1.00       1.00    1000"
             echo "#rusage coll rank 0 bytes 8 ops 1000 sleeps/op 0.0100 preempted/op 0.0020 cpu_us/op 5.000"
@@ -89,6 +127,9 @@ grep -q "^- at the floor: 2 pods reduce_scatter 64 MiB: loaded ratio 2.96 vs qui
 grep -q "^- missed: 2 pods reduce_scatter 8 B quiet: 0.90 against mpi; 2 of 2 rounds below 1; floor two_cpus tcp_swap 5.0 µs: coll 10.0 µs (2.00x it), mpi 9.0 µs (1.80x it)" "$t" ||
     fail "the 8 B miss does not name the socket floor"
 grep -q "at the floor: 2 pods reduce_scatter 8 B" "$t" && fail "an op behind is never 'at the floor'"
+# the bare exchange: every round's level, not their median
+grep -q "^Bare exchange (loaded, coll-floors tcp_swap_128K: .*p50 per round): 27.0, 81.0 µs$" "$t" ||
+    fail "the bare exchange's rounds are not listed"
 # where the time went: ranks averaged (CPU 6, sleeps 0.02, preempted 0.003), off-CPU the rest
 grep -q "^| 2 | reduce_scatter | 8 B | quiet | coll | 10.00 | 6.00 | 4.00 | 0.020 | 0.0030 |" "$t" ||
     fail "no rusage row for 8 B quiet"
