@@ -324,7 +324,11 @@ int main(int argc, char **argv)
     _Atomic uint32_t *w =
         mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (!lat || w == MAP_FAILED) return 1;
-    if (bulk) return bulk_floor(lat, n, (size_t)bulk, gap) == 0 ? 0 : 1;
+    if (bulk) {
+        int rc = bulk_floor(lat, n, (size_t)bulk, gap) == 0 ? 0 : 1;
+        free(lat);
+        return rc;
+    }
 
     for (int i = 0; i < n; i++) {
         double t0 = now_us();

@@ -1057,8 +1057,8 @@ static int large_mix_main(void *arg)
     return 0;
 }
 
-/* COLL_DIRECT=all: the agent runs none of an all-direct client's collectives (its
- * group.stats: every op came back counted as direct), and every result is exact in every
+/* COLL_DIRECT=all: the agent runs none of an all-direct client's collectives while it
+ * lends (its group.stats: the ops came back counted as direct), and every result is exact in every
  * mix with clients that go through their agents or run only tiny ops directly. */
 static void every_op_runs_in_the_application_with_direct_all(void **state)
 {
@@ -1080,8 +1080,13 @@ static void every_op_runs_in_the_application_with_direct_all(void **state)
             assert_int_equal(direct + agent, ROUNDS * LARGE_OPS);
             if (jobs[i].agent_path)
                 assert_int_equal(direct, 0);
-            else if (jobs[i].all)
-                assert_int_equal(direct, ROUNDS * LARGE_OPS);
+            else if (jobs[i].all) /* all of them, but for an op that found the lease refused
+                                   * (the agent lends only once every connection of the
+                                   * group is up, agent/net.c): it runs through the agent,
+                                   * as any op does then (seen once in 20 on CI's ASan
+                                   * build, among 4 pods). Ignoring the mode leaves at most
+                                   * the tiny ones, 2 * ROUNDS, direct */
+                assert_true(direct >= ROUNDS * LARGE_OPS - ROUNDS);
             else /* the tiny ones of the three queued (and a tiny op behind a large one
                   * that the agent still runs goes there too) */
                 assert_true(direct <= 2 * ROUNDS);
