@@ -17,14 +17,12 @@ set -euo pipefail
 A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
 out=$(mktemp /tmp/coll-ab-XXXX)
 LOAD_PIDS=()
-trap 'rm -f "$out" "$out.loadgen"; for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+. "$(dirname "$0")/agents.sh"
+trap 'rm -f "$out" "$out.loadgen"; stop_load' EXIT
 if [ "${LOAD:-0}" = 1 ]; then
     cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
-    for i in $(seq 0 $(($(nproc) - 1))); do "$out.loadgen" spin "$i" & LOAD_PIDS+=($!); done
-    "$out.loadgen" duty 50 & LOAD_PIDS+=($!)
-    sleep 0.5
+    start_load "$out.loadgen"
 fi
-. "$(dirname "$0")/agents.sh"
 run() { # build label
     local build=$1 lab=$2 dir extra envv
     dir=$(mktemp -d /tmp/coll-ab-XXXX)

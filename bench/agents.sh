@@ -1,4 +1,5 @@
-# Sourced by the bench scripts: start_agents BUILD N DIR PORT [EXTRA]
+# Sourced by the bench scripts: start_agents BUILD N DIR PORT [EXTRA], and the load
+# they measure under (start_load LOADGEN / stop_load, at the end).
 # Starts N agents of BUILD on loopback, node i with socket DIR/i.sock and log DIR/i.log,
 # all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
 # added to each agent section (e.g. "  spin_us: 0"), $NODE_EXTRA to each node section
@@ -54,4 +55,19 @@ YAML
     sleep 0.2 # one that lost its rendezvous port to another process exits now
     for p in "${AGENT_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
     for i in $(seq 0 $((n - 1))); do [ -S "$dir/$i.sock" ] || return 1; done
+}
+
+# start_load LOADGEN (bench/loadgen.c, built by the caller): the benchmarks' background
+# load, a nice-19 busy loop pinned to every CPU and a normal-priority neighbour busy half
+# of every 10 ms; appends their pids to LOAD_PIDS. stop_load ends them.
+start_load() {
+    local i
+    for i in $(seq 0 $(($(nproc) - 1))); do "$1" spin "$i" & LOAD_PIDS+=($!); done
+    "$1" duty 50 & LOAD_PIDS+=($!)
+    sleep 0.5
+}
+stop_load() {
+    local p
+    for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    LOAD_PIDS=()
 }

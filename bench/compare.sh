@@ -54,8 +54,8 @@ for t in mpicc mpirun iperf3 taskset; do
 done
 export BENCH_RUSAGE=${BENCH_RUSAGE:-1} # bench_iters.h: where each op's time went
 tmp=$(mktemp -d /tmp/coll-compare-XXXX)
+. "$here/agents.sh" # start_agents, start_load, stop_load
 LOAD_PIDS=() AGENT_PIDS=()
-stop_load() { for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; LOAD_PIDS=(); }
 stop_agents() {
     local p
     for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -65,7 +65,6 @@ stop_agents() {
 trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
 mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
-. "$here/agents.sh"
 ncpu=$(nproc)
 gloo=0 # GLOO=0 in the environment: leave Gloo out even where torch is installed
 [ "${GLOO:-1}" != 0 ] && /usr/bin/python3 -c "import torch.distributed" 2>/dev/null && gloo=1
@@ -80,12 +79,6 @@ raw=$out/raw.txt
 } >"$raw"
 cat "$raw"
 
-start_load() {
-    local i
-    for i in $(seq 0 $((ncpu - 1))); do "$tmp/loadgen" spin "$i" & LOAD_PIDS+=($!); done
-    "$tmp/loadgen" duty 50 & LOAD_PIDS+=($!)
-    sleep 0.5
-}
 ceiling() { # one TCP stream over loopback, server and client as two pods
     local port=$((30000 + RANDOM % 20000)) s=() c=() spid
     [ $bind = 1 ] && s=(taskset -c 0) c=(taskset -c $((1 % ncpu)))
@@ -123,7 +116,7 @@ run_gloo() { # N OP
 
 for r in $(seq "$rounds"); do
     for load in $loads; do
-        [ "$load" = loaded ] && start_load
+        [ "$load" = loaded ] && start_load "$tmp/loadgen"
         echo "## round $r load $load ceiling_gbit $(ceiling)" | tee -a "$raw"
         # the floors of a small op: a hand-off between two processes on one CPU (what a
         # pod whose application and agent share its CPU pays twice per op) and an 8-byte

@@ -158,9 +158,8 @@ for load in loads:
     if fl:
         lines.append(f"Floors ({load}, coll-floors p50, median of rounds): " +
                      ", ".join(f"{k} {v:.2f} µs" for k, v in sorted(fl.items())))
-for load in loads:  # the bare two-pod exchange: one of two levels per connection, so per round
-    bulk = {k[2]: v for k, v in floors.items() if k[0] == load and k[2].startswith("tcp_swap_")
-            and k[2] != "tcp_swap"}
+for load in loads:  # the bare two-pod exchange: its level changes per connection, so per round
+    bulk = {k[2]: v for k, v in floors.items() if k[0] == load and k[2].startswith("tcp_swap_")}
     for name, v in sorted(bulk.items()):
         lines.append(f"Bare exchange ({load}, coll-floors {name}: two processes on two CPUs "
                      f"swap {name[9:-1]} KiB each way over a fresh loopback connection, p50 per "

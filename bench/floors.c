@@ -34,8 +34,8 @@
  *            connections), spinning: what a two-pod op of 128 KiB a pod each way (a 256
  *            KiB reduce_scatter's or allgather's) costs at the least, with no
  *            collective library in the way. -S BYTES runs only this, of BYTES each way
- *            (bench/phases.sh: on the 2-vCPU VM its median is one of two levels about 3x
- *            apart, set per connection, as coll's and OpenMPI's are).
+ *            (bench/phases.sh: on the 2-vCPU VM its median sits at one of two or three
+ *            levels, changing from one fresh connection to the next).
  * -G sleeps GAP_US between round trips (the same gap coll-bench -G uses), so both
  * CPUs have gone idle when each round trip starts. -c pins the timing side to the first
  * CPU and its partner to the second (bench/latency.sh pins the agent and its client the
@@ -149,28 +149,8 @@ static int tcp_pair(int sv[2])
     return 0;
 }
 
-/* Send 8 bytes on fd and receive the peer's 8, looking again with a yield. */
-static int swap8(int fd)
-{
-    uint64_t out = 1, in;
-    size_t sent = 0, got = 0;
-    while (sent < 8 || got < 8) {
-        ssize_t r = 0;
-        if (sent < 8 && (r = send(fd, (char *)&out + sent, 8 - sent, MSG_NOSIGNAL)) > 0)
-            sent += (size_t)r;
-        else if (r < 0 && errno != EAGAIN)
-            return -1;
-        if (got < 8 && (r = recv(fd, (char *)&in + got, 8 - got, 0)) > 0)
-            got += (size_t)r;
-        else if (r == 0 || (r < 0 && errno != EAGAIN))
-            return -1;
-        if (sent < 8 || got < 8) sched_yield();
-    }
-    return 0;
-}
-
-/* Send n bytes of out on fd and receive the peer's n into in; spin between looks, or
- * yield where both sides share a CPU. */
+/* Send n bytes of out on fd and receive the peer's n into in; between looks spin, or
+ * yield (yield set). */
 static int swap_bulk(int fd, const char *out, char *in, size_t n, int yield)
 {
     size_t sent = 0, got = 0;
@@ -187,6 +167,13 @@ static int swap_bulk(int fd, const char *out, char *in, size_t n, int yield)
         if (yield && (sent < n || got < n)) sched_yield();
     }
     return 0;
+}
+
+/* Send 8 bytes on fd and receive the peer's 8, looking again with a yield. */
+static int swap8(int fd)
+{
+    uint64_t out = 1, in;
+    return swap_bulk(fd, (const char *)&out, (char *)&in, 8, 1);
 }
 
 static double now_us(void)

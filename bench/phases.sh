@@ -49,13 +49,9 @@ cleanup() {
 }
 trap cleanup EXIT
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
-mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
-if [ "$load" = loaded ]; then # compare.sh's load: a nice-19 spinner per CPU, a 50% neighbour
-    for i in $(seq 0 $((ncpu - 1))); do "$tmp/loadgen" spin "$i" & LOAD_PIDS+=($!); done
-    "$tmp/loadgen" duty 50 & LOAD_PIDS+=($!)
-    sleep 0.5
-fi
 . "$here/agents.sh"
+mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
+[ "$load" = loaded ] && start_load "$tmp/loadgen" # compare.sh's (agents.sh)
 run_coll() { # RUN
     local d=$tmp/a$1 inplace=()
     [ "$op" = broadcast ] && inplace=(-i)

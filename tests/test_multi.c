@@ -1058,8 +1058,9 @@ static int large_mix_main(void *arg)
 }
 
 /* COLL_DIRECT=all: the agent runs none of an all-direct client's collectives while it
- * lends (its group.stats: the ops came back counted as direct), and every result is exact in every
- * mix with clients that go through their agents or run only tiny ops directly. */
+ * lends (its group.stats: the ops came back counted as direct), and every result is
+ * exact in every mix with clients that go through their agents or run only tiny ops
+ * directly. */
 static void every_op_runs_in_the_application_with_direct_all(void **state)
 {
     (void)state;
