@@ -5,7 +5,8 @@
 # (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
 # half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
 # same rounds, and the floors of a small op (coll-floors: a hand-off on one CPU, an
-# 8-byte swap over TCP between two, a stream of one small send per op), of a two-pod
+# 8-byte swap over TCP between two, a stream of one small send per op, its reader
+# lagging or keeping up), of a two-pod
 # exchange (a bare 128 KiB swap each way over a fresh connection: bench/phases.sh) and of
 # CPU-bound work (both CPUs copying in step). Bound (default): pod i's agent and application, and
 # MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv,

@@ -24,7 +24,10 @@
  *            can; a round is one send (again after a yield when the socket is full).
  *            tcp_stream: the time per send of the whole stream, until the reader has
  *            every byte: what a 2-pod 8-byte broadcast whose root sends each op as it
- *            is submitted costs per op at the least.
+ *            is submitted costs per op at the least, while the reader lags.
+ *            tcp_feed: the same stream over 4 MiB buffers, read as a coll receiver that
+ *            keeps up reads it (spinning on poll, up to 4 KiB a call): what each send
+ *            costs while the reader's process runs on the other CPU (bench/RESULTS.md).
  * copy:      with two CPUs named, both sides copy 2 MiB, in step: a round ends when both
  *            have copied (two CPU-bound pods in a collective, for what a load on the node
  *            costs work that needs all of its CPU; the mean is the figure under a load
@@ -48,6 +51,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -283,6 +287,65 @@ static int copy_floor(double *lat, int n, _Atomic uint32_t *w)
     return 0;
 }
 
+/* tcp_feed: the stream of tcp_stream over a connection of coll's data connections'
+ * buffers (4 MiB), read as a coll receiver that keeps up reads it: spinning on poll(2)
+ * with a zero timeout and taking up to 4 KiB a call (tcp.h: TCP_STASH_BYTES). The time
+ * per send until the reader has every byte, or -1. */
+static double feed_floor(int n, int cpu_reader)
+{
+    int sv[2], buf = 4 << 20;
+    if (tcp_pair(sv) != 0) return -1;
+    for (int k = 0; k < 2; k++) {
+        setsockopt(sv[k], SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+        setsockopt(sv[k], SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    }
+    pid_t p = fork();
+    if (p < 0) return -1;
+    if (p == 0) {
+        pin(cpu_reader);
+        char b[4096];
+        size_t want = (size_t)n * 48, got = 0;
+        struct pollfd pf = {.fd = sv[1], .events = POLLIN};
+        while (got < want) {
+            while (poll(&pf, 1, 0) == 0) {
+            }
+            ssize_t r = recv(sv[1], b, sizeof(b), 0);
+            if (r > 0)
+                got += (size_t)r;
+            else if (r == 0 || errno != EAGAIN)
+                _exit(1);
+        }
+        if (send(sv[1], "k", 1, MSG_NOSIGNAL) != 1) _exit(1);
+        _exit(0);
+    }
+    char msg[48] = {1};
+    double s0 = now_us();
+    for (int i = 0; i < n; i++) {
+        size_t sent = 0;
+        while (sent < sizeof(msg)) {
+            ssize_t r = send(sv[0], msg + sent, sizeof(msg) - sent, MSG_NOSIGNAL);
+            if (r > 0)
+                sent += (size_t)r;
+            else if (r < 0 && errno != EAGAIN)
+                return -1;
+            else
+                sched_yield();
+        }
+    }
+    for (char k;;) {
+        ssize_t r = recv(sv[0], &k, 1, 0);
+        if (r == 1) break;
+        if (r == 0 || errno != EAGAIN) return -1;
+        sched_yield();
+    }
+    double per = (now_us() - s0) / n;
+    int st = 0;
+    waitpid(p, &st, 0);
+    close(sv[0]);
+    close(sv[1]);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? per : -1;
+}
+
 int main(int argc, char **argv)
 {
     int n = 2000;
@@ -490,6 +553,12 @@ int main(int argc, char **argv)
     /* the rate the stream kept, until the reader had it all: one figure */
     printf("floor %-12s gap_us=%-6d p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n",
            "tcp_stream", 0, per, per, per, per);
+    close(sv[0]);
+    close(sv[1]);
+    per = feed_floor(n, cpu_child);
+    if (per < 0) return 1;
+    printf("floor %-12s gap_us=%-6d p50_us=%.2f p10_us=%.2f p90_us=%.2f mean_us=%.2f\n", "tcp_feed",
+           0, per, per, per, per);
 
     if (cpu_parent >= 0 && cpu_child >= 0 && cpu_parent != cpu_child) {
         int nc = n / 4 > 100 ? n / 4 : 100; /* 20000: about half a second */

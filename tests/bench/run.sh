@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
 # runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
-# BENCH_RUSAGE's per-size lines, -O's per-op times, coll-floors' tcp_stream and -S
+# BENCH_RUSAGE's per-size lines, -O's per-op times, coll-floors' tcp_stream, tcp_feed and -S
 # floors, phases.sh's argument checks, and compare_report.py's
 # verdicts and its table of where a small op's time went on a raw.txt whose
 # answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
@@ -86,11 +86,14 @@ for args in "-o bogus" "-l busy" "-D 2" "-r 0" "-p 1" "-b $tmp/none"; do
     [ -e "$tmp/ph" ] && fail "phases.sh $args made its results folder"
 done
 
-# coll-floors: the stream floor is there, one figure, above zero
+# coll-floors: the stream floors (a lagging reader, one that keeps up) are there, one
+# figure each, above zero
 fl=$(timeout 60 "$build/coll-floors" -n 500)
-echo "$fl" | grep -E '^floor tcp_stream +gap_us=0 +p50_us=[0-9.]+' >/dev/null || fail "no tcp_stream floor"
-echo "$fl" | awk '/^floor tcp_stream/ { split($4, a, "="); if (a[2] + 0 <= 0) exit 1 }' ||
-    fail "tcp_stream floor not above zero"
+for f in tcp_stream tcp_feed; do
+    [ "$(echo "$fl" | grep -cE "^floor $f +gap_us=0 +p50_us=[0-9.]+")" = 1 ] || fail "not one $f floor"
+    echo "$fl" | awk -v f=$f '$2 == f { split($4, a, "="); if (a[2] + 0 <= 0) exit 1 }' ||
+        fail "$f floor not above zero"
+done
 
 # compare_report.py on known figures: two rounds, two pods, reduce_scatter 64 MiB, where
 # coll is CPU-bound (keeps 0.74 of its speed, CPU-bound work keeps 0.75) and the
