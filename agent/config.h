@@ -59,6 +59,7 @@ struct config {
         char labels_file[CONFIG_PATH_MAX]; /* the pod's labels (downward API) */
         int pods_per_job;                  /* JobSet: pods of each child Job */
         char tcp_congestion[16];       /* data connections' congestion control ("": the node's) */
+        int tcp_buffer_bytes;          /* their SO_SNDBUF/SO_RCVBUF (0: the kernel's autotuning) */
         char address[CONFIG_ADDR_MAX]; /* advertised for the data plane */
         int data_port;                 /* 0: any free port */
     } node;

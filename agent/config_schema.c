@@ -75,6 +75,8 @@ static const struct field node_fields[] = {
      NULL, 0, 0, 0},
     {"tcp_congestion", T_STR, offsetof(struct config, node.tcp_congestion), 16, 0, 0, NULL, "reno",
      NULL, 0, 0, 0},
+    {"tcp_buffer_bytes", T_INT, offsetof(struct config, node.tcp_buffer_bytes), 0, 0, 1 << 30, NULL,
+     "4194304", NULL, 0, 0, 0},
     {0},
 };
 

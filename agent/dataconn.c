@@ -123,12 +123,14 @@ close_socket:
  * peer whose node vanished without a reset is noticed in seconds, not the kernel's 2
  * hours. No TCP_USER_TIMEOUT: it would also cut a healthy peer whose application is
  * slow to post its op (a full window is not a dead node). */
-static void tune_socket(int fd, int heartbeat_ms)
+static void tune_socket(const struct net *n, int fd, int heartbeat_ms)
 {
-    int one = 1, buf = 4 << 20;
+    int one = 1, buf = n->cfg->node.tcp_buffer_bytes;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    if (buf > 0) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    }
     int ivl = (heartbeat_ms + 999) / 1000, idle = 2 * ivl, cnt = 3;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
@@ -172,7 +174,7 @@ static int open_pair(struct net *n, struct ngroup *g, int j, char *why, size_t w
         if (*conn_slot(g, ch, j, 1) >= 0) continue;
         int fd = connect_to(n, n->cfg->node.address, addr, why, whylen);
         if (fd < 0) return -1;
-        tune_socket(fd, g->cfg->heartbeat_ms);
+        tune_socket(n, fd, g->cfg->heartbeat_ms);
         g->og[g->nog++] = (struct outgoing){.fd = fd, .peer = j, .ch = ch};
     }
     return 0;
@@ -304,7 +306,7 @@ void dataconn_accept(struct net *n)
         int fd = accept4(n->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
         if (n->npend == MAX_PENDING_ACCEPTS) evict_pending(n);
-        tune_socket(fd, n->hb_ms); /* the group is not known yet: the shortest interval */
+        tune_socket(n, fd, n->hb_ms); /* the group is not known yet: the shortest interval */
         struct pending_conn *p = &n->pend[n->npend];
         *p = (struct pending_conn){
             .fd = fd, .from = sa.sin_addr, .deadline = now_ns() + PENDING_HELLO_NS};

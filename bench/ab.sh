@@ -4,7 +4,8 @@
 # op of each and the median of the per-round ratios B/A (below 1: B is faster). These
 # 2-CPU VMs swing by 2x between runs, so only ratios taken within one round count; the
 # order flips every round.
-# PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0").
+# PIN=1: one CPU per pod (see agents.sh). Extra agent config lines for one side: EXTRA_A / EXTRA_B (e.g. EXTRA_B="  spin_us: 0"),
+# extra node lines: NODE_EXTRA_A / NODE_EXTRA_B (e.g. NODE_EXTRA_B="  tcp_buffer_bytes: 0").
 # BENCH_ARGS: more coll-bench options for both (e.g. -i: in place, as compare.sh runs broadcast).
 # ENV_A / ENV_B: environment for one side's applications (e.g. ENV_B=COLL_DIRECT=all, with
 # the same build for A and B).
@@ -24,11 +25,11 @@ if [ "${LOAD:-0}" = 1 ]; then
     start_load "$out.loadgen"
 fi
 run() { # build label
-    local build=$1 lab=$2 dir extra envv
+    local build=$1 lab=$2 dir extra envv nextra
     dir=$(mktemp -d /tmp/coll-ab-XXXX)
-    extra=EXTRA_$lab envv=ENV_$lab
+    extra=EXTRA_$lab envv=ENV_$lab nextra=NODE_EXTRA_$lab
     AGENT_PIDS=()
-    start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
+    NODE_EXTRA=${!nextra:-${NODE_EXTRA:-}} start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
     echo "## $lab" >>"$out"
     env ${!envv:-} "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
         -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"

@@ -103,6 +103,10 @@ static void defaults_need_only_a_group(void **state)
     assert_int_equal(c->agent.spin_us, 200);
     assert_int_equal(c->agent.handshake_timeout_ms, 5000);
     assert_string_equal(c->node.tcp_congestion, "reno");
+    assert_int_equal(c->node.tcp_buffer_bytes, 4 << 20);
+    config_free(&c);
+    c = load_ok("node:\n  tcp_buffer_bytes: 0\ngroups:\n  - name: g\n");
+    assert_int_equal(c->node.tcp_buffer_bytes, 0);
     config_free(&c);
 }
 
@@ -159,6 +163,9 @@ static void out_of_range_values_are_reported(void **state)
              "node.tcp_congestion: 'cubic; reboot' is not a congestion control's name");
     load_bad("node:\n  tcp_congestion: a_name_of_sixteen\ngroups:\n  - name: g\n",
              "node.tcp_congestion");
+    load_bad("node:\n  tcp_buffer_bytes: -1\ngroups:\n  - name: g\n",
+             "t.yaml:2:21: node.tcp_buffer_bytes: value -1 is out of range [0, 1073741824]");
+    load_bad("node:\n  tcp_buffer_bytes: 4MiB\ngroups:\n  - name: g\n", "node.tcp_buffer_bytes");
 }
 
 static void duplicates_are_reported(void **state)

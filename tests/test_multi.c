@@ -1765,6 +1765,61 @@ static void data_connections_take_the_configured_congestion_control(void **state
     stop_all(a, 2);
 }
 
+/* How many established TCP sockets of process pid `ss` shows with receive and send
+ * buffers of exactly bytes each (the kernel doubles what SO_RCVBUF/SO_SNDBUF ask); -1
+ * where there is no ss (iproute2). */
+static int sockets_with_buffers(pid_t pid, long bytes)
+{
+    FILE *f = popen("ss -tmnpH state established 2>/dev/null", "r");
+    if (!f) return -1;
+    char line[512], owner[64], rb[32], tb[32];
+    snprintf(owner, sizeof(owner), "pid=%d,", (int)pid);
+    snprintf(rb, sizeof(rb), ",rb%ld,", bytes);
+    snprintf(tb, sizeof(tb), ",tb%ld,", bytes);
+    int n = 0, lines = 0, mine = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lines++;
+        if (line[0] != '\t') { /* a socket; its skmem follows on the next line */
+            mine = strstr(line, owner) != NULL;
+            continue;
+        }
+        if (mine && strstr(line, rb) && strstr(line, tb)) n++;
+        mine = 0;
+    }
+    return pclose(f) == 0 && lines ? n : -1;
+}
+
+/* node.tcp_buffer_bytes: the data connections get that buffer each way (the kernel
+ * doubles it), 0 leaves them to the kernel's autotuning; the group works either way. */
+static void data_connections_take_the_configured_buffer_size(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    const int buf[2] = {98304, 0}; /* under the kernel's default cap (net.core.rmem_max) */
+    for (int i = 0; i < 2; i++) {
+        char body[1024];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n  tcp_buffer_bytes: %d\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n  - name: g\n    backend: host\n    members: 2\n"
+                 "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
+                 i, i, buf[i], port);
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+    struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
+    run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
+    int n0 = sockets_with_buffers(a[0].pid, 2 * 98304);
+    int n1 = sockets_with_buffers(a[1].pid, 2 * 98304);
+    stop_all(a, 2);
+    if (n0 < 0) {
+        printf("no ss (iproute2) to read the sockets' buffers: not checked\n");
+        skip();
+    }
+    assert_int_equal(n0, 3); /* the pair's three connections (net.h: DATA_CH_COUNT) */
+    assert_int_equal(n1, 0); /* autotuned: the kernel's own sizes, not ours */
+}
+
 /* ---- early messages ------------------------------------------------------------------ */
 
 #define EARLY_FLOATS (4u << 20) /* 16 MiB */
@@ -2584,6 +2639,7 @@ int main(void)
         cmocka_unit_test(broadcast_count_mismatch_is_named),
         cmocka_unit_test(a_pod_that_turns_away_mid_run_is_a_mismatch),
         cmocka_unit_test(data_connections_take_the_configured_congestion_control),
+        cmocka_unit_test(data_connections_take_the_configured_buffer_size),
         cmocka_unit_test(slow_peer_hands_a_small_op_to_the_net_thread),
         cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),
