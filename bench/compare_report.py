@@ -120,7 +120,8 @@ def small_floor(load, op, ref):
     """What an 8 B op between two pods costs at the least over TCP, for a miss's line:
     coll runs it in the application (direct ops), so its floor is the bare socket's, the
     two_cpus floors of this run: for broadcast a stream of one send per op (tcp_stream:
-    a root that sends each op as it is submitted), for the others one 8-byte exchange
+    a root that sends each op as it is submitted, to a reader that lags; and tcp_feed,
+    to one that keeps up, where the run has it), for the others one 8-byte exchange
     (tcp_swap). Runs before tcp_stream existed: the floor then, the reference plus one
     one-CPU hand-off (the agent path's)."""
     c, m = med_time(load, 2, op, 8, "coll"), med_time(load, 2, op, 8, ref)
@@ -129,8 +130,13 @@ def small_floor(load, op, ref):
     if (load, "two_cpus", "tcp_stream") in floors:  # a run with direct ops' floors
         name = "tcp_stream" if op == "broadcast" else "tcp_swap"
         f = statistics.median(floors[(load, "two_cpus", name)])
-        return (f"; floor two_cpus {name} {f:.1f} µs: coll {c:.1f} µs ({c / f:.2f}x it), "
+        line = (f"; floor two_cpus {name} {f:.1f} µs: coll {c:.1f} µs ({c / f:.2f}x it), "
                 f"{ref} {m:.1f} µs ({m / f:.2f}x it)")
+        if op == "broadcast" and (load, "two_cpus", "tcp_feed") in floors:
+            k = statistics.median(floors[(load, "two_cpus", "tcp_feed")])
+            line += (f"; with a reader that keeps up, as coll's does (tcp_feed), {k:.1f} µs: "
+                     f"coll {c / k:.2f}x it")
+        return line
     for name in ("epoll", "eventfd"):
         v = floors.get((load, "one_cpu", name))
         if v:

@@ -111,6 +111,11 @@ mkdir -p "$d"
             echo "#floor two_cpus floor tcp_swap     gap_us=0      p50_us=5.00 p10_us=5.00 p90_us=5.00 mean_us=5.00"
             echo "#floor two_cpus floor tcp_stream   gap_us=0      p50_us=3.00 p10_us=3.00 p90_us=3.00 mean_us=3.00"
             echo "#floor two_cpus floor tcp_swap_128K gap_us=0      p50_us=$bulk p10_us=$bulk p90_us=$bulk mean_us=$bulk"
+            echo "#floor two_cpus floor tcp_feed     gap_us=0      p50_us=6.00 p10_us=6.00 p90_us=6.00 mean_us=6.00"
+            echo "### pods 2 op broadcast system coll"
+            echo "           8            2      8.00      0.001      0.001        0       1.00       1.00    1000"
+            echo "### pods 2 op broadcast system mpi"
+            echo "           8            2      4.00      0.001      0.001    1000"
             echo "### pods 2 op reduce_scatter system coll"
             echo "           8            2      $c8      0.001      0.001        0       1.00       1.00    1000"
             echo "#rusage coll rank 0 bytes 8 ops 1000 sleeps/op 0.0100 preempted/op 0.0020 cpu_us/op 5.000"
@@ -130,6 +135,9 @@ grep -q "^- at the floor: 2 pods reduce_scatter 64 MiB: loaded ratio 2.96 vs qui
 grep -q "^- missed: 2 pods reduce_scatter 8 B quiet: 0.90 against mpi; 2 of 2 rounds below 1; floor two_cpus tcp_swap 5.0 µs: coll 10.0 µs (2.00x it), mpi 9.0 µs (1.80x it)" "$t" ||
     fail "the 8 B miss does not name the socket floor"
 grep -q "at the floor: 2 pods reduce_scatter 8 B" "$t" && fail "an op behind is never 'at the floor'"
+# an 8 B broadcast behind: both stream floors, the lagging reader's and the kept-up one's
+grep -q "^- missed: 2 pods broadcast 8 B loaded: 0.50 against mpi; 2 of 2 rounds below 1; floor two_cpus tcp_stream 3.0 µs: coll 8.0 µs (2.67x it), mpi 4.0 µs (1.33x it); with a reader that keeps up, as coll's does (tcp_feed), 6.0 µs: coll 1.33x it$" "$t" ||
+    fail "the 8 B broadcast miss does not name both stream floors"
 # the bare exchange: every round's level, not their median
 grep -q "^Bare exchange (loaded, coll-floors tcp_swap_128K: .*p50 per round): 27.0, 81.0 µs$" "$t" ||
     fail "the bare exchange's rounds are not listed"
