@@ -89,6 +89,7 @@ done
 # coll-floors: the stream floors (a lagging reader, one that keeps up) are there, one
 # figure each, above zero
 fl=$(timeout 60 "$build/coll-floors" -n 500)
+echo "$fl"
 for f in tcp_stream tcp_feed; do
     [ "$(echo "$fl" | grep -cE "^floor $f +gap_us=0 +p50_us=[0-9.]+")" = 1 ] || fail "not one $f floor"
     echo "$fl" | awk -v f=$f '$2 == f { split($4, a, "="); if (a[2] + 0 <= 0) exit 1 }' ||
