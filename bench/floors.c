@@ -2,8 +2,11 @@
  * floors.c: the reference round trips between two bare processes, to set the
  * agent's latency against.
  *
- *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES]
+ *   coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES] [-x]
  *
+ * -x runs shm_spin alone (two CPUs named): the round trip of one cache line between the
+ * two CPUs, which on a VM says where the host has put its vCPUs (on the 2-vCPU VMs,
+ * about 0.11 us and 0.48 us, changing while a run goes on: bench/RESULTS.md).
  * syscall:   one bare system call (getppid), for scale.
  * shm_spin:  both sides spin on a word in shared memory (left out when -c names one CPU
  *            twice: a side that never yields would hold it for a whole time slice).
@@ -352,8 +355,11 @@ int main(int argc, char **argv)
     long gap = 0;
     int c;
     long bulk = 0;
-    while ((c = getopt(argc, argv, "n:G:c:S:")) != -1) {
-        if (c == 'n')
+    int only_spin = 0;
+    while ((c = getopt(argc, argv, "n:G:c:S:x")) != -1) {
+        if (c == 'x')
+            only_spin = 1;
+        else if (c == 'n')
             n = atoi(optarg);
         else if (c == 'S' && (bulk = atol(optarg)) >= 1024 && bulk <= (64L << 20) &&
                  bulk % 1024 == 0)
@@ -363,10 +369,15 @@ int main(int argc, char **argv)
         else if (c == 'c' && sscanf(optarg, "%d,%d", &cpu_parent, &cpu_child) == 2)
             ;
         else {
-            fprintf(stderr, "usage: coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES]\n"
-                            "  (-S: a multiple of 1024 from 1 KiB to 64 MiB)\n");
+            fprintf(stderr,
+                    "usage: coll-floors [-n ITERS] [-G GAP_US] [-c CPU,CPU] [-S BYTES] [-x]\n"
+                    "  (-S: a multiple of 1024 from 1 KiB to 64 MiB; -x: two CPUs)\n");
             return 2;
         }
+    }
+    if (only_spin && (cpu_parent < 0 || cpu_child < 0 || cpu_parent == cpu_child)) {
+        fprintf(stderr, "coll-floors: -x needs two CPUs (-c CPU,CPU)\n");
+        return 2;
     }
     /* Every line out before the next fork: a child's _exit flushes its copy of a pending
      * buffer under ThreadSanitizer, which printed lines twice (CI: "not one tcp_stream"). */
@@ -383,16 +394,16 @@ int main(int argc, char **argv)
         return rc;
     }
 
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; !only_spin && i < n; i++) {
         double t0 = now_us();
         for (int k = 0; k < 100; k++)
             syscall(SYS_getppid);
         lat[i] = (now_us() - t0) / 100;
     }
-    report("syscall", lat, n, 0);
+    if (!only_spin) report("syscall", lat, n, 0);
 
     /* shared-memory spin, then the same with a yield between looks */
-    for (int yield = cpu_parent >= 0 && cpu_parent == cpu_child; yield < 2; yield++) {
+    for (int yield = cpu_parent >= 0 && cpu_parent == cpu_child; yield < 2 - only_spin; yield++) {
         atomic_store(w, 0);
         pid_t p = fork();
         if (p == 0) {
@@ -414,6 +425,10 @@ int main(int argc, char **argv)
         }
         waitpid(p, NULL, 0);
         report(yield ? "shm_yield" : "shm_spin", lat, n, gap);
+    }
+    if (only_spin) {
+        free(lat);
+        return 0;
     }
 
     /* eventfd, both sides asleep */
