@@ -23,6 +23,17 @@ static inline int bench_iters(size_t bytes, int iters)
     return k < 3 ? 3 : k < (size_t)iters ? (int)k : iters;
 }
 
+/* Untimed ops before a size's loop: WARMUP up to 1 MiB, above it 2 with -T (the second
+ * timed for the pace: a size's first op finds its buffers cold) or 1; a run's first size
+ * (first) 10x that up to 1 MiB, as its ops are a fresh process's (connections, an agent's
+ * first slice under load before it stops yielding: libcoll/src/spin.h), 2x above (where
+ * 10x made a run of one size, compare.sh's, warm up 20 ops of up to a second each). */
+static inline int bench_warmup(size_t bytes, int warmup, long min_ms, int first)
+{
+    if (bytes > (1u << 20)) return (min_ms > 0 ? 2 : 1) * (first ? 2 : 1);
+    return first ? 10 * warmup : warmup;
+}
+
 /* -T: the iterations that make a size's loop last min_ms at warm_us per op (rank 0's
  * warmup pace), never fewer than iters (bench_iters' count) nor more than
  * BENCH_ITERS_MAX. */

@@ -16,9 +16,8 @@
  * in place (one buffer, as MPI_Bcast has), where the default is two buffers.
  * -L runs the listed sizes instead of MIN..MAX, ITERS times up to 1 MiB and fewer above
  * (256 MiB / size, at least 3: bench_iters(), the same rule as mpi_bench.c), as
- * bench/compare.sh runs both; the first listed size warms up with 10x WARMUP ops, as
- * the others' first ops are a fresh process's (its connections, an agent's first
- * slice under load before it stops yielding: libcoll/src/spin.h), not a running one's.
+ * bench/compare.sh runs both; warmup as bench_warmup() says (the first listed size's
+ * ops are a fresh process's, so it warms up longer).
  * -T runs each size at least MIN_MS: rank 0 times the second half of its warmup (two ops
  * above 1 MiB) and, where ITERS ops would take less, broadcasts a larger count (at most
  * BENCH_ITERS_MAX) before the timed loop (mpi_bench.c and gloo_bench.py do the same): a
@@ -238,10 +237,7 @@ static int run_rank(const struct opts *o)
     for (size_t bytes = o->nsizes ? o->sizes[0] : o->minb, si = 0; bytes <= o->maxb;) {
         size_t count = bytes / es;
         int iters = o->nsizes ? bench_iters(bytes, o->iters) : o->iters;
-        /* with -T, the pace is timed on the second half of the warmup (a size's first op
-         * finds its buffers cold), so above 1 MiB there are two */
-        int warmup = o->nsizes && bytes > (1u << 20) ? (o->min_ms > 0 ? 2 : 1) : o->warmup;
-        if (o->nsizes && si == 0) warmup *= 10;
+        int warmup = o->nsizes ? bench_warmup(bytes, o->warmup, o->min_ms, si == 0) : o->warmup;
         if (o->op == 6) count = 0;
         coll_request req;
         fill(s, count * (size_t)n, o->dtype, rank);

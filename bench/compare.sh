@@ -3,7 +3,8 @@
 # per pod), OpenMPI over TCP (ob1, tcp+self) and, where torch is installed, Gloo, round by
 # round interleaved (the order flips every round), on a quiet machine and under load
 # (loadgen: a nice-19 busy loop pinned to every CPU, and a normal-priority neighbour busy
-# half of every 10 ms), with the loopback ceiling (iperf3, one stream) measured in the
+# half of every 10 ms; a cell's two loads run back to back on the same agents, so its
+# "steady" figure compares like with like), with the loopback ceiling (iperf3, one stream) measured in the
 # same rounds, and the floors of a small op (coll-floors: a hand-off on one CPU, an
 # 8-byte swap over TCP between two, a stream of one small send per op, its reader
 # lagging or keeping up), of a two-pod
@@ -43,7 +44,7 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:D:" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;; D) direct=$OPTARG ;;
-    *) sed -n '2,33p' "$0"; exit 2 ;;
+    *) sed -n '2,37p' "$0"; exit 2 ;;
     esac
 done
 case $direct in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$direct'"; exit 2 ;; esac
@@ -76,6 +77,7 @@ raw=$out/raw.txt
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# coll's applications run their ops themselves: COLL_DIRECT=$direct ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || echo 'none'))"
+    echo "# loads paired: per op, each load in turn on the same agents, per size each system in turn, the orders flipping every round"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
 cat "$raw"
@@ -90,20 +92,20 @@ ceiling() { # one TCP stream over loopback, server and client as two pods
         awk '/receiver/ {print $(NF-2)}' | tail -1
     wait "$spid" 2>/dev/null || true
 }
-run_coll() { # N OP
-    local n=$1 op=$2
+run_coll() { # N OP SIZE
+    local n=$1 op=$2 sizes=$3
     COLL_DIRECT=$direct timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
         -n "$iters" -w "$warmup" -T "$min_ms" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
 }
-run_mpi() { # N OP
-    local n=$1 op=$2 wrap=""
+run_mpi() { # N OP SIZE
+    local n=$1 op=$2 sizes=$3 wrap=""
     [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
     timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
         sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms" 2>&1
 }
-run_gloo() { # N OP
-    local n=$1 op=$2 port=$((30000 + RANDOM % 20000)) r pids=()
+run_gloo() { # N OP SIZE
+    local n=$1 op=$2 sizes=$3 port=$((30000 + RANDOM % 20000)) r pids=()
     for r in $(seq 0 $((n - 1))); do
         if [ $bind = 1 ]; then
             taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" "$min_ms" &
@@ -115,34 +117,60 @@ run_gloo() { # N OP
     for p in "${pids[@]}"; do wait "$p" || true; done
 }
 
+probe() { # where the host has put the two vCPUs: one cache line's round trip between them
+    [ $bind = 1 ] && [ "$ncpu" -ge 2 ] || return 0
+    "$build/coll-floors" -c 0,1 -n 5000 -x | awk '{ split($4, a, "="); print "#probe shm_spin_us " a[2] }'
+}
+floors() { # LOAD: the round's loopback ceiling and floors under LOAD (the load is on)
+    echo "## round $r load $1 ceiling_gbit $(ceiling)" | tee -a "$raw"
+    # the floors of a small op: a hand-off between two processes on one CPU (what a
+    # pod whose application and agent share its CPU pays twice per op) and an 8-byte
+    # swap over loopback TCP between two CPUs (what any exchange between pods costs);
+    # with two CPUs also what the load costs CPU-bound work (the copy floor) and the
+    # bare 128 KiB exchange (tcp_swap_128K)
+    if [ $bind = 1 ]; then
+        "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' >>"$raw"
+        "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' >>"$raw"
+    fi
+}
+
+# A round: the ceiling and floors under each load, then per pod count one set of agents
+# (their connections, as a pod's, live through the round), per op each load in turn, and
+# under it per size every system, one run each: a cell's systems run back to back, and
+# its quiet and loaded figures come from the same connections, seconds apart. On the
+# 2-vCPU VMs the host moves the two vCPUs between places where a cache line crosses
+# between them in 0.11 or 0.48 us, every few seconds to every minute, and every two-pod
+# exchange is about 1.7x slower in the far place (bench/RESULTS.md): each run says where
+# it started (#probe). The order of the loads, as of the systems, flips every round.
 for r in $(seq "$rounds"); do
-    for load in $loads; do
+    order=$loads
+    [ $((r % 2)) = 0 ] && order=$(echo "$loads" | awk '{for (i = NF; i > 0; i--) printf "%s ", $i}')
+    for load in $order; do
         [ "$load" = loaded ] && start_load "$tmp/loadgen"
-        echo "## round $r load $load ceiling_gbit $(ceiling)" | tee -a "$raw"
-        # the floors of a small op: a hand-off between two processes on one CPU (what a
-        # pod whose application and agent share its CPU pays twice per op) and an 8-byte
-        # swap over loopback TCP between two CPUs (what any exchange between pods costs);
-        # with two CPUs also what the load costs CPU-bound work (the copy floor) and the
-        # bare 128 KiB exchange (tcp_swap_128K)
-        if [ $bind = 1 ]; then
-            "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' >>"$raw"
-            "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' >>"$raw"
-        fi
-        for n in $pods; do
-            PIN=$bind start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000))
-            for op in $ops; do
-                systems="coll mpi"
-                [ $((r % 2)) = 0 ] && systems="mpi coll"
-                [ $gloo = 1 ] && systems="$systems gloo"
-                for sys in $systems; do
-                    echo "### pods $n op $op system $sys" >>"$raw"
-                    "run_$sys" "$n" "$op" >>"$raw" 2>&1 || echo "# $sys failed" >>"$raw"
-                done
-                echo "round $r $load: $n pods $op done"
-            done
-            stop_agents
-        done
+        floors "$load"
         [ "$load" = loaded ] && stop_load
+    done
+    for n in $pods; do
+        PIN=$bind start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000))
+        for op in $ops; do
+            systems="coll mpi"
+            [ $((r % 2)) = 0 ] && systems="mpi coll"
+            [ $gloo = 1 ] && systems="$systems gloo"
+            for load in $order; do
+                [ "$load" = loaded ] && start_load "$tmp/loadgen"
+                echo "## round $r load $load ceiling_gbit " >>"$raw" # (measured above)
+                for size in ${sizes//,/ }; do
+                    for sys in $systems; do
+                        echo "### pods $n op $op system $sys" >>"$raw"
+                        probe >>"$raw"
+                        "run_$sys" "$n" "$op" "$size" >>"$raw" 2>&1 || echo "# $sys failed" >>"$raw"
+                    done
+                done
+                [ "$load" = loaded ] && stop_load
+            done
+            echo "round $r: $n pods $op done"
+        done
+        stop_agents
     done
 done
 /usr/bin/python3 "$here/compare_report.py" "$out"

@@ -12,7 +12,10 @@ per-round ratios is reported: ratio = the reference's time over coll's (above 1,
 faster), with the range of the per-round ratios beside it: on a VM that moves its vCPUs
 between host cores a cell's rounds can differ by 2x, and a target missed by less than
 that range is told apart from one missed in every round. "steady" = the loaded ratio
-over the quiet one (1: load costs coll what it costs the reference)."""
+over the quiet one (1: load costs coll what it costs the reference); in a run whose loads
+are paired (a cell's quiet and loaded figures measured back to back, on the same agents:
+the raw header says "loads paired"), the median of the per-round quotients, with their
+range, so that a level of the machine that holds for one round weighs on both sides."""
 import collections
 import csv
 import re
@@ -25,8 +28,12 @@ floors = collections.defaultdict(list)  # (load, where, name) -> p50 us
 copy_mean = collections.defaultdict(list)  # load -> mean us of coll-floors' copy round
 rus = []  # every rank's #rusage line: where its ops' time went
 header = []
-rnd = load = pods = op = sysname = None
+rnd = load = pods = op = sysname = probe = None
 for line in open(out + "/raw.txt"):
+    m = re.match(r"#probe shm_spin_us (\S+)", line)
+    if m:  # where the next run started: the vCPUs' cache-line round trip
+        probe = float(m.group(1))
+        continue
     if line.startswith("# ") and rnd is None:
         header.append(line[2:].rstrip())
     m = re.match(r"## round (\d+) load (\S+) ceiling_gbit (\S*)", line)
@@ -58,7 +65,9 @@ for line in open(out + "/raw.txt"):
     if sysname and len(f) >= 5 and f[0].isdigit() and not line.startswith("#"):
         wrong = int(f[5]) if sysname == "coll" and len(f) > 5 else 0
         rows.append(dict(round=rnd, load=load, pods=pods, op=op, system=sysname,
-                         bytes=int(f[0]), time_us=float(f[2]), busbw=float(f[4]), wrong=wrong))
+                         bytes=int(f[0]), time_us=float(f[2]), busbw=float(f[4]), wrong=wrong,
+                         probe_us=probe))
+        probe = None
 
 with open(out + "/results.csv", "w", newline="") as fh:
     w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["round"])
@@ -80,6 +89,7 @@ ops = list(dict.fromkeys(r["op"] for r in rows))
 sizes = sorted({r["bytes"] for r in rows})
 systems = list(dict.fromkeys(r["system"] for r in rows))
 refs = [s for s in systems if s != "coll"]
+paired = any(h.startswith("loads paired") for h in header)
 
 
 def med_time(load, pods, op, b, s):
@@ -94,6 +104,40 @@ def ratio(load, pods, op, b, ref):
         return None, []
     rs = [m[k]["time_us"] / c[k]["time_us"] for k in sorted(c) if k in m and c[k]["time_us"] > 0]
     return (statistics.median(rs) if rs else None), rs
+
+
+def steady(pods, op, b, ref):
+    """Loaded ratio over quiet ratio: per round where the loads are paired (the median of
+    the quotients and their values), else of the medians (and no values)."""
+    q, qs = ratio(loads[0], pods, op, b, ref)
+    l, ls = ratio(loads[1], pods, op, b, ref)
+    if not q or not l:
+        return None, []
+    if not paired:
+        return l / q, []
+    per = []
+    for k in sorted(by.get((loads[0], pods, op, b, "coll"), {})):
+        rq = [by.get((ld, pods, op, b, s), {}).get(k) for ld in loads for s in ("coll", ref)]
+        if all(x and x["time_us"] > 0 for x in rq):
+            per.append((rq[3]["time_us"] / rq[2]["time_us"]) / (rq[1]["time_us"] / rq[0]["time_us"]))
+    return (statistics.median(per) if per else None), per
+
+
+probes = [r["probe_us"] for r in rows if r["probe_us"] is not None]
+far_us = 2.5 * min(probes) if probes else None  # a run that started in the far place
+
+
+def far_note(pods, op, b, ref):
+    """How many of a cell's runs started with the vCPUs far apart, per system and load."""
+    if far_us is None:
+        return ""
+    parts = []
+    for s in ("coll", ref):
+        for ld in loads:
+            d = by.get((ld, pods, op, b, s), {})
+            k = [x["probe_us"] > far_us for x in d.values() if x["probe_us"] is not None]
+            parts.append(f"{s} {ld} {sum(k)}/{len(k)}")
+    return "; runs started far: " + ", ".join(parts)
 
 
 def fmt_size(b):
@@ -170,6 +214,14 @@ for load in loads:  # the bare two-pod exchange: its level changes per connectio
         lines.append(f"Bare exchange ({load}, coll-floors {name}: two processes on two CPUs "
                      f"swap {name[9:-1]} KiB each way over a fresh loopback connection, p50 per "
                      f"round): " + ", ".join(f"{x:.1f}" for x in v) + " µs")
+if far_us is not None:
+    for load in loads:
+        v = [r["probe_us"] for r in rows if r["load"] == load and r["probe_us"] is not None]
+        if v:
+            lines.append(f"Placement ({load}, coll-floors -x before every run: one cache line's "
+                         f"round trip between the two CPUs): {min(v):.2f}-{max(v):.2f} µs; "
+                         f"{sum(x > far_us for x in v)} of {len(v)} runs started far (above "
+                         f"{far_us:.2f} µs: 2.5x the run's lowest)")
 keep_copy = None
 if len(loads) == 2 and copy_mean[loads[0]] and copy_mean[loads[1]]:
     cq, cl = statistics.median(copy_mean[loads[0]]), statistics.median(copy_mean[loads[1]])
@@ -179,7 +231,9 @@ if len(loads) == 2 and copy_mean[loads[0]] and copy_mean[loads[1]]:
                  f"all of its CPU keeps {keep_copy:.2f} of its speed under this load")
 lines += ["", "Times are per op in µs, medians over rounds; ratio = reference time / coll time "
           "(median of the per-round ratios, their range in brackets; above 1, coll is faster); "
-          "steady = loaded ratio / quiet ratio.", ""]
+          "steady = loaded ratio / quiet ratio" +
+          (", per round (the loads ran back to back on the same agents), the median and "
+           "range of the rounds." if paired else "."), ""]
 bad, bound = [], []
 for ref in refs:
     for pods in podss:
@@ -213,15 +267,16 @@ for ref in refs:
                                    f"{rounds_note(rs, 1)}{small_floor(load, op, ref)}")
                 if len(loads) == 2:
                     q, l = rq.get(loads[0]), rq.get(loads[1])
-                    st = None if not q or not l else l / q
-                    cells.append("-" if st is None else f"{st:.2f}")
+                    st, sts = steady(pods, op, b, ref)
+                    cells.append("-" if st is None else fmt_r(st, sts))
                     if st is not None and st < 0.90:
                         # what each keeps of its quiet speed, beside what CPU-bound work keeps
                         keep = [med_time(loads[0], pods, op, b, x) /
                                 med_time(loads[1], pods, op, b, x) for x in ("coll", ref)]
                         floor = "" if keep_copy is None else f", CPU-bound work {keep_copy:.2f}"
                         line = (f"{pods} pods {op} {fmt_size(b)}: loaded ratio {l:.2f} vs "
-                                f"quiet {q:.2f} against {ref} (steady {st:.2f}; speed kept "
+                                f"quiet {q:.2f} against {ref} (steady {st:.2f}"
+                                f"{rounds_note(sts, 0.9)}{far_note(pods, op, b, ref)}; speed kept "
                                 f"under load: coll {keep[0]:.2f}, {ref} {keep[1]:.2f}{floor})")
                         # coll lost no more than work that needs all of its CPU: it is
                         # CPU-bound, and the load takes what it takes from any such work

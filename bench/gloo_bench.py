@@ -47,8 +47,8 @@ for size in sizes:
             dist.reduce_scatter(r, ins)  # Gloo may not implement it
 
     try:
-        big = 2 if min_ms > 0 else 1
-        wu = (warmup0 if size <= 1 << 20 else big) * (10 if size == sizes[0] else 1)
+        big = (2 if min_ms > 0 else 1) * (2 if size == sizes[0] else 1)  # bench_warmup
+        wu = warmup0 * (10 if size == sizes[0] else 1) if size <= 1 << 20 else big
         w0 = time.perf_counter()
         for i in range(wu):
             if i == wu // 2:  # the pace of the warmup's second half (coll-bench -T)

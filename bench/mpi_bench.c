@@ -7,7 +7,7 @@
  *   mpirun -np N mpi_bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-n ITERS] [-w WARMUP]
  *                          [-L SIZE,SIZE...] [-T MIN_MS] [-O PREFIX]
  * -L: the listed sizes, with coll-bench's rules for iterations (bench_iters) and warmup
- * (10x WARMUP for the first size); -T as coll-bench's (at least MIN_MS per size). The time
+ * (bench_warmup); -T as coll-bench's (at least MIN_MS per size). The time
  * per op is rank 0's loop ended by a barrier, as coll-bench's: a broadcast's root, whose
  * eager sends complete at once, would otherwise time only itself. -O as coll-bench's:
  * every rank's single-op times (bench_dump_ops); without it no op is timed alone.
@@ -77,8 +77,7 @@ int main(int argc, char **argv)
         if (!nsizes && bytes > maxb) break;
         int count = (int)(bytes / 4);
         int it = nsizes ? bench_iters(bytes, iters) : iters;
-        int wu = nsizes && bytes > (1u << 20) ? (min_ms > 0 ? 2 : 1) : warmup;
-        if (nsizes && si == 0) wu *= 10;
+        int wu = nsizes ? bench_warmup(bytes, warmup, min_ms, si == 0) : warmup;
         double t0 = 0, w0 = MPI_Wtime(), *lat = NULL;
         struct bench_ru ru;
         for (int i = -wu; i < it; i++) {

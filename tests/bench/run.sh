@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
 # runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
-# BENCH_RUSAGE's per-size lines, -O's per-op times, coll-floors' tcp_stream, tcp_feed and -S
-# floors, phases.sh's argument checks, and compare_report.py's
+# BENCH_RUSAGE's per-size lines, -O's per-op times, coll-floors' tcp_stream, tcp_feed, -S
+# and -x floors, phases.sh's argument checks, and compare_report.py's
 # verdicts and its table of where a small op's time went on a raw.txt whose
 # answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
 # socket's floor). Real agents on loopback; no MPI needed.
@@ -77,6 +77,22 @@ for bad in 1000 0 $((128 << 20)); do
     [ $rc = 2 ] || fail "coll-floors -S $bad: exit $rc, not 2"
 done
 
+# coll-floors -x: only the cross-CPU cache-line round trip (compare.sh's placement
+# probe before every run), positive; without two CPUs named, refused
+fl=$(timeout 60 "$build/coll-floors" -c 0,$((1 % $(nproc))) -n 2000 -x 2>&1) || rc=$?
+if [ "$(nproc)" -ge 2 ]; then
+    echo "$fl"
+    [ "$(echo "$fl" | wc -l)" = 1 ] || fail "-x: more than its one floor: $fl"
+    echo "$fl" | awk '$2 == "shm_spin" { split($4, a, "="); if (a[2] + 0 > 0) ok = 1 } END { exit !ok }' ||
+        fail "-x: no shm_spin above zero: $fl"
+fi
+for bad in "-x" "-x -c 0,0"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$build/coll-floors" $bad >/dev/null 2>&1 || rc=$?
+    [ $rc = 2 ] || fail "coll-floors $bad: exit $rc, not 2"
+done
+
 # phases.sh: arguments checked before anything runs
 for args in "-o bogus" "-l busy" "-D 2" "-r 0" "-p 1" "-b $tmp/none"; do
     rc=0
@@ -148,6 +164,36 @@ grep -q "^| 2 | reduce_scatter | 8 B | quiet | coll | 10.00 | 6.00 | 4.00 | 0.02
 grep -q "^| 2 | reduce_scatter | 8 B | loaded | coll | 12.00 | 6.00 | 6.00 |" "$t" ||
     fail "no rusage row for 8 B loaded"
 [ "$(wc -l <"$d/rusage.csv")" = 9 ] || fail "rusage.csv: a header and 8 rows"
+# compare_report.py on a paired run (the loads back to back per op, "loads paired" in
+# the header): steady is the median of the per-round quotients. Three rounds of allgather
+# 256 KiB, coll 50 µs throughout, OpenMPI quiet 100, 50, 100 and loaded 100, 50, 80: the
+# per-round quotients 1, 1, 0.8 (median 1.00), where the medians' quotient (1.6 / 2 =
+# 0.80) would call a round in which both were slow a miss
+d=$tmp/paired
+mkdir -p "$d"
+{
+    echo "# compare.sh test: paired"
+    echo "# loads paired: per op, each load in turn on the same agents"
+    for r in 1 2 3; do
+        for load in quiet loaded; do
+            echo "## round $r load $load ceiling_gbit "
+            m=$(echo "$r $load" | awk '{ print $2 == "quiet" ? ($1 == 2 ? 50 : 100) : ($1 == 1 ? 100 : $1 == 2 ? 50 : 80) }')
+            echo "### pods 2 op allgather system coll"
+            echo "      262144        65536     50.00      5.0      5.0        0       1.00       1.00    1000"
+            echo "### pods 2 op allgather system mpi"
+            echo "      262144        65536     $m      5.0      5.0    1000"
+        done
+    done
+} >"$d/raw.txt"
+/usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
+grep -q "^| allgather | 256 KiB | 50.0 | 100 | 2.00 (1.00-2.00) | 50.0 | 80.0 | 1.60 (1.00-2.00) | 1.00 (0.80-1.00) |$" "$d/table.md" ||
+    fail "paired steady is not the median of the per-round quotients: $(grep '^| allgather' "$d/table.md")"
+grep -q "^- all met$" "$d/table.md" || fail "a paired run whose rounds hold steady reports a miss"
+# and unpaired (the same figures, no "loads paired"): the medians' quotient, a miss
+sed -i '/^# loads paired/d' "$d/raw.txt"
+/usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
+grep -q "^- missed: 2 pods allgather 256 KiB: loaded ratio 1.60 vs quiet 2.00 against mpi (steady 0.80;" "$d/table.md" ||
+    fail "unpaired steady is not the medians' quotient: $(grep '^- ' "$d/table.md")"
 # bench/ab.sh LOAD=1: both builds' rounds under the load, a ratio per size, and the load
 # gone when it ends
 ab=$(LOAD=1 "$src/bench/ab.sh" "$build" "$build" 2 allreduce 8 8 20 1 2>&1) || fail "ab.sh LOAD=1: $ab"
