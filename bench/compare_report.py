@@ -193,6 +193,16 @@ def small_floor(load, op, ref):
             f"coll {c:.1f} µs ({c / f:.2f}x the floor)")
 
 
+def added(pods, op, b, s):
+    """What the load added to an op's time: the loaded median less the quiet one (µs)."""
+    q, l = med_time(loads[0], pods, op, b, s), med_time(loads[1], pods, op, b, s)
+    return None if q is None or l is None else l - q
+
+
+def fmt_add(t):
+    return "-" if t is None else f"{t:+.1f} µs" if abs(t) < 100 else f"{t:+.0f} µs"
+
+
 def fmt_t(t):
     return "-" if t is None else (f"{t:.1f}" if t < 100 else f"{t:.0f}")
 
@@ -222,6 +232,23 @@ if far_us is not None:
                          f"round trip between the two CPUs): {min(v):.2f}-{max(v):.2f} µs; "
                          f"{sum(x > far_us for x in v)} of {len(v)} runs started far (above "
                          f"{far_us:.2f} µs: 2.5x the run's lowest)")
+if far_us is not None:
+    # what the far placement costs each system: per cell (pods, op, size, load) with runs
+    # that started near and runs that started far, the far runs' median time over the near
+    # runs'; the median of those over the cells of a pod count and size
+    slow = collections.defaultdict(list)
+    for (load, pods, op, b, s), d in by.items():
+        near = [x["time_us"] for x in d.values() if x["probe_us"] is not None and x["probe_us"] <= far_us]
+        far = [x["time_us"] for x in d.values() if x["probe_us"] is not None and x["probe_us"] > far_us]
+        if near and far:
+            slow[(pods, s, b)].append(statistics.median(far) / statistics.median(near))
+    for pods in podss:
+        for s in systems:
+            v = [f"{fmt_size(b)} {statistics.median(slow[(pods, s, b)]):.2f}x"
+                 for b in sizes if slow.get((pods, s, b))]
+            if v:
+                lines.append(f"Far over near ({pods} pods, {s}: a cell's far runs' median time over "
+                             f"its near runs', median over the cells of a size): " + ", ".join(v))
 keep_copy = None
 if len(loads) == 2 and copy_mean[loads[0]] and copy_mean[loads[1]]:
     cq, cl = statistics.median(copy_mean[loads[0]]), statistics.median(copy_mean[loads[1]])
@@ -274,10 +301,13 @@ for ref in refs:
                         keep = [med_time(loads[0], pods, op, b, x) /
                                 med_time(loads[1], pods, op, b, x) for x in ("coll", ref)]
                         floor = "" if keep_copy is None else f", CPU-bound work {keep_copy:.2f}"
+                        add = [added(pods, op, b, x) for x in ("coll", ref)]
                         line = (f"{pods} pods {op} {fmt_size(b)}: loaded ratio {l:.2f} vs "
                                 f"quiet {q:.2f} against {ref} (steady {st:.2f}"
                                 f"{rounds_note(sts, 0.9)}{far_note(pods, op, b, ref)}; speed kept "
-                                f"under load: coll {keep[0]:.2f}, {ref} {keep[1]:.2f}{floor})")
+                                f"under load: coll {keep[0]:.2f}, {ref} {keep[1]:.2f}{floor}; "
+                                f"time the load added per op: coll {fmt_add(add[0])}, "
+                                f"{ref} {fmt_add(add[1])})")
                         # coll lost no more than work that needs all of its CPU: it is
                         # CPU-bound, and the load takes what it takes from any such work
                         # (the reference, slower, waited more than it worked)
@@ -339,6 +369,25 @@ if bound:
               "CPU-bound work keeps under this load, and is ahead loaded: no waiting policy "
               "gives a CPU-bound op more of a shared CPU):", ""]
     lines += [f"- at the floor: {x}" for x in bound]
+if len(loads) == 2:
+    # steady is a ratio of ratios: where coll is k times faster, it holds only if the load
+    # adds at most 1/k of the reference's added time. The time itself, beside it:
+    for ref in refs:
+        for pods in podss:
+            more = []
+            n = 0
+            for op in ops:
+                for b in sizes:
+                    a, m = added(pods, op, b, "coll"), added(pods, op, b, ref)
+                    if a is None or m is None:
+                        continue
+                    n += 1
+                    if a > m:
+                        more.append(f"{op} {fmt_size(b)} ({fmt_add(a)} vs {fmt_add(m)})")
+            if n:
+                lines += ["", f"Time the load added per op, {pods} pods (loaded median less "
+                          f"quiet): coll's at most {ref}'s in {n - len(more)} of {n} cells"
+                          + (f"; more in {', '.join(more)}" if more else "")]
 if wrong:
     lines.append(f"- WRONG RESULTS in {len(wrong)} coll measurements")
 open(out + "/table.md", "w").write("\n".join(lines) + "\n")

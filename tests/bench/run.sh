@@ -194,6 +194,38 @@ sed -i '/^# loads paired/d' "$d/raw.txt"
 /usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
 grep -q "^- missed: 2 pods allgather 256 KiB: loaded ratio 1.60 vs quiet 2.00 against mpi (steady 0.80;" "$d/table.md" ||
     fail "unpaired steady is not the medians' quotient: $(grep '^- ' "$d/table.md")"
+# the time the load added (loaded median less quiet): coll 50 -> 50, OpenMPI 100 -> 80
+grep -q "time the load added per op: coll +0.0 µs, mpi -20.0 µs)$" "$d/table.md" ||
+    fail "a steady miss does not give the time the load added: $(grep '^- ' "$d/table.md")"
+grep -q "^Time the load added per op, 2 pods (loaded median less quiet): coll's at most mpi's in 0 of 1 cells; more in allgather 256 KiB (+0.0 µs vs -20.0 µs)$" "$d/table.md" ||
+    fail "no count of the cells where the load added more to coll: $(grep '^Time the load' "$d/table.md")"
+# the placement probe (#probe before a run): rounds 1-2 near (0.1 µs), 3-4 far (0.5 µs);
+# coll 50 µs near and 100 far, OpenMPI 100 and 150: far costs coll 2x and OpenMPI 1.5x
+d=$tmp/probe
+mkdir -p "$d"
+{
+    echo "# compare.sh test: probes"
+    echo "# loads paired: per op, each load in turn on the same agents"
+    for r in 1 2 3 4; do
+        p=$([ "$r" -le 2 ] && echo 0.10 || echo 0.50)
+        for load in quiet loaded; do
+            echo "## round $r load $load ceiling_gbit "
+            echo "### pods 2 op allgather system coll"
+            echo "#probe shm_spin_us $p"
+            echo "      262144        65536     $([ "$r" -le 2 ] && echo 50.00 || echo 100.00)      5.0      5.0        0       1.00       1.00    1000"
+            echo "### pods 2 op allgather system mpi"
+            echo "#probe shm_spin_us $p"
+            echo "      262144        65536     $([ "$r" -le 2 ] && echo 100.00 || echo 150.00)      5.0      5.0    1000"
+        done
+    done
+} >"$d/raw.txt"
+/usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
+grep -q "^Placement (loaded, .*): 0.10-0.50 µs; 4 of 8 runs started far (above 0.25 µs" "$d/table.md" ||
+    fail "the placement line does not count the far runs: $(grep '^Placement' "$d/table.md")"
+grep -q "^Far over near (2 pods, coll: .*): 256 KiB 2.00x$" "$d/table.md" ||
+    fail "far over near is not coll's 2x: $(grep '^Far' "$d/table.md")"
+grep -q "^Far over near (2 pods, mpi: .*): 256 KiB 1.50x$" "$d/table.md" ||
+    fail "far over near is not OpenMPI's 1.5x: $(grep '^Far' "$d/table.md")"
 # bench/ab.sh LOAD=1: both builds' rounds under the load, a ratio per size, and the load
 # gone when it ends
 ab=$(LOAD=1 "$src/bench/ab.sh" "$build" "$build" 2 allreduce 8 8 20 1 2>&1) || fail "ab.sh LOAD=1: $ab"
