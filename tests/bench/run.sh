@@ -169,20 +169,25 @@ grep -q "^| 2 | reduce_scatter | 8 B | loaded | coll | 12.00 | 6.00 | 6.00 |" "$
 # 256 KiB, coll 50 µs throughout, OpenMPI quiet 100, 50, 100 and loaded 100, 50, 80: the
 # per-round quotients 1, 1, 0.8 (median 1.00), where the medians' quotient (1.6 / 2 =
 # 0.80) would call a round in which both were slow a miss
+# cell ROUND LOAD COLL_US MPI_US [PROBE_US]: one round's two-pod allgather 256 KiB of
+# both systems, as compare.sh writes it (each run after its placement probe, if given)
+cell() {
+    echo "## round $1 load $2 ceiling_gbit "
+    echo "### pods 2 op allgather system coll"
+    [ -z "${5:-}" ] || echo "#probe shm_spin_us $5"
+    echo "      262144        65536     $3      5.0      5.0        0       1.00       1.00    1000"
+    echo "### pods 2 op allgather system mpi"
+    [ -z "${5:-}" ] || echo "#probe shm_spin_us $5"
+    echo "      262144        65536     $4      5.0      5.0    1000"
+}
 d=$tmp/paired
 mkdir -p "$d"
 {
     echo "# compare.sh test: paired"
     echo "# loads paired: per op, each load in turn on the same agents"
     for r in 1 2 3; do
-        for load in quiet loaded; do
-            echo "## round $r load $load ceiling_gbit "
-            m=$(echo "$r $load" | awk '{ print $2 == "quiet" ? ($1 == 2 ? 50 : 100) : ($1 == 1 ? 100 : $1 == 2 ? 50 : 80) }')
-            echo "### pods 2 op allgather system coll"
-            echo "      262144        65536     50.00      5.0      5.0        0       1.00       1.00    1000"
-            echo "### pods 2 op allgather system mpi"
-            echo "      262144        65536     $m      5.0      5.0    1000"
-        done
+        cell $r quiet 50.00 "$([ $r = 2 ] && echo 50 || echo 100)"
+        cell $r loaded 50.00 "$([ $r = 1 ] && echo 100 || { [ $r = 2 ] && echo 50 || echo 80; })"
     done
 } >"$d/raw.txt"
 /usr/bin/python3 "$src/bench/compare_report.py" "$d" >/dev/null
@@ -207,15 +212,8 @@ mkdir -p "$d"
     echo "# compare.sh test: probes"
     echo "# loads paired: per op, each load in turn on the same agents"
     for r in 1 2 3 4; do
-        p=$([ "$r" -le 2 ] && echo 0.10 || echo 0.50)
         for load in quiet loaded; do
-            echo "## round $r load $load ceiling_gbit "
-            echo "### pods 2 op allgather system coll"
-            echo "#probe shm_spin_us $p"
-            echo "      262144        65536     $([ "$r" -le 2 ] && echo 50.00 || echo 100.00)      5.0      5.0        0       1.00       1.00    1000"
-            echo "### pods 2 op allgather system mpi"
-            echo "#probe shm_spin_us $p"
-            echo "      262144        65536     $([ "$r" -le 2 ] && echo 100.00 || echo 150.00)      5.0      5.0    1000"
+            if [ $r -le 2 ]; then cell $r $load 50.00 100.00 0.10; else cell $r $load 100.00 150.00 0.50; fi
         done
     done
 } >"$d/raw.txt"
