@@ -71,3 +71,12 @@ stop_load() {
     for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     LOAD_PIDS=()
 }
+
+# build_pair_bench OUT BUILD: bench/pair_bench.c (coll and OpenMPI in one process) with
+# mpicc, against BUILD's libcoll (an unsanitized one: OpenMPI's libraries are not).
+build_pair_bench() {
+    local src
+    src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    mpicc -O2 -Wall -I"$src/libcoll/include" -o "$1" "$src/bench/pair_bench.c" \
+        -L"$2" -lcoll -Wl,-rpath,"$2"
+}

@@ -9,14 +9,18 @@
 # 8-byte swap over TCP between two, a stream of one small send per op, its reader
 # lagging or keeping up), of a two-pod
 # exchange (a bare 128 KiB swap each way over a fresh connection: bench/phases.sh) and of
-# CPU-bound work (both CPUs copying in step). Bound (default): pod i's agent and application, and
+# CPU-bound work (both CPUs copying in step). coll and OpenMPI run in one process per
+# pod (pair_bench: MPI rank i is also pod i's application), taking turns in blocks of
+# about 25 ms for the whole run, so that both meet the same placement of the vCPUs and
+# the same phases of the load; -S runs them one after the other instead (coll-bench,
+# then mpi_bench). Bound (default): pod i's agent and application, and
 # MPI rank i, on CPU i mod nproc; -u: nothing bound. Writes raw.txt, results.csv,
 # table.md, time.png and busbw.png to OUTDIR (bench/compare_report.py rebuilds the last
 # four from raw.txt).
 #
 # Usage: bench/compare.sh [-b BUILD] [-p "2 4"] [-o OPS] [-s SIZES] [-r ROUNDS]
 #                         [-l "quiet loaded"] [-n ITERS] [-w WARMUP] [-t MIN_MS] [-u] [-d OUTDIR]
-#                         [-D 0|1|all]
+#                         [-D 0|1|all] [-S]
 #   defaults: build, "2 4", "allreduce allgather reduce_scatter broadcast",
 #   8,32768,262144,2097152,8388608,67108864, 5 rounds, both loads, 2000 iterations up to
 #   1 MiB (fewer above: bench_iters; 200 made a loaded run of a small op shorter than the
@@ -35,16 +39,17 @@
 #   -D MODE: which of coll's ops its applications run themselves (libcoll's COLL_DIRECT):
 #   1, the default: tiny ones (up to 64 KiB), the rest through the agent; all: every
 #   collective (a large one in the application's wait, as an MPI rank's); 0: none
+#   -S: coll and OpenMPI in runs of their own, one after the other (before 2026-12-04)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build pods="2 4" ops="allreduce allgather reduce_scatter broadcast"
 sizes=8,32768,262144,2097152,8388608,67108864 rounds=5 loads="quiet loaded" iters=2000 warmup=100
-min_ms=300 bind=1 out="" direct=1
-while getopts "b:p:o:s:r:l:n:w:t:ud:D:" c; do
+min_ms=300 bind=1 out="" direct=1 pair=1
+while getopts "b:p:o:s:r:l:n:w:t:ud:D:S" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
-    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;; D) direct=$OPTARG ;;
-    *) sed -n '2,37p' "$0"; exit 2 ;;
+    r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;; D) direct=$OPTARG ;; S) pair=0 ;;
+    *) sed -n '2,42p' "$0"; exit 2 ;;
     esac
 done
 case $direct in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$direct'"; exit 2 ;; esac
@@ -66,6 +71,7 @@ stop_agents() {
 }
 trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
 mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
+[ $pair = 1 ] && build_pair_bench "$tmp/pair_bench" "$build"
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
 ncpu=$(nproc)
 gloo=0 # GLOO=0 in the environment: leave Gloo out even where torch is installed
@@ -77,6 +83,7 @@ raw=$out/raw.txt
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# coll's applications run their ops themselves: COLL_DIRECT=$direct ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || echo 'none'))"
+    [ $pair = 1 ] && echo "# coll and mpi in one process (pair_bench): per size, blocks of about 25 ms taking turns, the first flipping every round"
     echo "# loads paired: per op, each load in turn on the same agents, per size each system in turn, the orders flipping every round"
     echo "# command: bench/compare.sh $*"
 } >"$raw"
@@ -103,6 +110,16 @@ run_mpi() { # N OP SIZE
     timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
         sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms" 2>&1
+}
+run_pair() { # N OP SIZE FIRST: coll and mpi (pair_bench), each section after its probe
+    local n=$1 op=$2 sizes=$3 first=$4 wrap="" p
+    p=$(probe)
+    echo "### pods $n op $op system pair" # (the ranks' #rusage lines come first)
+    [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
+    COLL_DIRECT=$direct timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
+        --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo -x COLL_DIRECT -x BENCH_RUSAGE \
+        sh -c "$wrap $tmp/pair_bench -s $AGENT_SOCKS -g bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms -m $first" 2>&1 |
+        awk -v p="$p" '{ print } /^### / && p != "" { print p }'
 }
 run_gloo() { # N OP SIZE
     local n=$1 op=$2 sizes=$3 port=$((30000 + RANDOM % 20000)) r pids=()
@@ -160,7 +177,12 @@ for r in $(seq "$rounds"); do
                 [ "$load" = loaded ] && start_load "$tmp/loadgen"
                 echo "## round $r load $load ceiling_gbit " >>"$raw" # (measured above)
                 for size in ${sizes//,/ }; do
+                    if [ $pair = 1 ]; then
+                        run_pair "$n" "$op" "$size" "${systems%% *}" >>"$raw" || echo "# pair failed" >>"$raw"
+                        [ $gloo = 1 ] || continue
+                    fi
                     for sys in $systems; do
+                        [ $pair = 1 ] && [ "$sys" != gloo ] && continue
                         echo "### pods $n op $op system $sys" >>"$raw"
                         probe >>"$raw"
                         "run_$sys" "$n" "$op" "$size" >>"$raw" 2>&1 || echo "# $sys failed" >>"$raw"

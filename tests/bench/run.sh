@@ -236,4 +236,40 @@ pgrep -f 'coll-ab-.*loadgen' >/dev/null && fail "ab.sh left its load running"
 msg=$("$src/bench/compare.sh" -D bogus -d "$tmp/never" 2>&1) && fail "compare.sh -D bogus ran"
 echo "$msg" | grep -q "takes 0, 1 or all, not 'bogus'" || fail "compare.sh -D bogus: $msg"
 [ -e "$tmp/never" ] && fail "compare.sh -D bogus made its results folder"
+# pair_bench: coll and OpenMPI in one process per pod, taking turns block by block
+# (compare.sh's default). Needs OpenMPI, and a libcoll without sanitizers: OpenMPI's
+# libraries are not built with them and cannot load an instrumented one first.
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+    echo "SKIP pair_bench: no OpenMPI on this machine (Debian: openmpi-bin libopenmpi-dev)"
+elif grep -qE '^COLL_SANITIZE:STRING=.+' "$build/CMakeCache.txt"; then
+    echo "SKIP pair_bench: $build is a sanitizer build, and OpenMPI's libraries are not"
+else
+    build_pair_bench "$tmp/pair_bench" "$build"
+    mpi=(timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1
+        --mca btl tcp,self --mca btl_tcp_if_include lo -x COLL_DIRECT -x BENCH_RUSAGE)
+    out=$(COLL_DIRECT=all BENCH_RUSAGE=1 "${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" -g bench \
+        -o reduce_scatter -L 8,65536 -n 5 -w 4 -T 60 -k 10 -m mpi 2>&1) || fail "pair_bench: $out"
+    echo "$out"
+    # per size a coll section, then an mpi one: their rows, exact results, the ops of
+    # every block counted, both systems run at least -T's 60 ms (a few ms of slack)
+    [ "$(echo "$out" | grep -E '^### pods 2 op reduce_scatter system (coll|mpi)$' | awk '{print $NF}' | tr '\n' ' ')" = "coll mpi coll mpi " ] ||
+        fail "pair_bench: not a coll and an mpi section per size"
+    echo "$out" | awk '/^### / { sys = $NF; next } /^#pair/ { next }
+        $1 ~ /^[0-9]+$/ { n++; if (sys == "coll" && (NF != 9 || $6 != 0)) bad = 1
+                          if (sys == "mpi" && NF != 6) bad = 1
+                          if ($3 * $NF < 50000) bad = 1 }
+        END { exit bad || n != 4 }' || fail "pair_bench: a row wrong, inexact or short"
+    echo "$out" | awk '/^#pair blocks/ { if ($3 < 2 || $5 < 1 || $7 < 1) bad = 1; n++ } END { exit bad || n != 2 }' ||
+        fail "pair_bench: no plan of at least two blocks per size"
+    [ "$(echo "$out" | grep -cE '^#rusage (coll|mpi) rank [01] bytes (8|65536) ops [0-9]+ sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+$')" = 8 ] ||
+        fail "pair_bench: not one #rusage line per system, rank and size"
+    # a broadcast's root is rank 0 in both: the same data everywhere, in place
+    out=$(COLL_DIRECT=1 "${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" -o broadcast -L 32768 -n 20 -w 2 2>&1) ||
+        fail "pair_bench broadcast: $out"
+    echo "$out" | awk '/system coll/ { getline; if ($6 == 0) ok = 1 } END { exit !ok }' ||
+        fail "pair_bench broadcast: results differ from OpenMPI's: $out"
+    rc=0
+    msg=$("${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" -o bogus -L 8 2>&1) || rc=$?
+    [ $rc != 0 ] && echo "$msg" | grep -q "usage: pair_bench" || fail "pair_bench -o bogus: exit $rc, $msg"
+fi
 echo "bench tools: ok"
