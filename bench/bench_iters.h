@@ -55,10 +55,16 @@ struct bench_ru {
     struct rusage u;
 };
 
-static inline void bench_ru_start(struct bench_ru *r)
+/* Whether BENCH_RUSAGE=1 asks for the #rusage lines. */
+static inline int bench_ru_wanted(void)
 {
     const char *e = getenv("BENCH_RUSAGE");
-    r->on = e && *e == '1' && getrusage(RUSAGE_SELF, &r->u) == 0;
+    return e && *e == '1';
+}
+
+static inline void bench_ru_start(struct bench_ru *r)
+{
+    r->on = bench_ru_wanted() && getrusage(RUSAGE_SELF, &r->u) == 0;
 }
 
 static inline double bench_ru_cpu_us(const struct rusage *u)
@@ -67,18 +73,25 @@ static inline double bench_ru_cpu_us(const struct rusage *u)
            (double)(u->ru_utime.tv_usec + u->ru_stime.tv_usec);
 }
 
+/* One #rusage line: sys's ops on rank, with their sleeps (voluntary switches),
+ * preemptions (involuntary ones) and CPU time, in all. */
+static inline void bench_ru_line(const char *sys, int rank, size_t bytes, long ops, long sleeps,
+                                 long preempted, double cpu_us)
+{
+    double n = (double)ops;
+    fprintf(
+        stderr,
+        "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f cpu_us/op %.3f\n",
+        sys, rank, bytes, ops, (double)sleeps / n, (double)preempted / n, cpu_us / n);
+}
+
 static inline void bench_ru_end(const struct bench_ru *r, const char *sys, int rank, size_t bytes,
                                 long ops)
 {
     struct rusage u;
     if (!r->on || ops <= 0 || getrusage(RUSAGE_SELF, &u) != 0) return;
-    double n = (double)ops;
-    fprintf(
-        stderr,
-        "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f cpu_us/op %.3f\n",
-        sys, rank, bytes, ops, (double)(u.ru_nvcsw - r->u.ru_nvcsw) / n,
-        (double)(u.ru_nivcsw - r->u.ru_nivcsw) / n,
-        (bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u)) / n);
+    bench_ru_line(sys, rank, bytes, ops, u.ru_nvcsw - r->u.ru_nvcsw, u.ru_nivcsw - r->u.ru_nivcsw,
+                  bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u));
 }
 
 /* -O PREFIX: each rank writes the time of every op of a size's timed loop (us, one per

@@ -104,21 +104,20 @@ run_coll() { # N OP SIZE
     COLL_DIRECT=$direct timeout 900 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -L "$sizes" \
         -n "$iters" -w "$warmup" -T "$min_ms" -c 1 $([ $bind = 1 ] && echo -a) $([ "$op" = broadcast ] && echo -i) 2>&1
 }
-run_mpi() { # N OP SIZE
-    local n=$1 op=$2 sizes=$3 wrap=""
+mpi_run() { # N COMMAND: N ranks of OpenMPI (ob1, tcp+self, loopback), rank i bound as pod i
+    local wrap=""
     [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
-    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
-        --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
-        sh -c "$wrap $tmp/mpi_bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms" 2>&1
+    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" \
+        --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo sh -c "$wrap $2"
+}
+run_mpi() { # N OP SIZE
+    mpi_run "$1" "$tmp/mpi_bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms" 2>&1
 }
 run_pair() { # N OP SIZE FIRST: coll and mpi (pair_bench), each section after its probe
-    local n=$1 op=$2 sizes=$3 first=$4 wrap="" p
+    local p
     p=$(probe)
-    echo "### pods $n op $op system pair" # (the ranks' #rusage lines come first)
-    [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
-    COLL_DIRECT=$direct timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" \
-        --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo -x COLL_DIRECT -x BENCH_RUSAGE \
-        sh -c "$wrap $tmp/pair_bench -s $AGENT_SOCKS -g bench -o $op -L $sizes -n $iters -w $warmup -T $min_ms -m $first" 2>&1 |
+    echo "### pods $1 op $2 system pair" # (the ranks' #rusage lines come first)
+    COLL_DIRECT=$direct mpi_run "$1" "$tmp/pair_bench -s $AGENT_SOCKS -g bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms -m $4" 2>&1 |
         awk -v p="$p" '{ print } /^### / && p != "" { print p }'
 }
 run_gloo() { # N OP SIZE

@@ -3,9 +3,9 @@
  * same node: the same CPUs, the same placement of the vCPUs, the same phase of the
  * neighbours' load. Each MPI rank is also pod i's application (it attaches to agent i
  * through libcoll), and per size the two systems take turns in blocks of about BLOCK_MS
- * each, the order flipping every pair of blocks. bench/compare.sh runs it (-P, the
- * default where mpicc is present); built there with mpicc against libcoll, not part of
- * the product.
+ * each, the order flipping every pair of blocks. bench/compare.sh runs it (its default;
+ * -S runs the two apart), built there with mpicc against libcoll (agents.sh:
+ * build_pair_bench); not part of the product.
  *
  * Why: run one after the other, coll and MPI meet different phases of a load that comes
  * in 5 ms slices and different placements of the two vCPUs (the host moves them every
@@ -50,7 +50,7 @@ struct ctx {
 
 static void die(const char *what)
 {
-    fprintf(stderr, "pair_bench: %s: %s (%s)\n", what, coll_last_error(), "aborting");
+    fprintf(stderr, "pair_bench: %s: %s\n", what, coll_last_error());
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -118,11 +118,6 @@ static long compare_results(struct ctx *x, int count)
     for (size_t i = 0; i < k; i++)
         wrong += a[i] != b[i];
     return wrong;
-}
-
-static double cpu_us(const struct rusage *u)
-{
-    return bench_ru_cpu_us(u);
 }
 
 int main(int argc, char **argv)
@@ -238,9 +233,8 @@ int main(int argc, char **argv)
         MPI_Bcast(plan, 3, MPI_LONG, 0, MPI_COMM_WORLD);
         double t[2] = {0, 0};
         long ops[2] = {0, 0};
-        struct rusage ru_sum[2];
-        memset(ru_sum, 0, sizeof ru_sum);
-        double ru_cpu[2] = {0, 0};
+        long sleeps[2] = {0, 0}, preempted[2] = {0, 0};
+        double cpu[2] = {0, 0};
         for (long b = 0; b < plan[2]; b++) {
             for (int s = 0; s < 2; s++) {
                 /* coll mpi, mpi coll, coll mpi, ... from -m's */
@@ -255,23 +249,17 @@ int main(int argc, char **argv)
                 t[sys] += MPI_Wtime() - t0;
                 getrusage(RUSAGE_SELF, &u1);
                 ops[sys] += plan[sys];
-                ru_sum[sys].ru_nvcsw += u1.ru_nvcsw - u0.ru_nvcsw;
-                ru_sum[sys].ru_nivcsw += u1.ru_nivcsw - u0.ru_nivcsw;
-                ru_cpu[sys] += cpu_us(&u1) - cpu_us(&u0);
+                sleeps[sys] += u1.ru_nvcsw - u0.ru_nvcsw;
+                preempted[sys] += u1.ru_nivcsw - u0.ru_nivcsw;
+                cpu[sys] += bench_ru_cpu_us(&u1) - bench_ru_cpu_us(&u0);
             }
         }
         long wrong = compare_results(&x, count);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-        const char *e = getenv("BENCH_RUSAGE");
-        if (e && *e == '1') {
+        if (bench_ru_wanted()) {
             for (int sys = 0; sys < 2; sys++)
-                fprintf(stderr,
-                        "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f "
-                        "cpu_us/op %.3f\n",
-                        sys_names[sys], x.rank, bytes, ops[sys],
-                        (double)ru_sum[sys].ru_nvcsw / (double)ops[sys],
-                        (double)ru_sum[sys].ru_nivcsw / (double)ops[sys],
-                        ru_cpu[sys] / (double)ops[sys]);
+                bench_ru_line(sys_names[sys], x.rank, bytes, ops[sys], sleeps[sys], preempted[sys],
+                              cpu[sys]);
             fflush(stderr);
         }
         MPI_Barrier(MPI_COMM_WORLD); /* the #rusage lines before rank 0's table */
