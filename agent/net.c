@@ -389,6 +389,7 @@ int net_lend(struct net *n, int group, struct wire_lease_words *words, struct ne
             out->seq = g->ops_done;
             out->nodes = g->nodes;
             out->me = g->me;
+            out->own_cpus = !g->cpu_shared;
         }
     }
     pthread_mutex_unlock(&n->coll_lock);
@@ -702,6 +703,27 @@ static int sodium_ready(char *why, size_t whylen)
     return 0;
 }
 
+/* Where this pod runs (rdv_wire.h: struct rdv_place): the host by its boot id, which
+ * every container of one kernel reads alike, and the CPUs the agent may run on, which
+ * stand for the pod's (its application's spins run there or on CPUs of their own).
+ * What cannot be read is left 0: not known, which the coordinator takes as shared. */
+static void net_place(struct rdv_place *p)
+{
+    memset(p, 0, sizeof(*p));
+    char id[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (!fgets(id, sizeof(id), f)) id[0] = '\0';
+        fclose(f);
+    }
+    size_t len = strcspn(id, "\n");
+    if (len) p->host = rdv_fnv1a(id, len, RDV_FNV_INIT) | 1; /* never 0, the unknown */
+    cpu_set_t mask;
+    if (coll_affinity(&mask) == 0)
+        for (int c = 0; c < RDV_CPUS_BYTES * 8 && c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &mask)) p->cpus[c / 8] |= (uint8_t)(1u << (c % 8));
+}
+
 struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_commid_fn commid,
                       struct spin_gate *gate, char *why, size_t whylen)
 {
@@ -730,6 +752,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
     }
     n->cfg = cfg;
     n->commid = commid;
+    net_place(&n->place);
     n->lfd = n->in_efd = n->out_efd = n->engine_fd = n->knock_efd = -1;
     pthread_mutex_init(&n->in_lock, NULL);
     pthread_mutex_init(&n->out_lock, NULL);

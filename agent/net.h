@@ -119,6 +119,7 @@ struct net_lease {
     uint32_t has_prev, run; /* the broadcast-ack state (tcp.h) */
     uint8_t prev[TCP_ACKS_STATE];
     uint16_t stash_len[WIRE_STASH_NODES]; /* what was read ahead, by node (in stash_out) */
+    int own_cpus; /* no other pod of the group may run on this pod's CPUs (rdv_wire.h) */
 };
 /* Lend group's connections: 0 (out filled, and what was read ahead of them moved to
  * stash_out), COLL_ERR_BUSY (not formed, an op under way or acks owed: ask again later;

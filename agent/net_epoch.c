@@ -57,8 +57,9 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     memcpy(g->commid, c->commid, sizeof(g->commid));
     memcpy(g->secret, c->secret, sizeof(g->secret));
     memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
-    log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d", g->cfg->name,
-            c->h.epoch, g->nodes, g->me);
+    g->cpu_shared = (c->members[g->me].flags & RDV_MEMBER_CPU_SHARED) != 0;
+    log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d cpu_shared=%d",
+            g->cfg->name, c->h.epoch, g->nodes, g->me, g->cpu_shared);
     char why[160];
     if (dataconn_open(n, g, why, sizeof(why)) < 0)
         net_epoch_end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
@@ -131,7 +132,8 @@ void net_epoch_group_init(struct net *n, struct ngroup *g)
                                      .heartbeat_ms = g->cfg->heartbeat_ms,
                                      .join_ms = g->cfg->join_timeout_ms,
                                      .gpu = g->gpu,
-                                     .limit = &n->lim_reject};
+                                     .limit = &n->lim_reject,
+                                     .place = n->place};
     struct rendezvous_io io = {.ctx = g,
                                .send = io_send,
                                .commit = io_commit,

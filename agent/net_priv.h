@@ -116,6 +116,7 @@ struct ngroup {
     uint8_t commid[RDV_COMMID_BYTES];
     uint8_t secret[RDV_SECRET_BYTES]; /* the committed epoch's data-plane secret */
     struct rdv_member members[RDV_MAX_NODES];
+    int cpu_shared; /* the commit's RDV_MEMBER_CPU_SHARED for this pod */
     /* data connections */
     struct outgoing og[DATA_CH_COUNT * RDV_MAX_NODES];
     int nog;
@@ -174,6 +175,7 @@ struct net {
     int hb_ms;              /* the shortest heartbeat_ms of the groups (sockets' keepalive) */
     int cc_warned;          /* node.tcp_congestion could not be set (logged once) */
     char uid[RDV_NAME_MAX]; /* node.uid, else a random id of this process: JOIN's identity */
+    struct rdv_place place; /* where this pod runs, for JOIN (net_place) */
     struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
     int ngroups;
     /* engine -> net, guarded by in_lock */

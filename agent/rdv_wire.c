@@ -41,6 +41,67 @@ static size_t commit_size(uint32_t nodes)
     return offsetof(struct rdv_commit, members) + (size_t)nodes * sizeof(struct rdv_member);
 }
 
+struct host_of {
+    uint64_t host;
+    int i;
+};
+
+static int by_host(const void *a, const void *b)
+{
+    const struct host_of *x = a, *y = b;
+    if (x->host != y->host) return x->host < y->host ? -1 : 1;
+    return x->i - y->i;
+}
+
+static int place_has_cpus(const struct rdv_place *p)
+{
+    for (int b = 0; b < RDV_CPUS_BYTES; b++)
+        if (p->cpus[b]) return 1;
+    return 0;
+}
+
+int rdv_mark_shared(const struct rdv_place *place, int n, uint16_t *flags)
+{
+    struct host_of *h = n > 0 ? malloc((size_t)n * sizeof(*h)) : NULL;
+    uint16_t *cnt = calloc(RDV_CPUS_BYTES * 8, sizeof(*cnt));
+    int anywhere = 0; /* a pod that does not know its host may be on any */
+    for (int i = 0; i < n; i++) {
+        flags[i] |= RDV_MEMBER_CPU_SHARED;
+        if (!place[i].host) anywhere = 1;
+    }
+    if (!h || !cnt || anywhere) {
+        free(h);
+        free(cnt);
+        return h && cnt ? 0 : -1;
+    }
+    for (int i = 0; i < n; i++)
+        h[i] = (struct host_of){place[i].host, i};
+    qsort(h, (size_t)n, sizeof(*h), by_host);
+    for (int a = 0, b; a < n; a = b) {
+        for (b = a; b < n && h[b].host == h[a].host; b++)
+            ;
+        /* pods a..b-1 share a host: count, per CPU, the pods that may run on it (one
+         * that does not say may run on any); n <= RDV_MAX_NODES fits the counters */
+        memset(cnt, 0, RDV_CPUS_BYTES * 8 * sizeof(*cnt));
+        for (int k = a; k < b; k++) {
+            const struct rdv_place *p = &place[h[k].i];
+            int all = !place_has_cpus(p);
+            for (int c = 0; c < RDV_CPUS_BYTES * 8; c++)
+                if (all || (p->cpus[c / 8] >> (c % 8) & 1)) cnt[c]++;
+        }
+        for (int k = a; k < b; k++) {
+            const struct rdv_place *p = &place[h[k].i];
+            int all = !place_has_cpus(p), shared = 0;
+            for (int c = 0; c < RDV_CPUS_BYTES * 8 && !shared; c++)
+                if ((all || (p->cpus[c / 8] >> (c % 8) & 1)) && cnt[c] > 1) shared = 1;
+            if (!shared) flags[h[k].i] &= (uint16_t)~RDV_MEMBER_CPU_SHARED;
+        }
+    }
+    free(h);
+    free(cnt);
+    return 0;
+}
+
 void rdv_member_addr(const struct rdv_member *m, char *out, size_t cap)
 {
     struct in_addr a = {.s_addr = m->ip};
@@ -155,9 +216,12 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         break;
     case RDV_COMMIT:
         for (uint32_t i = 0; i < out->commit.nodes; i++)
-            if (!out->commit.members[i].ip || !out->commit.members[i].port ||
-                out->commit.members[i].pad) {
+            if (!out->commit.members[i].ip || !out->commit.members[i].port) {
                 snprintf(why, whylen, "COMMIT: member %u has no data address", i);
+                return -1;
+            } else if (out->commit.members[i].flags & ~RDV_MEMBER_FLAGS_KNOWN) {
+                snprintf(why, whylen, "COMMIT: member %u has unknown flags 0x%x", i,
+                         out->commit.members[i].flags);
                 return -1;
             }
         break;

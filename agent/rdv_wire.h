@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 5
+#define RDV_VERSION 6
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 4096 /* pods in a group; members is bounded by config */
@@ -20,6 +20,7 @@
 #define RDV_COMMID_BYTES 128 /* an NCCL unique id */
 #define RDV_SECRET_BYTES 32  /* the epoch's data-plane secret */
 #define RDV_FRAME_MAX 65536  /* ZMQ_MAXMSGSIZE: larger frames are refused by ZeroMQ unread */
+#define RDV_CPUS_BYTES 128   /* a pod's CPU set in JOIN: CPUs 0-1023 */
 
 enum rdv_type {
     RDV_JOIN = 1,  /* member -> coordinator */
@@ -40,6 +41,18 @@ struct rdv_hdr {
     char group[RDV_NAME_MAX];
 };
 
+/*
+ * Where a pod runs, in JOIN, so that the coordinator can tell every pod whether another
+ * pod of the group may want the same CPUs (struct rdv_member's flags): its host (a hash
+ * of the kernel's boot id, the same in every container of one machine and different on
+ * every other; 0: not known) and the CPUs its agent may run on (bit c of cpus[c / 8]:
+ * CPU c; none set: not known). A pod that does not say is taken to share.
+ */
+struct rdv_place {
+    uint64_t host;
+    uint8_t cpus[RDV_CPUS_BYTES];
+};
+
 struct rdv_join {
     struct rdv_hdr h;
     uint64_t config_hash;
@@ -50,15 +63,23 @@ struct rdv_join {
     char pod[RDV_NAME_MAX];
     char data_addr[RDV_ADDR_MAX]; /* "ip:port" of its data-plane listener */
     char uid[RDV_NAME_MAX];       /* the pod's UID, else a random id per agent process */
+    struct rdv_place place;
 };
 
 /* A member's data-plane address in COMMIT: 8 bytes, so that a table of 4096 members is
  * 32 KiB (names stay with the coordinator, which logs them). */
 struct rdv_member {
-    uint32_t ip;   /* IPv4, network order */
-    uint16_t port; /* host order */
-    uint16_t pad;
+    uint32_t ip;    /* IPv4, network order */
+    uint16_t port;  /* host order */
+    uint16_t flags; /* RDV_MEMBER_* */
 };
+/* Another pod of the group may run on this one's CPUs (same host, CPU sets that meet),
+ * or one of the two did not say where it runs: a wait for a peer's bytes that spins
+ * may keep a pod it waits for off the CPU, and the waiter must learn when to stop
+ * (libcoll/src/spin.h). Without it, its spin only takes CPU time from work outside the
+ * group, as an MPI rank's busy wait does. */
+#define RDV_MEMBER_CPU_SHARED 1u
+#define RDV_MEMBER_FLAGS_KNOWN RDV_MEMBER_CPU_SHARED
 
 struct rdv_commit {
     struct rdv_hdr h;
@@ -102,6 +123,12 @@ union rdv_msg {
     struct rdv_heartbeat heartbeat;
     struct rdv_abort abort;
 };
+
+/* The coordinator's RDV_MEMBER_CPU_SHARED for n pods that are where place[i] says:
+ * flags[i] gets the bit where pod i's place is not known or it meets another pod's on
+ * the same host, and loses it otherwise. O(n log n + n * RDV_CPUS_BYTES * 8); 0, or -1
+ * out of memory (then every pod is marked shared). */
+int rdv_mark_shared(const struct rdv_place *place, int n, uint16_t *flags);
 
 /* "ip:port" of m into out. */
 void rdv_member_addr(const struct rdv_member *m, char *out, size_t cap);

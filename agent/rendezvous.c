@@ -6,6 +6,7 @@
 #include "rendezvous.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coll/coll.h"
@@ -28,6 +29,7 @@ void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
     s->hb_ns = (int64_t)st->heartbeat_ms * NS_PER_MS;
     s->join_ns = (int64_t)st->join_ms * NS_PER_MS;
     s->limit = st->limit;
+    s->place = st->place;
     s->io = *io;
 }
 
@@ -48,6 +50,7 @@ static void send_join(struct rendezvous *s, int64_t now)
     snprintf(m.join.pod, sizeof(m.join.pod), "%s", s->pod);
     snprintf(m.join.data_addr, sizeof(m.join.data_addr), "%s", s->data_addr);
     snprintf(m.join.uid, sizeof(m.join.uid), "%s", s->uid);
+    m.join.place = s->place;
     send_to(s, NULL, &m);
     s->next_join = now + s->hb_ns;
     s->join_unanswered = 1;
@@ -144,6 +147,21 @@ static void coord_commit(struct rendezvous *s, int64_t now)
     rdv_member_set(&m.commit.members[0], s->data_addr);
     for (int i = 1; i < s->nodes; i++)
         rdv_member_set(&m.commit.members[i], s->peers[i].join.data_addr);
+    /* which pods may want each other's CPUs (out of memory: all, the safe answer) */
+    uint16_t *flags = malloc((size_t)s->nodes * sizeof(*flags));
+    struct rdv_place *place = malloc((size_t)s->nodes * sizeof(*place));
+    if (flags && place) {
+        place[0] = s->place;
+        for (int i = 1; i < s->nodes; i++)
+            place[i] = s->peers[i].join.place;
+        for (int i = 0; i < s->nodes; i++)
+            flags[i] = 0;
+        rdv_mark_shared(place, s->nodes, flags);
+    }
+    for (int i = 0; i < s->nodes; i++)
+        m.commit.members[i].flags = flags && place ? flags[i] : RDV_MEMBER_CPU_SHARED;
+    free(flags);
+    free(place);
     if (s->gpu && s->io.commid) {
         /* only the coordinator makes the id, once per epoch */
         char why[160];

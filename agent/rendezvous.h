@@ -58,6 +58,7 @@ struct rendezvous_settings {
     int heartbeat_ms, join_ms;
     int gpu;                 /* commits carry a communicator id */
     struct log_limit *limit; /* for the coordinator's refusals; may be NULL */
+    struct rdv_place place;  /* where this pod runs (rdv_wire.h); zeroed: not known */
 };
 
 struct rdv_peer {
@@ -76,6 +77,7 @@ struct rendezvous {
     uint64_t config_hash;
     int64_t hb_ns, join_ns;
     struct log_limit *limit;
+    struct rdv_place place;
     struct rendezvous_io io;
     /* state */
     uint32_t epoch;       /* committed epoch, or the last one (0: never) */

@@ -356,6 +356,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     _Static_assert(sizeof(m.lease_ok.prev) == sizeof(l.prev), "the ack state travels whole");
     memcpy(m.lease_ok.prev, l.prev, sizeof(l.prev));
     m.lease_ok.lease_void = atomic_load_explicit(&s->shm->lease_void, memory_order_relaxed);
+    m.lease_ok.flags = l.own_cpus ? WIRE_LEASE_F_OWN_CPUS : 0;
     memcpy(m.lease_ok.stash_len, l.stash_len, sizeof(l.stash_len));
     /* before the reply: the client may count its first direct op before we look again */
     group_direct_follow(g, s, q->handle);

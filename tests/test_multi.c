@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1196,6 +1197,111 @@ static void read_ahead_travels_with_the_lease(void **state)
                 group_stat(&a[1], "read_ahead_back=") + group_stat(&a[1], "read_ahead_lent=") > 0);
     }
     member_agent = NULL;
+}
+
+/* ---- where pods run (rdv_wire.h: RDV_MEMBER_CPU_SHARED) ------------------------------ */
+
+struct placed {
+    const char *sock;
+    int cpu;         /* the rank pins itself here, beside its agent */
+    int delay_us;    /* sleep this long before each op */
+    const char *out; /* rank 0 writes the CPU time its measured ops took (us) here */
+};
+
+#define PLACED_WARM 10
+#define PLACED_OPS 40
+
+/* 8-byte allreduces, direct; rank 1 comes late to every one, so rank 0 waits for its
+ * bytes each time, and its CPU time over the measured ops says how long it spun. */
+static int placed_main(void *arg)
+{
+    const struct placed *o = arg;
+    if (pin_to_cpu(o->cpu) != 0) return 170;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    if (coll_group_wait(g, 10000) != COLL_OK) return 171;
+    int32_t *x = mem;
+    struct rusage r0 = {0}, r1;
+    for (int k = 0; k < PLACED_WARM + PLACED_OPS; k++) {
+        if (k == PLACED_WARM) getrusage(RUSAGE_SELF, &r0);
+        if (o->delay_us) usleep((useconds_t)o->delay_us);
+        x[0] = k;
+        x[1] = info.rank;
+        coll_request q;
+        coll_err e = mix_wait(c, coll_allreduce(g, x, x + 2, 2, COLL_INT32, COLL_SUM, NULL, &q), q);
+        if (e) return mix_fail(info.rank, "allreduce", e);
+        if (x[2] != 2 * k || x[3] != 1) return 172;
+    }
+    getrusage(RUSAGE_SELF, &r1);
+    if (o->out) {
+        long us =
+            (r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) *
+                1000000L +
+            (r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec);
+        FILE *f = fopen(o->out, "w");
+        if (!f) return 173;
+        fprintf(f, "%ld\n", us);
+        fclose(f);
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* Two pods whose agents (and applications) run on CPUs of their own are told so at
+ * the commit (cpu_shared=0), and a direct op's wait then spins its whole budget
+ * (TCP_SPIN_MAX_NS) before it sleeps, every time: next to other work a learnt spin
+ * falls to zero and each sleep hands that work the CPU. Two pods on one CPU are told
+ * they share it, and their waits learn to sleep at once, which lets the pod they wait
+ * for run. Measured by rank 0's CPU time while it waits 40 times for a late peer. */
+static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
+{
+    (void)state;
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+        fprintf(stderr, "skipped: needs 2 CPUs to place two pods apart\n");
+        skip();
+    }
+    cpu_set_t old;
+    assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+    if (!CPU_ISSET(0, &old) || !CPU_ISSET(1, &old)) {
+        fprintf(stderr, "skipped: this process may not run on CPUs 0 and 1\n");
+        skip();
+    }
+    long cpu_us[2];
+    member_agent = "  direct_ops: true\n";
+    for (int apart = 1; apart >= 0; apart--) {
+        struct agent a[2];
+        int port = free_port();
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(pin_to_cpu(apart ? i : 0), 0); /* the agent inherits it */
+            assert_int_equal(start_member(&a[i], port, i, 2, 1, NULL), 0);
+        }
+        assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+        for (int i = 0; i < 2; i++)
+            assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
+        char out[128];
+        tmp_path(out, sizeof(out), "placed", apart);
+        struct placed jobs[2] = {{a[0].sock, 0, 0, out}, {a[1].sock, apart ? 1 : 0, 2000, NULL}};
+        run_ranks(placed_main, jobs, sizeof(jobs[0]), 2, 60000);
+        stop_all(a, 2);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(agent_log_number(&a[i], "rendezvous.commit", "cpu_shared"), !apart);
+        FILE *f = fopen(out, "r");
+        assert_non_null(f);
+        assert_int_equal(fscanf(f, "%ld", &cpu_us[apart]), 1);
+        fclose(f);
+        unlink(out);
+        assert_true(group_stat(&a[0], "direct=") >= PLACED_OPS);
+    }
+    member_agent = NULL;
+    fprintf(stderr, "rank 0's CPU time over %d waits: apart %ld us, on one CPU %ld us\n",
+            PLACED_OPS, cpu_us[1], cpu_us[0]);
+    /* apart, over what the same waits cost on one CPU (their calls): at least half of
+     * 40 spins of 200 us (a learnt spin is at zero after the 10 warm-up waits) */
+    assert_true(cpu_us[1] - cpu_us[0] >= PLACED_OPS * (TCP_SPIN_MAX_NS / 1000) / 2);
 }
 
 struct lost {
@@ -2653,6 +2759,7 @@ int main(void)
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
         cmocka_unit_test(every_op_runs_in_the_application_with_direct_all),
         cmocka_unit_test(read_ahead_travels_with_the_lease),
+        cmocka_unit_test(pods_on_cpus_of_their_own_hold_their_spin),
         cmocka_unit_test(a_direct_op_ends_retryably_when_a_pod_dies),
         cmocka_unit_test(a_late_pod_finishes_its_direct_op_when_others_leave),
         cmocka_unit_test(mismatched_configs_are_rejected),

@@ -50,6 +50,7 @@ static int nbus;
 static int64_t now;
 static uint64_t config_hash = 42;
 static uint32_t rnd = 1;
+static struct rdv_place places[MAX_NODES]; /* where each slot's pod says it runs */
 
 static void id_of(const struct node *x, char *id, size_t cap)
 {
@@ -133,7 +134,8 @@ static void start_node_as(int i, int me, int nodes_total, uint64_t hash)
                                      .nlocal = 1,
                                      .config_hash = hash,
                                      .heartbeat_ms = HB_MS,
-                                     .join_ms = JOIN_MS};
+                                     .join_ms = JOIN_MS,
+                                     .place = places[i]};
     struct rendezvous_io io = {
         .ctx = x, .send = io_send, .commit = io_commit, .end = io_end, .random = io_random};
     rendezvous_init(&x->sm, &st, &io);
@@ -515,6 +517,111 @@ static void forged_and_replayed_leaves_change_nothing(void **state)
     assert_non_null(strstr(why, "without a pod UID"));
 }
 
+/* ---- where pods run ------------------------------------------------------------------ */
+
+static struct rdv_place at(uint64_t host, const int *cpus, int ncpus)
+{
+    struct rdv_place p = {.host = host};
+    for (int k = 0; k < ncpus; k++)
+        p.cpus[cpus[k] / 8] |= (uint8_t)(1u << (cpus[k] % 8));
+    return p;
+}
+
+static int shared(const struct rdv_place *p, int n, int i)
+{
+    uint16_t flags[8] = {0};
+    assert_int_equal(rdv_mark_shared(p, n, flags), 0);
+    for (int k = 0; k < n; k++)
+        assert_int_equal(flags[k] & ~RDV_MEMBER_FLAGS_KNOWN, 0);
+    return (flags[i] & RDV_MEMBER_CPU_SHARED) != 0;
+}
+
+/* A pod shares when another one of the group is on its host with CPUs that meet its
+ * own, or when either does not say where it runs (host 0: anywhere; no CPUs: any of
+ * its host's). */
+static void the_coordinator_tells_which_pods_may_share_a_cpu(void **state)
+{
+    (void)state;
+    const int c0[] = {0}, c1[] = {1}, c01[] = {0, 1}, c1023[] = {1023}, c8[] = {8};
+    /* two hosts, the same CPUs: nobody shares */
+    struct rdv_place two_hosts[] = {at(7, c0, 1), at(9, c0, 1)};
+    assert_false(shared(two_hosts, 2, 0));
+    assert_false(shared(two_hosts, 2, 1));
+    /* one host, a CPU each (the benchmark's two pods) */
+    struct rdv_place apart[] = {at(7, c0, 1), at(7, c1, 1)};
+    assert_false(shared(apart, 2, 0));
+    assert_false(shared(apart, 2, 1));
+    /* four pods on two CPUs: every one shares */
+    struct rdv_place four[] = {at(7, c0, 1), at(7, c1, 1), at(7, c0, 1), at(7, c1, 1)};
+    for (int i = 0; i < 4; i++)
+        assert_true(shared(four, 4, i));
+    /* one pod on both CPUs meets both others; a pod on another host meets nobody; the
+     * highest CPU and one past a byte count like any other */
+    struct rdv_place mixed[] = {at(7, c01, 2), at(7, c1, 1), at(5, c1, 1),   at(7, c1023, 1),
+                                at(5, c8, 1),  at(7, c0, 1), at(3, c1023, 1)};
+    assert_true(shared(mixed, 7, 0));
+    assert_true(shared(mixed, 7, 1));
+    assert_false(shared(mixed, 7, 2));
+    assert_false(shared(mixed, 7, 3));
+    assert_false(shared(mixed, 7, 4));
+    assert_true(shared(mixed, 7, 5));
+    assert_false(shared(mixed, 7, 6));
+    /* no CPUs said: any of its host's, so it meets every pod there and no other */
+    struct rdv_place any_cpu[] = {at(7, NULL, 0), at(7, c1023, 1), at(9, c0, 1)};
+    assert_true(shared(any_cpu, 3, 0));
+    assert_true(shared(any_cpu, 3, 1));
+    assert_false(shared(any_cpu, 3, 2));
+    /* a pod that does not know its host may be on anyone's: all share */
+    struct rdv_place nowhere[] = {at(0, c0, 1), at(7, c1, 1), at(9, c1, 1)};
+    for (int i = 0; i < 3; i++)
+        assert_true(shared(nowhere, 3, i));
+    /* one pod alone shares with nobody */
+    assert_false(shared(apart, 1, 0));
+}
+
+/* The flags travel in COMMIT to every member, each pod's the same everywhere, and a
+ * pod that re-forms in another place is told anew. */
+static void each_member_learns_where_the_others_run(void **state)
+{
+    (void)state;
+    const int c0[] = {0}, c1[] = {1}, c2[] = {2};
+    places[0] = at(7, c0, 1);
+    places[1] = at(7, c1, 1);
+    places[2] = at(7, c1, 1);
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(nodes[i].members[0].flags, 0);
+        assert_int_equal(nodes[i].members[1].flags, RDV_MEMBER_CPU_SHARED);
+        assert_int_equal(nodes[i].members[2].flags, RDV_MEMBER_CPU_SHARED);
+    }
+    /* pod 2 comes back on a CPU of its own: nobody shares in the next epoch */
+    places[2] = at(7, c2, 1);
+    nodes[2].gen++;
+    start_node(2, 3, config_hash);
+    run_for(300);
+    assert_formed(2);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            assert_int_equal(nodes[i].members[j].flags, 0);
+    memset(places, 0, sizeof(places));
+    /* a COMMIT with a flag this agent does not know is refused, saying so */
+    union rdv_msg m, out;
+    rdv_init(&m, RDV_COMMIT, "g", 3);
+    m.commit.nodes = 2;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(rdv_member_set(&m.commit.members[i], "10.0.0.1:7000"), 0);
+    m.h.len = (uint32_t)rdv_size(&m);
+    char why[160];
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.commit.members[1].flags = RDV_MEMBER_CPU_SHARED;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.commit.members[1].flags = 4;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "member 1 has unknown flags 0x4"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -529,6 +636,8 @@ int main(void)
         cmocka_unit_test(two_pods_with_one_index_cost_one_epoch),
         cmocka_unit_test(a_leaving_pod_ends_the_epoch_at_once),
         cmocka_unit_test(forged_and_replayed_leaves_change_nothing),
+        cmocka_unit_test(the_coordinator_tells_which_pods_may_share_a_cpu),
+        cmocka_unit_test(each_member_learns_where_the_others_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

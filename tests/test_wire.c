@@ -155,6 +155,20 @@ static void lease_shapes_are_checked(void **state)
         assert_int_equal(decode(&m, m.h.len, &out, err), stash[k].ok ? 0 : -1);
         if (!stash[k].ok) assert_non_null(strstr(err, "bytes read ahead of node"));
     }
+    /* the lease's flags: the one it knows passes, any other bit is refused by name */
+    const uint32_t flags[] = {0, WIRE_LEASE_F_OWN_CPUS, 2, WIRE_LEASE_F_OWN_CPUS | 0x80000000u};
+    for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++) {
+        wire_init(&m, WIRE_LEASE_OK, 1);
+        m.lease_ok.nodes = 2;
+        m.lease_ok.nfds = 2;
+        m.lease_ok.flags = flags[k];
+        int ok = (flags[k] & ~WIRE_LEASE_F_OWN_CPUS) == 0;
+        assert_int_equal(decode(&m, m.h.len, &out, err), ok ? 0 : -1);
+        if (ok)
+            assert_int_equal(out.lease_ok.flags, flags[k]);
+        else
+            assert_non_null(strstr(err, "lease with unknown flags"));
+    }
     const uint32_t back[] = {WIRE_STASH_BYTES, WIRE_STASH_BYTES + 1, 0xffff};
     for (size_t k = 0; k < sizeof(back) / sizeof(back[0]); k++) {
         wire_init(&m, WIRE_LEASE_BACK, 1);

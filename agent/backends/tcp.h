@@ -63,6 +63,13 @@ struct tcp_comm {
     int wake_fd[2];
     int short_spin;          /* tcp_tune_start's choice: spin at most TCP_SPIN_SHORT_NS per wait */
     struct spin_adapt *spin; /* by node index: spin this long for its bytes (NULL: none) */
+    /* no other pod of the group may run on our CPUs (rdv_wire.h, RDV_MEMBER_CPU_SHARED):
+     * with spin set, every wait spins TCP_SPIN_MAX_NS before it sleeps, whatever the
+     * learner says. A spin then holds only work outside the group off our CPU, as an
+     * MPI rank's busy wait does; a learnt spin that halves on every wait that slept
+     * falls to zero next to such work, and each sleep hands it the rest of a slice
+     * (bench/RESULTS.md, "Why coll loses more of its lead under the load") */
+    int spin_hold;
     struct spin_gate *gate;  /* whether a spin may yield (spin.h; NULL: pause only) */
     struct tcp_acks *acks;   /* the epoch's owed acks (tcp_settle); NULL: never deferred */
     struct tcp_stash *stash; /* by node index: read ahead of that node's bytes (NULL: none) */

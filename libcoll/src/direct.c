@@ -47,6 +47,7 @@ struct lc_direct {
     uint32_t void_seen;  /* the region's lease_void when the lease came */
     uint32_t drain_seen; /* ... and our handle's drain word (wire.h: lease_q) */
     int nodes, me;
+    int own_cpus;    /* the lease's WIRE_LEASE_F_OWN_CPUS: waits hold their spin */
     int *fds, *rfds; /* by node index, ours (-1 at me) */
     uint64_t seq;    /* the next op's number in the epoch */
     int64_t op_ns;
@@ -137,6 +138,7 @@ static struct tcp_comm comm_of(struct lc_direct *d, int64_t deadline, int64_t un
                              .nap = until > now_ns() ? nap_here : NULL,
                              .wake_fd = {-1, -1},
                              .spin = d->spin,
+                             .spin_hold = d->own_cpus,
                              .acks = d->acks,
                              .stash = d->stash};
 }
@@ -232,6 +234,7 @@ static void take(coll_group *g)
     }
     d->nodes = (int)l->nodes;
     d->me = (int)l->me;
+    d->own_cpus = (l->flags & WIRE_LEASE_F_OWN_CPUS) != 0;
     _Static_assert(TCP_STASH_BYTES == WIRE_STASH_BYTES, "a stash travels whole");
     for (int p = 0, k = 0; p < d->nodes; p++) {
         /* what the agent read ahead (wire_decode checked the counts) */

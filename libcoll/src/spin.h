@@ -13,7 +13,10 @@
  * exchange takes, so that a producer on another CPU is noticed again) to learn anew.
  * What this cannot see is whom a spin keeps off the CPU while it ends "in time"; the
  * agent's exchanges therefore also measure a short cap against it, per op class
- * (agent/backends/tcp.h).
+ * (agent/backends/tcp.h). Nor can it tell a peer late for want of our CPU from one late
+ * because work outside the group took its own: where the rendezvous says no pod of the
+ * group may run on ours, a direct op's waits spin their whole cap instead
+ * (agent/backends/tcp.h: tcp_comm's spin_hold).
  *
  * Not thread-safe: one waiter per struct spin_adapt.
  *

@@ -153,6 +153,10 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
                      out->lease_ok.nodes, out->lease_ok.me, out->lease_ok.nfds);
             return -1;
         }
+        if (out->lease_ok.flags & ~WIRE_LEASE_F_OWN_CPUS) {
+            snprintf(err, errlen, "lease with unknown flags 0x%x", out->lease_ok.flags);
+            return -1;
+        }
         if (!stash_ok(out->lease_ok.stash_len, out->lease_ok.nodes, out->lease_ok.me, err, errlen))
             return -1;
         break;

@@ -154,9 +154,14 @@ struct wire_lease_ok {
     uint32_t has_prev, run; /* the broadcast-ack state (agent/backends/tcp_priv.h) */
     uint8_t prev[WIRE_LEASE_STATE];
     uint32_t lease_void; /* the session's lease_void word when lent (struct wire_shm) */
-    uint32_t pad;
+    uint32_t flags;      /* WIRE_LEASE_F_* */
     uint16_t stash_len[WIRE_STASH_NODES];
 };
+/* No other pod of the group may run on this pod's CPUs (agent/rdv_wire.h,
+ * RDV_MEMBER_CPU_SHARED): a wait for a pod's bytes may spin its whole budget every time
+ * (agent/backends/tcp.h: tcp_comm's spin_hold). Agents from before the flag leave it 0,
+ * which keeps the learnt spin. */
+#define WIRE_LEASE_F_OWN_CPUS 1u
 
 struct wire_lease_back {
     struct wire_hdr h;
