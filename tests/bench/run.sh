@@ -251,13 +251,15 @@ else
         -o reduce_scatter -L 8,65536 -n 5 -w 4 -T 60 -k 10 -m mpi 2>&1) || fail "pair_bench: $out"
     echo "$out"
     # per size a coll section, then an mpi one: their rows, exact results, the ops of
-    # every block counted, both systems run at least -T's 60 ms (a few ms of slack)
+    # every block counted, both systems run at least half of -T's 60 ms (-T plans from the
+    # warm-up's pace, and a warm-up twice as fast as the run left coll at 30 ms once;
+    # -n 5 alone would be well under 1 ms)
     [ "$(echo "$out" | grep -E '^### pods 2 op reduce_scatter system (coll|mpi)$' | awk '{print $NF}' | tr '\n' ' ')" = "coll mpi coll mpi " ] ||
         fail "pair_bench: not a coll and an mpi section per size"
     echo "$out" | awk '/^### / { sys = $NF; next } /^#pair/ { next }
         $1 ~ /^[0-9]+$/ { n++; if (sys == "coll" && (NF != 9 || $6 != 0)) bad = 1
                           if (sys == "mpi" && NF != 6) bad = 1
-                          if ($3 * $NF < 50000) bad = 1 }
+                          if ($3 * $NF < 25000) bad = 1 }
         END { exit bad || n != 4 }' || fail "pair_bench: a row wrong, inexact or short"
     echo "$out" | awk '/^#pair blocks/ { if ($3 < 2 || $5 < 1 || $7 < 1) bad = 1; n++ } END { exit bad || n != 2 }' ||
         fail "pair_bench: no plan of at least two blocks per size"
@@ -271,5 +273,18 @@ else
     rc=0
     msg=$("${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" -o bogus -L 8 2>&1) || rc=$?
     [ $rc != 0 ] && echo "$msg" | grep -q "usage: pair_bench" || fail "pair_bench -o bogus: exit $rc, $msg"
+    # ab_pair.sh: two builds (here one, twice) against OpenMPI, both loads, one round:
+    # a row per size with both builds' ratios, steady, B/A and sleeps filled in
+    ab=$("$src/bench/ab_pair.sh" -r 1 -o allreduce -s 8,32768 -n 5 -T 40 -k 10 -f "$tmp/ab_raw.txt" \
+        "$build" "$build" 2>&1) || fail "ab_pair.sh: $ab"
+    echo "$ab"
+    [ "$(grep -c '^## round 1 build [AB] load \(quiet\|loaded\) op allreduce$' "$tmp/ab_raw.txt")" = 4 ] ||
+        fail "ab_pair.sh: not both builds under both loads"
+    echo "$ab" | awk -F'|' '$2 ~ /allreduce/ { n++; for (i = 4; i <= 13; i++) if ($i !~ /[0-9]/) bad = 1
+        if ($12 !~ /^ *[0-9.]+\/[0-9.]+ *$/ || $13 !~ /^ *[0-9.]+\/[0-9.]+ *$/) bad = 1 }
+        END { exit bad || n != 2 }' || fail "ab_pair.sh: not a full row for each of 8 and 32768 bytes"
+    pgrep -f 'coll-abpair-.*loadgen' >/dev/null && fail "ab_pair.sh left its load running"
+    msg=$("$src/bench/ab_pair.sh" -D bogus "$build" "$build" 2>&1) && fail "ab_pair.sh -D bogus ran"
+    echo "$msg" | grep -q "takes 0, 1 or all, not 'bogus'" || fail "ab_pair.sh -D bogus: $msg"
 fi
 echo "bench tools: ok"
