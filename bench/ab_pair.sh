@@ -41,12 +41,6 @@ raw=${raw:-$tmp/raw.txt}
 : >"$raw"
 . "$here/agents.sh"
 LOAD_PIDS=() AGENT_PIDS=()
-stop_agents() {
-    local p
-    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    AGENT_PIDS=()
-}
 trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
 build_pair_bench "$tmp/pair_bench" "$A" # libcoll comes from each build (LD_LIBRARY_PATH)
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"

@@ -57,6 +57,14 @@ YAML
     for i in $(seq 0 $((n - 1))); do [ -S "$dir/$i.sock" ] || return 1; done
 }
 
+# stop_agents: end the agents in AGENT_PIDS (and wait for them), and empty it.
+stop_agents() {
+    local p
+    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    AGENT_PIDS=()
+}
+
 # start_load LOADGEN (bench/loadgen.c, built by the caller): the benchmarks' background
 # load, a nice-19 busy loop pinned to every CPU and a normal-priority neighbour busy half
 # of every 10 ms; appends their pids to LOAD_PIDS. stop_load ends them.

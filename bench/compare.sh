@@ -63,12 +63,6 @@ export BENCH_RUSAGE=${BENCH_RUSAGE:-1} # bench_iters.h: where each op's time wen
 tmp=$(mktemp -d /tmp/coll-compare-XXXX)
 . "$here/agents.sh" # start_agents, start_load, stop_load
 LOAD_PIDS=() AGENT_PIDS=()
-stop_agents() {
-    local p
-    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    AGENT_PIDS=()
-}
 trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
 mpicc -O2 -o "$tmp/mpi_bench" "$here/mpi_bench.c"
 [ $pair = 1 ] && build_pair_bench "$tmp/pair_bench" "$build"
