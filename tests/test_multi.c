@@ -1210,6 +1210,7 @@ struct placed {
 
 #define PLACED_WARM 10
 #define PLACED_OPS 40
+#define PLACED_LATE_US 5000 /* rank 1's delay: longer than a held spin */
 
 /* 8-byte allreduces, direct; rank 1 comes late to every one, so rank 0 waits for its
  * bytes each time, and its CPU time over the measured ops says how long it spun. */
@@ -1253,7 +1254,7 @@ static int placed_main(void *arg)
 
 /* Two pods whose agents (and applications) run on CPUs of their own are told so at
  * the commit (cpu_shared=0), and a direct op's wait then spins its whole budget
- * (TCP_SPIN_MAX_NS) before it sleeps, every time: next to other work a learnt spin
+ * (TCP_SPIN_HOLD_NS) before it sleeps, every time: next to other work a learnt spin
  * falls to zero and each sleep hands that work the CPU. Two pods on one CPU are told
  * they share it, and their waits learn to sleep at once, which lets the pod they wait
  * for run. Measured by rank 0's CPU time while it waits 40 times for a late peer. */
@@ -1284,7 +1285,8 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
             assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
         char out[128];
         tmp_path(out, sizeof(out), "placed", apart);
-        struct placed jobs[2] = {{a[0].sock, 0, 0, out}, {a[1].sock, apart ? 1 : 0, 2000, NULL}};
+        struct placed jobs[2] = {{a[0].sock, 0, 0, out},
+                                 {a[1].sock, apart ? 1 : 0, PLACED_LATE_US, NULL}};
         run_ranks(placed_main, jobs, sizeof(jobs[0]), 2, 60000);
         stop_all(a, 2);
         for (int i = 0; i < 2; i++)
@@ -1300,8 +1302,10 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
     fprintf(stderr, "rank 0's CPU time over %d waits: apart %ld us, on one CPU %ld us\n",
             PLACED_OPS, cpu_us[1], cpu_us[0]);
     /* apart, over what the same waits cost on one CPU (their calls): at least half of
-     * 40 spins of 200 us (a learnt spin is at zero after the 10 warm-up waits) */
-    assert_true(cpu_us[1] - cpu_us[0] >= PLACED_OPS * (TCP_SPIN_MAX_NS / 1000) / 2);
+     * 40 held spins (a learnt spin is at zero after the 10 warm-up waits) ... */
+    assert_true(cpu_us[1] - cpu_us[0] >= PLACED_OPS * (TCP_SPIN_HOLD_NS / 1000) / 2);
+    /* ... and the hold ends: each wait then sleeps out the rest of rank 1's delay */
+    assert_true(cpu_us[1] < PLACED_OPS * PLACED_LATE_US * 9 / 10);
 }
 
 struct lost {

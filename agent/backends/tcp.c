@@ -297,7 +297,7 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                 if (b < budget) budget = b;
             }
             if (budget == INT64_MAX) budget = 0;
-            if (c->spin && c->spin_hold) budget = TCP_SPIN_MAX_NS;
+            if (c->spin && c->spin_hold) budget = TCP_SPIN_HOLD_NS;
             /* the short way keeps a pausing spin off a neighbour's CPU time; a yielding
              * one gives it way at every look */
             capped = c->short_spin && budget > TCP_SPIN_SHORT_NS && !spin_yields(c->gate, t);

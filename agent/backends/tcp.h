@@ -64,7 +64,7 @@ struct tcp_comm {
     int short_spin;          /* tcp_tune_start's choice: spin at most TCP_SPIN_SHORT_NS per wait */
     struct spin_adapt *spin; /* by node index: spin this long for its bytes (NULL: none) */
     /* no other pod of the group may run on our CPUs (rdv_wire.h, RDV_MEMBER_CPU_SHARED):
-     * with spin set, every wait spins TCP_SPIN_MAX_NS before it sleeps, whatever the
+     * with spin set, every wait spins TCP_SPIN_HOLD_NS before it sleeps, whatever the
      * learner says. A spin then holds only work outside the group off our CPU, as an
      * MPI rank's busy wait does; a learnt spin that halves on every wait that slept
      * falls to zero next to such work, and each sleep hands it the rest of a slice
@@ -135,6 +135,12 @@ struct tcp_tiny;
 /* spin.h's budgets for a pod's bytes: where each starts, and its cap */
 #define TCP_SPIN_START_NS 50000
 #define TCP_SPIN_MAX_NS 200000
+/* a held spin (tcp_comm.spin_hold): about a scheduler slice. A peer that is late because
+ * a neighbour took its CPU is back within one; a wait that sleeps sooner hands our own
+ * CPU to a neighbour, which then keeps it for the rest of its slice (two pods under
+ * load, 2 MiB reduce_scatter: 0.85 of the quiet ratio holding 200 us, 0.96 holding
+ * 3 ms; bench/RESULTS.md). An MPI rank spins without end. */
+#define TCP_SPIN_HOLD_NS 3000000
 /*
  * spin.h learns per pod how long a wait for its bytes may spin, from whether waits end
  * while spinning; it cannot see whom a spin keeps off the CPU. Where pods share CPUs (4
