@@ -291,13 +291,14 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
         int64_t t = now_ns();
         if (!wait_from) {
             wait_from = t;
-            budget = c->spin ? INT64_MAX : 0;
-            for (int i = 0; c->spin && i < np; i++) {
+            /* a held spin ignores the learners (tcp.h, spin_hold) */
+            int learnt = c->spin && !c->spin_hold;
+            budget = c->spin ? (learnt ? INT64_MAX : TCP_SPIN_HOLD_NS) : 0;
+            for (int i = 0; learnt && i < np; i++) {
                 int64_t b = spin_budget(&c->spin[x[idx[i]].peer]);
                 if (b < budget) budget = b;
             }
             if (budget == INT64_MAX) budget = 0;
-            if (c->spin && c->spin_hold) budget = TCP_SPIN_HOLD_NS;
             /* the short way keeps a pausing spin off a neighbour's CPU time; a yielding
              * one gives it way at every look */
             capped = c->short_spin && budget > TCP_SPIN_SHORT_NS && !spin_yields(c->gate, t);
