@@ -167,6 +167,18 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
                     f == 0 ? ns.rendezvous_s : ns.formation_s);
         }
     }
+    put(&o, "# HELP coll_group_cpu_shared 1 when another pod of the group may run on this pod's "
+            "CPUs, so its host waits learn how long to spin; 0 when none may, so they spin "
+            "through a scheduler slice before sleeping (the last commit's; after the first).\n"
+            "# TYPE coll_group_cpu_shared gauge\n");
+    for (int i = 0; i < in->ngroups; i++) {
+        const struct group *g = &in->groups[i];
+        struct net_group_stats ns;
+        if (g->nodes <= 1 || !g->net) continue;
+        net_group_stats(g->net, g->index, &ns);
+        if (ns.cpu_shared >= 0)
+            put(&o, "coll_group_cpu_shared{group=\"%s\"} %d\n", g->cfg->name, ns.cpu_shared);
+    }
     put(&o, "# HELP coll_ops_path_total Host ops between pods by where they ran: inline (the "
             "engine), handed_over (started there, finished by the net thread), queued, direct "
             "(the application, on lent connections: what its client counts in its region).\n"

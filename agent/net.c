@@ -777,6 +777,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         g->nodes = gc->members;
         g->me = cfg->node.index;
         g->nlocal = gc->local_slots;
+        g->pub_cpu_shared = -1;
         for (int k = 0; k < RDV_MAX_NODES; k++)
             spin_init(&g->spin[k], TCP_SPIN_START_NS);
         g->gpu = gpu_group && gpu_group[i];

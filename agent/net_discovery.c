@@ -126,6 +126,7 @@ void net_group_stats(struct net *n, int index, struct net_group_stats *out)
 {
     memset(out, 0, sizeof(*out));
     out->joined = -1;
+    out->cpu_shared = -1;
     if (!n || index < 0 || index >= n->ngroups || !n->groups[index]) return;
     const struct ngroup *g = n->groups[index];
     pthread_mutex_lock(&n->out_lock);
@@ -133,5 +134,6 @@ void net_group_stats(struct net *n, int index, struct net_group_stats *out)
     out->rendezvous_s = g->rdv_s;
     out->formation_s = g->form_s;
     out->formations = g->formations;
+    out->cpu_shared = g->pub_cpu_shared;
     pthread_mutex_unlock(&n->out_lock);
 }

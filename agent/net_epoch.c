@@ -46,9 +46,6 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     struct ngroup *g = ctx;
     struct net *n = g->net;
     g->commit_ns = now_ns();
-    pthread_mutex_lock(&n->out_lock);
-    g->rdv_s = (double)(g->commit_ns - g->wait_since) / 1e9;
-    pthread_mutex_unlock(&n->out_lock);
     g->ready = 0;
     g->ops_done = 0; /* numbers the ops of this epoch, checked in each op's header */
     tcp_acks_reset(g->acks);
@@ -58,6 +55,10 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     memcpy(g->secret, c->secret, sizeof(g->secret));
     memcpy(g->members, c->members, sizeof(struct rdv_member) * (size_t)g->nodes);
     g->cpu_shared = (c->members[g->me].flags & RDV_MEMBER_CPU_SHARED) != 0;
+    pthread_mutex_lock(&n->out_lock);
+    g->rdv_s = (double)(g->commit_ns - g->wait_since) / 1e9;
+    g->pub_cpu_shared = g->cpu_shared;
+    pthread_mutex_unlock(&n->out_lock);
     log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d cpu_shared=%d",
             g->cfg->name, c->h.epoch, g->nodes, g->me, g->cpu_shared);
     char why[160];

@@ -91,10 +91,12 @@ struct ngroup {
     struct rendezvous rdv;
     char discovery[256]; /* net_discovery.c: what formation waits for; out_lock to read */
     /* for /metrics, written under out_lock: pods joined (coordinator; -1 elsewhere), the
-     * last epoch's rendezvous (waiting to commit) and formation (commit to formed) */
+     * last epoch's rendezvous (waiting to commit) and formation (commit to formed), the
+     * last commit's cpu_shared (-1 before the first) */
     int joined;
     double rdv_s, form_s;
     uint64_t formations;
+    int pub_cpu_shared;
     int64_t wait_since, commit_ns; /* net thread's */
     int ready;                     /* rdv.committed and every data connection is up */
     int awaiting_mark;             /* aborted by the net: hold ops until the engine's mark */

@@ -1253,11 +1253,12 @@ static int placed_main(void *arg)
 }
 
 /* Two pods whose agents (and applications) run on CPUs of their own are told so at
- * the commit (cpu_shared=0), and a direct op's wait then spins its whole budget
- * (TCP_SPIN_HOLD_NS) before it sleeps, every time: next to other work a learnt spin
- * falls to zero and each sleep hands that work the CPU. Two pods on one CPU are told
- * they share it, and their waits learn to sleep at once, which lets the pod they wait
- * for run. Measured by rank 0's CPU time while it waits 40 times for a late peer. */
+ * the commit (cpu_shared=0, and coll_group_cpu_shared 0 in /metrics), and a direct
+ * op's wait then spins its whole budget (TCP_SPIN_HOLD_NS) before it sleeps, every
+ * time: next to other work a learnt spin falls to zero and each sleep hands that work
+ * the CPU. Two pods on one CPU are told they share it, and their waits learn to sleep
+ * at once, which lets the pod they wait for run. Measured by rank 0's CPU time while
+ * it waits 40 times for a late peer. */
 static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
 {
     (void)state;
@@ -1276,13 +1277,28 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
     for (int apart = 1; apart >= 0; apart--) {
         struct agent a[2];
         int port = free_port();
+        char extra[128], url[128], scrape[128], figures[4096];
+        int hport = http_extra(extra, sizeof(extra), port);
         for (int i = 0; i < 2; i++) {
             assert_int_equal(pin_to_cpu(apart ? i : 0), 0); /* the agent inherits it */
-            assert_int_equal(start_member(&a[i], port, i, 2, 1, NULL), 0);
+            assert_int_equal(start_member(&a[i], port, i, 2, 1, i ? NULL : extra), 0);
         }
         assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
         for (int i = 0; i < 2; i++)
             assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
+        /* what the commit said, in /metrics too (the published text is up to 1 s old) */
+        usleep(1200 * 1000);
+        snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+        tmp_path(scrape, sizeof(scrape), "scrape", apart);
+        assert_int_equal(http_get(url, scrape), 200);
+        int parsed = metrics_parse(scrape, figures, sizeof(figures));
+        unlink(scrape);
+        if (parsed == 77) {
+            fprintf(stderr, "coll_group_cpu_shared not checked: %s", figures);
+        } else {
+            assert_int_equal(parsed, 0);
+            assert_int_equal(metric_of(figures, "cpu_shared_g"), !apart);
+        }
         char out[128];
         tmp_path(out, sizeof(out), "placed", apart);
         struct placed jobs[2] = {{a[0].sock, 0, 0, out},
@@ -2645,6 +2661,7 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_true(metric_of(out, "waits_sleep") >= 1 && metric_of(out, "waits_spin") >= 0);
     assert_true(metric_of(out, "formations_g") >= 1);
     assert_int_equal(metric_of(out, "formation_positive_g"), 1);
+    assert_int_equal(metric_of(out, "cpu_shared_g"), 1); /* both pods on every CPU */
     assert_true(metric_of(out, "joined_g") >= 1 && metric_of(out, "joined_g") <= 2);
     /* every allreduce of pod 0 went one of the three ways */
     assert_int_equal(metric_of(out, "path_g_inline") + metric_of(out, "path_g_handed_over") +

@@ -65,6 +65,7 @@ for s in families["coll_engine_waits"].samples:
 out["draining"] = int(families["coll_draining"].samples[0].value)
 for fam, key, label in (("coll_group_members_joined", "joined", None),
                         ("coll_group_formations", "formations", None),
+                        ("coll_group_cpu_shared", "cpu_shared", None),
                         ("coll_ops_path", "path", "path"),
                         ("coll_graph_replays", "graph_replays", None),
                         ("coll_graphs_captured", "graphs_captured", None),
