@@ -74,15 +74,17 @@ static inline double bench_ru_cpu_us(const struct rusage *u)
 }
 
 /* One #rusage line: sys's ops on rank, with their sleeps (voluntary switches),
- * preemptions (involuntary ones) and CPU time, in all. */
+ * preemptions (involuntary ones), CPU time and page faults (minor: memory taken fresh,
+ * which a VM may charge dearly for), in all. */
 static inline void bench_ru_line(const char *sys, int rank, size_t bytes, long ops, long sleeps,
-                                 long preempted, double cpu_us)
+                                 long preempted, double cpu_us, long faults)
 {
     double n = (double)ops;
-    fprintf(
-        stderr,
-        "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f cpu_us/op %.3f\n",
-        sys, rank, bytes, ops, (double)sleeps / n, (double)preempted / n, cpu_us / n);
+    fprintf(stderr,
+            "#rusage %s rank %d bytes %zu ops %ld sleeps/op %.4f preempted/op %.4f cpu_us/op "
+            "%.3f faults/op %.3f\n",
+            sys, rank, bytes, ops, (double)sleeps / n, (double)preempted / n, cpu_us / n,
+            (double)faults / n);
 }
 
 static inline void bench_ru_end(const struct bench_ru *r, const char *sys, int rank, size_t bytes,
@@ -91,7 +93,7 @@ static inline void bench_ru_end(const struct bench_ru *r, const char *sys, int r
     struct rusage u;
     if (!r->on || ops <= 0 || getrusage(RUSAGE_SELF, &u) != 0) return;
     bench_ru_line(sys, rank, bytes, ops, u.ru_nvcsw - r->u.ru_nvcsw, u.ru_nivcsw - r->u.ru_nivcsw,
-                  bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u));
+                  bench_ru_cpu_us(&u) - bench_ru_cpu_us(&r->u), u.ru_minflt - r->u.ru_minflt);
 }
 
 /* -O PREFIX: each rank writes the time of every op of a size's timed loop (us, one per

@@ -54,12 +54,13 @@ for line in open(out + "/raw.txt"):
         pods, op, sysname = int(m.group(1)), m.group(2), m.group(3)
         continue
     m = re.match(r"#rusage (\S+) rank (\d+) bytes (\d+) ops (\d+) sleeps/op (\S+) "
-                 r"preempted/op (\S+) cpu_us/op (\S+)", line)
+                 r"preempted/op (\S+) cpu_us/op (\S+)(?: faults/op (\S+))?", line)
     if m and pods:
         rus.append(dict(round=rnd, load=load, pods=pods, op=op, system=m.group(1),
                         rank=int(m.group(2)), bytes=int(m.group(3)), ops=int(m.group(4)),
                         sleeps=float(m.group(5)), preempted=float(m.group(6)),
-                        cpu_us=float(m.group(7))))
+                        cpu_us=float(m.group(7)),
+                        faults=float(m.group(8)) if m.group(8) else None))
         continue
     f = line.split()
     if sysname and len(f) >= 5 and f[0].isdigit() and not line.startswith("#"):
@@ -121,6 +122,25 @@ def steady(pods, op, b, ref):
         if all(x and x["time_us"] > 0 for x in rq):
             per.append((rq[3]["time_us"] / rq[2]["time_us"]) / (rq[1]["time_us"] / rq[0]["time_us"]))
     return (statistics.median(per) if per else None), per
+
+
+ru_by = collections.defaultdict(lambda: collections.defaultdict(list))
+for x in rus:
+    ru_by[(x["load"], x["pods"], x["op"], x["bytes"], x["system"])][x["round"]].append(x)
+
+
+def ru_med(key, field):
+    per_round = [statistics.mean(f) for f in
+                 ([x[field] for x in v if x[field] is not None] for v in ru_by[key].values()) if f]
+    return statistics.median(per_round) if per_round else None
+
+
+def faults_note(pods, op, b, ref):
+    """Page faults per op and rank of coll and ref, quiet, where the raw has them."""
+    f = [ru_med((loads[0], pods, op, b, x), "faults") for x in ("coll", ref)]
+    if f[0] is None or f[1] is None:
+        return ""
+    return f"; page faults per op and rank, quiet: coll {f[0]:.1f}, {ref} {f[1]:.1f}"
 
 
 probes = [r["probe_us"] for r in rows if r["probe_us"] is not None]
@@ -307,7 +327,7 @@ for ref in refs:
                                 f"{rounds_note(sts, 0.9)}{far_note(pods, op, b, ref)}; speed kept "
                                 f"under load: coll {keep[0]:.2f}, {ref} {keep[1]:.2f}{floor}; "
                                 f"time the load added per op: coll {fmt_add(add[0])}, "
-                                f"{ref} {fmt_add(add[1])})")
+                                f"{ref} {fmt_add(add[1])}{faults_note(pods, op, b, ref)})")
                         # coll lost no more than work that needs all of its CPU: it is
                         # CPU-bound, and the load takes what it takes from any such work
                         # (the reference, slower, waited more than it worked)
@@ -321,16 +341,6 @@ for ref in refs:
 # sleeps (voluntary switches) and preemptions (involuntary ones), medians over rounds;
 # off-CPU = the op's time less the CPU time: what the rank spent neither running nor
 # (mostly, with few sleeps) asleep by choice, i.e. waiting for a CPU the load held
-ru_by = collections.defaultdict(lambda: collections.defaultdict(list))
-for x in rus:
-    ru_by[(x["load"], x["pods"], x["op"], x["bytes"], x["system"])][x["round"]].append(x)
-
-
-def ru_med(key, field):
-    per_round = [statistics.mean(x[field] for x in v) for v in ru_by[key].values()]
-    return statistics.median(per_round) if per_round else None
-
-
 small = [b for b in sizes if b <= 32768]
 if rus and small:
     lines += ["## Where a small op's time went", "",
@@ -354,6 +364,23 @@ if rus and small:
                                      f"{t:.2f} | {cpu:.2f} | {t - cpu:.2f} | "
                                      f"{ru_med(key, 'sleeps'):.3f} | "
                                      f"{ru_med(key, 'preempted'):.4f} |")
+    lines.append("")
+big = [b for b in sizes if b >= 262144]
+if big and any(x["faults"] is not None for x in rus):
+    lines += ["## Page faults of a large op", "",
+              "Minor page faults per op and rank (memory an op takes fresh: a system that "
+              "allocates its temporary buffers per call faults on every op, which some VMs "
+              "charge dearly for), mean over ranks, median over rounds, quiet / loaded.", "",
+              "| pods | op | size | " + " | ".join(systems) + " |",
+              "|---|---|---|" + "---|" * len(systems)]
+    for pods in podss:
+        for op in ops:
+            for b in big:
+                cells = []
+                for sname in systems:
+                    f = [ru_med((ld, pods, op, b, sname), "faults") for ld in loads]
+                    cells.append(" / ".join("-" if x is None else f"{x:.1f}" for x in f))
+                lines.append(f"| {pods} | {op} | {fmt_size(b)} | " + " | ".join(cells) + " |")
     lines.append("")
 wrong = [r for r in rows if r["wrong"]]
 lines.append("## Targets")

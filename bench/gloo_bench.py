@@ -71,8 +71,10 @@ for size in sizes:
             ru = resource.getrusage(resource.RUSAGE_SELF)
             cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
             print("#rusage gloo rank %d bytes %d ops %d sleeps/op %.4f preempted/op %.4f "
-                  "cpu_us/op %.3f" % (rank, size, iters, (ru.ru_nvcsw - ru0.ru_nvcsw) / iters,
-                                      (ru.ru_nivcsw - ru0.ru_nivcsw) / iters, cpu * 1e6 / iters),
+                  "cpu_us/op %.3f faults/op %.3f"
+                  % (rank, size, iters, (ru.ru_nvcsw - ru0.ru_nvcsw) / iters,
+                     (ru.ru_nivcsw - ru0.ru_nivcsw) / iters, cpu * 1e6 / iters,
+                     (ru.ru_minflt - ru0.ru_minflt) / iters),
                   file=sys.stderr, flush=True)
     except RuntimeError as e:
         if rank == 0:

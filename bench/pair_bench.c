@@ -233,7 +233,7 @@ int main(int argc, char **argv)
         MPI_Bcast(plan, 3, MPI_LONG, 0, MPI_COMM_WORLD);
         double t[2] = {0, 0};
         long ops[2] = {0, 0};
-        long sleeps[2] = {0, 0}, preempted[2] = {0, 0};
+        long sleeps[2] = {0, 0}, preempted[2] = {0, 0}, faults[2] = {0, 0};
         double cpu[2] = {0, 0};
         for (long b = 0; b < plan[2]; b++) {
             for (int s = 0; s < 2; s++) {
@@ -251,6 +251,7 @@ int main(int argc, char **argv)
                 ops[sys] += plan[sys];
                 sleeps[sys] += u1.ru_nvcsw - u0.ru_nvcsw;
                 preempted[sys] += u1.ru_nivcsw - u0.ru_nivcsw;
+                faults[sys] += u1.ru_minflt - u0.ru_minflt;
                 cpu[sys] += bench_ru_cpu_us(&u1) - bench_ru_cpu_us(&u0);
             }
         }
@@ -259,7 +260,7 @@ int main(int argc, char **argv)
         if (bench_ru_wanted()) {
             for (int sys = 0; sys < 2; sys++)
                 bench_ru_line(sys_names[sys], x.rank, bytes, ops[sys], sleeps[sys], preempted[sys],
-                              cpu[sys]);
+                              cpu[sys], faults[sys]);
             fflush(stderr);
         }
         MPI_Barrier(MPI_COMM_WORLD); /* the #rusage lines before rank 0's table */

@@ -36,9 +36,9 @@ echo "$rows" | awk '{ if ($NF <= 5 || $NF * $3 < 30000) exit 1 }' ||
 err=$(BENCH_RUSAGE=1 timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce \
     -L 8,4096 -n 50 -w 5 -c 1 2>&1 >/dev/null)
 echo "$err"
-[ "$(echo "$err" | grep -cE '^#rusage coll rank [01] bytes (8|4096) ops 50 sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+$')" = 4 ] ||
+[ "$(echo "$err" | grep -cE '^#rusage coll rank [01] bytes (8|4096) ops 50 sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+ faults/op [0-9.]+$')" = 4 ] ||
     fail "BENCH_RUSAGE: not one line per rank and size"
-echo "$err" | awk '/^#rusage/ { if ($NF + 0 <= 0) exit 1 }' || fail "BENCH_RUSAGE: no CPU time"
+echo "$err" | awk '/^#rusage/ { if ($(NF - 2) + 0 <= 0) exit 1 }' || fail "BENCH_RUSAGE: no CPU time"
 # without it, nothing of the kind
 BENCH_RUSAGE=0 timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce -L 8 \
     -n 5 -w 2 -c 1 2>&1 | grep -q '^#rusage' && fail "BENCH_RUSAGE=0 still reports"
@@ -137,8 +137,10 @@ mkdir -p "$d"
             echo "           8            2      $c8      0.001      0.001        0       1.00       1.00    1000"
             echo "#rusage coll rank 0 bytes 8 ops 1000 sleeps/op 0.0100 preempted/op 0.0020 cpu_us/op 5.000"
             echo "#rusage coll rank 1 bytes 8 ops 1000 sleeps/op 0.0300 preempted/op 0.0040 cpu_us/op 7.000"
+            echo "#rusage coll rank 0 bytes 67108864 ops 4 sleeps/op 0.0000 preempted/op 0.0000 cpu_us/op 900.000 faults/op 0.000"
             echo "    67108864     16777216    $c64      0.1      0.1        0       1.00       1.00    4"
             echo "### pods 2 op reduce_scatter system mpi"
+            echo "#rusage mpi rank 0 bytes 67108864 ops 4 sleeps/op 0.0000 preempted/op 0.0000 cpu_us/op 900.000 faults/op 4096.000"
             echo "           8            2      9.00      0.001      0.001    1000"
             echo "    67108864     16777216    4000      0.1      0.1    4"
         done
@@ -163,7 +165,14 @@ grep -q "^| 2 | reduce_scatter | 8 B | quiet | coll | 10.00 | 6.00 | 4.00 | 0.02
     fail "no rusage row for 8 B quiet"
 grep -q "^| 2 | reduce_scatter | 8 B | loaded | coll | 12.00 | 6.00 | 6.00 |" "$t" ||
     fail "no rusage row for 8 B loaded"
-[ "$(wc -l <"$d/rusage.csv")" = 9 ] || fail "rusage.csv: a header and 8 rows"
+[ "$(wc -l <"$d/rusage.csv")" = 17 ] || fail "rusage.csv: a header and 16 rows"
+# page faults: a table of the large ops (lines from before faults/op count as none), and
+# the count beside a steady miss
+grep -q "^| 2 | reduce_scatter | 64 MiB | 0.0 / 0.0 | 4096.0 / 4096.0 |$" "$t" ||
+    fail "no page-fault row for reduce_scatter 64 MiB"
+grep -q "^| 2 | broadcast | 64 MiB | - / - | - / - |$" "$t" || fail "a cell without faults is not '-'"
+grep -q "^- at the floor: 2 pods reduce_scatter 64 MiB: .*; page faults per op and rank, quiet: coll 0.0, mpi 4096.0)$" "$t" ||
+    fail "the steady miss does not give the page faults"
 # compare_report.py on a paired run (the loads back to back per op, "loads paired" in
 # the header): steady is the median of the per-round quotients. Three rounds of allgather
 # 256 KiB, coll 50 µs throughout, OpenMPI quiet 100, 50, 100 and loaded 100, 50, 80: the
@@ -263,7 +272,7 @@ else
         END { exit bad || n != 4 }' || fail "pair_bench: a row wrong, inexact or short"
     echo "$out" | awk '/^#pair blocks/ { if ($3 < 2 || $5 < 1 || $7 < 1) bad = 1; n++ } END { exit bad || n != 2 }' ||
         fail "pair_bench: no plan of at least two blocks per size"
-    [ "$(echo "$out" | grep -cE '^#rusage (coll|mpi) rank [01] bytes (8|65536) ops [0-9]+ sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+$')" = 8 ] ||
+    [ "$(echo "$out" | grep -cE '^#rusage (coll|mpi) rank [01] bytes (8|65536) ops [0-9]+ sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+ faults/op [0-9.]+$')" = 8 ] ||
         fail "pair_bench: not one #rusage line per system, rank and size"
     # a broadcast's root is rank 0 in both: the same data everywhere, in place
     out=$(COLL_DIRECT=1 "${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" -o broadcast -L 32768 -n 20 -w 2 2>&1) ||
