@@ -2559,6 +2559,9 @@ static double log_time(const struct agent *a, const char *needle)
 static int drained_main(void *arg)
 {
     struct one *o = arg;
+    /* through the agent: the drain is its; a direct op, which a formed group's tiny op
+     * would be, is the application's own (a_late_pod_finishes_its_direct_op_...) */
+    setenv("COLL_DIRECT", "0", 1);
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
@@ -2592,6 +2595,9 @@ static void sigterm_drains_then_leaves(void **state)
     struct agent a[2];
     int port;
     start_all(a, 2, 1, &port);
+    /* formed first, so that the 600 ms below are for pod 1's op alone to arrive */
+    for (int i = 0; i < 2; i++)
+        assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
     struct one j1 = {.sock = a[1].sock}, j0 = {.sock = a[0].sock, .delay_ms = 1200};
     pid_t p1 = child_run(drained_main, &j1);
     pid_t p0 = child_run(allreduce_once, &j0);
