@@ -1146,7 +1146,7 @@ static int read_ahead_main(void *arg)
                 double until = now_ms() + 20000;
                 while (access(sent, F_OK) != 0 && now_ms() < until)
                     usleep(1000);
-                usleep(100000);
+                usleep(250000);
             }
         }
         for (size_t i = 0; i < MIX_BIG; i++)
@@ -1199,13 +1199,21 @@ static void read_ahead_travels_with_the_lease(void **state)
             assert_true(back >= 0 && lent >= 0);
             if (jobs[i].agent_path) assert_int_equal(back + lent, 0);
         }
-        /* pod 1 reads from the root: a direct client there that read the run's second op
-         * itself gave bytes of the large op back with the lease (one that found its agent
-         * busy ran it there, and its agent read ahead instead: then they went out with
-         * the next lease) */
-        if (!jobs[1].agent_path)
-            assert_true(
-                group_stat(&a[1], "read_ahead_back=") + group_stat(&a[1], "read_ahead_lent=") > 0);
+        /* a direct client that read the run's second op itself gave bytes of the large op
+         * back with the lease (one that found its agent busy ran it there, and its agent
+         * read ahead instead: then they went out with the next lease). Pod 1 reads from
+         * the root; on a busy machine the large op's first bytes may reach a pod only
+         * after its sleep, so any direct pod's read-ahead counts (CI once saw pod 2's
+         * only, of 4) */
+        long ahead = 0;
+        int direct_readers = 0;
+        for (int i = 1; i < n; i++)
+            if (!jobs[i].agent_path) {
+                direct_readers++;
+                ahead +=
+                    group_stat(&a[i], "read_ahead_back=") + group_stat(&a[i], "read_ahead_lent=");
+            }
+        if (direct_readers) assert_true(ahead > 0);
     }
     member_agent = NULL;
 }
