@@ -392,6 +392,139 @@ static void classes_are_kept_apart_and_forgotten_in_order(void **state)
  * the next reads take it first (across a header and a payload piece, then on into the
  * socket), a read of more than the stash holds takes nothing beyond itself, and a close
  * shows once the stash is spent. */
+/* ---- a long local step gives the service its turn ------------------------------------ */
+
+#define A2A_COUNT ((size_t)1 << 18) /* floats per block: 1 MiB; 4 ranks, 2 per pod */
+
+struct a2a_pod {
+    int fds[2], rfds[2];
+    struct tcp_comm c;
+    struct tcp_scratch scratch;
+    struct net_task t;
+    float *send[2], *recv[2];
+    int st;
+    char why[160];
+};
+
+/* What pod 0's service saw: turns while its pack had not reached its last block, and
+ * turns after its unpack had written into a participant's result. */
+struct turns {
+    const float *out_last, *recv_first;
+    int in_pack, in_unpack, calls;
+};
+
+static int turn_service(void *ctx, char *why, size_t whylen)
+{
+    (void)why;
+    (void)whylen;
+    struct turns *tu = ctx;
+    tu->calls++;
+    tu->in_pack += *tu->out_last == -1.0f;
+    tu->in_unpack += *tu->recv_first != -1.0f;
+    return 0;
+}
+
+static float a2a_value(int from, int to, size_t i)
+{
+    return (float)(from * 10 + to) + (float)(i % 5) * 100.0f;
+}
+
+static void a2a_init(struct a2a_pod *p, int me, int send_fd, int recv_fd)
+{
+    memset(p, 0, sizeof(*p));
+    p->fds[0] = p->fds[1] = p->rfds[0] = p->rfds[1] = -1;
+    p->fds[1 - me] = send_fd;
+    p->rfds[1 - me] = recv_fd;
+    p->c = (struct tcp_comm){.nodes = 2,
+                             .me = me,
+                             .nlocal = 2,
+                             .fds = p->fds,
+                             .rfds = p->rfds,
+                             .deadline_ns = clock_ns() + 20000000000LL,
+                             .scratch = &p->scratch,
+                             .wake_fd = {-1, -1}};
+    p->t = (struct net_task){.type = NET_TASK_OP,
+                             .kind = WIRE_OP_ALLTOALL,
+                             .dtype = COLL_FLOAT32,
+                             .count = A2A_COUNT,
+                             .deadline_ns = p->c.deadline_ns};
+    for (int s = 0; s < 2; s++) {
+        p->send[s] = malloc(4 * A2A_COUNT * sizeof(float));
+        p->recv[s] = malloc(4 * A2A_COUNT * sizeof(float));
+        assert_non_null(p->send[s]);
+        assert_non_null(p->recv[s]);
+        for (int to = 0; to < 4; to++)
+            for (size_t i = 0; i < A2A_COUNT; i++) {
+                p->send[s][(size_t)to * A2A_COUNT + i] = a2a_value(me * 2 + s, to, i);
+                p->recv[s][(size_t)to * A2A_COUNT + i] = -1.0f;
+            }
+        p->t.send[s] = p->send[s];
+        p->t.recv[s] = p->recv[s];
+    }
+}
+
+static void *a2a_main(void *arg)
+{
+    struct a2a_pod *p = arg;
+    p->st = tcp_run(&p->c, &p->t, p->why, sizeof(p->why));
+    return NULL;
+}
+
+/* An all-to-all of 8 MiB per pod through the agent (two participants per pod): the
+ * service gets turns while the pack runs, before a byte goes out, and while the unpack
+ * runs, after the last byte came in; the results are right. */
+static void a_long_pack_and_unpack_give_the_service_turns(void **state)
+{
+    (void)state;
+    int a[2], b[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, a), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, b), 0);
+    static struct a2a_pod pod[2]; /* peer_hdr: not on the stack */
+    a2a_init(&pod[0], 0, a[0], b[1]);
+    a2a_init(&pod[1], 1, b[0], a[1]);
+    /* pod 0's pack scratch, known before: its last element is the pack's last write */
+    size_t total = 2 * 4 * A2A_COUNT * sizeof(float);
+    pod[0].scratch.p[0] = malloc(total);
+    assert_non_null(pod[0].scratch.p[0]);
+    pod[0].scratch.cap[0] = total;
+    for (size_t i = 0; i < total / sizeof(float); i++)
+        ((float *)pod[0].scratch.p[0])[i] = -1.0f;
+    struct turns tu = {.out_last = (const float *)pod[0].scratch.p[0] + total / sizeof(float) - 1,
+                       .recv_first = pod[0].recv[0]};
+    pod[0].c.service = turn_service;
+    pod[0].c.service_ctx = &tu;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, a2a_main, &pod[1]), 0);
+    a2a_main(&pod[0]);
+    pthread_join(th, NULL);
+    for (int k = 0; k < 2; k++)
+        if (pod[k].st != COLL_OK) fprintf(stderr, "pod %d: %s\n", k, pod[k].why);
+    assert_int_equal(pod[0].st, COLL_OK);
+    assert_int_equal(pod[1].st, COLL_OK);
+    fprintf(stderr, "service: %d calls, %d in the pack, %d in the unpack\n", tu.calls, tu.in_pack,
+            tu.in_unpack);
+    assert_true(tu.in_pack >= 1);
+    assert_true(tu.in_unpack >= 1);
+    for (int me = 0; me < 2; me++)
+        for (int j = 0; j < 2; j++)
+            for (int from = 0; from < 4; from++)
+                for (size_t i = 0; i < A2A_COUNT; i += 4099)
+                    assert_true(pod[me].recv[j][(size_t)from * A2A_COUNT + i] ==
+                                a2a_value(from, me * 2 + j, i));
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; s < 2; s++) {
+            free(pod[k].send[s]);
+            free(pod[k].recv[s]);
+        }
+        free(pod[k].scratch.p[0]);
+        free(pod[k].scratch.p[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        close(a[i]);
+        close(b[i]);
+    }
+}
+
 static struct opctx stash_ctx; /* 160 KiB: not on the stack */
 static char stash_why[160];
 
@@ -482,6 +615,7 @@ int main(void)
         cmocka_unit_test(the_faster_way_is_kept_until_the_next_trial),
         cmocka_unit_test(failed_ops_are_not_samples),
         cmocka_unit_test(classes_are_kept_apart_and_forgotten_in_order),
+        cmocka_unit_test(a_long_pack_and_unpack_give_the_service_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -669,10 +669,27 @@ void tcp_finish_avg(struct opctx *o, void *buf, size_t count)
     }
 }
 
-void tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes)
+int tcp_local_turn(struct opctx *o, size_t *since, size_t bytes)
 {
+    struct tcp_comm *c = o->c;
+    *since += bytes;
+    if (*since < TCP_TURN_BYTES || c->budget_until || !c->service) return COLL_OK;
+    *since = 0;
+    char ended[160];
+    int st = c->service(c->service_ctx, ended, sizeof(ended));
+    return st ? tcp_failf(o, st, "%s", ended) : COLL_OK;
+}
+
+int tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes)
+{
+    size_t since = 0;
     for (int s = 0; bytes && s < o->c->nlocal; s++)
-        if (o->t->recv[s] && o->t->recv[s] != src) memcpy(o->t->recv[s], src, bytes);
+        if (o->t->recv[s] && o->t->recv[s] != src) {
+            memcpy(o->t->recv[s], src, bytes);
+            int st = tcp_local_turn(o, &since, bytes);
+            if (st != COLL_OK) return st;
+        }
+    return COLL_OK;
 }
 
 /* ---- building blocks between pods --------------------------------------------------- */
@@ -778,8 +795,7 @@ static int op_allreduce(struct opctx *o)
     if (st == COLL_OK) st = ring_allgather(o, buf, count, 1, 0, NULL);
     if (st != COLL_OK) return st;
     tcp_finish_avg(o, buf, count);
-    tcp_copy_to_locals(o, buf, bytes);
-    return COLL_OK;
+    return tcp_copy_to_locals(o, buf, bytes);
 }
 
 static int op_reduce_scatter(struct opctx *o)
@@ -822,8 +838,7 @@ static int op_allgather(struct opctx *o)
     /* small ones went the tiny way */
     int st = ring_allgather(o, buf, N, L * count, 1, direct ? t->send[0] : NULL);
     if (st != COLL_OK) return st;
-    tcp_copy_to_locals(o, buf, bb * N);
-    return COLL_OK;
+    return tcp_copy_to_locals(o, buf, bb * N);
 }
 
 int tcp_bcast_chain(struct opctx *o, int plan, struct xfer *x)
@@ -868,8 +883,7 @@ static int op_broadcast(struct opctx *o, int plan)
     struct xfer x[2];
     int st = tcp_exchange(o, x, tcp_bcast_chain(o, plan, x)); /* small ones went the tiny way */
     if (st != COLL_OK) return st;
-    tcp_copy_to_locals(o, o->t->recv[0], o->t->count * o->es);
-    return COLL_OK;
+    return tcp_copy_to_locals(o, o->t->recv[0], o->t->count * o->es);
 }
 
 static int op_reduce(struct opctx *o)
@@ -914,40 +928,45 @@ size_t tcp_alltoall_pair_bytes(const struct opctx *o)
     return L * L * o->t->count * o->es;
 }
 
-void tcp_alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx)
+int tcp_alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx)
 {
     struct tcp_comm *c = o->c;
     struct net_task *t = o->t;
-    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es;
+    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es, since = 0;
     size_t pb = tcp_alltoall_pair_bytes(o);
-    for (size_t k = 0; k < N; k++)
-        for (size_t s = 0; s < L; s++)
-            for (size_t j = 0; j < L; j++)
-                if (cb)
-                    memcpy(out + k * pb + (s * L + j) * cb,
-                           (const char *)t->send[s] + (k * L + j) * cb, cb);
     *nx = 0;
+    for (size_t k = 0; cb && k < N; k++)
+        for (size_t s = 0; s < L; s++)
+            for (size_t j = 0; j < L; j++) {
+                memcpy(out + k * pb + (s * L + j) * cb, (const char *)t->send[s] + (k * L + j) * cb,
+                       cb);
+                int st = tcp_local_turn(o, &since, cb);
+                if (st != COLL_OK) return st;
+            }
     for (int p = 0; p < c->nodes; p++) {
         if (p == c->me) continue;
         tcp_x_send(&x[(*nx)++], p, &o->hdr, sizeof(o->hdr), out + (size_t)p * pb, pb);
         tcp_x_recv(&x[(*nx)++], p, &o->peer_hdr[p], sizeof(o->hdr), in + (size_t)p * pb, pb);
     }
+    return COLL_OK;
 }
 
-void tcp_alltoall_unpack(struct opctx *o, const char *out, char *in)
+int tcp_alltoall_unpack(struct opctx *o, const char *out, char *in)
 {
     struct tcp_comm *c = o->c;
     struct net_task *t = o->t;
-    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es;
+    size_t L = (size_t)c->nlocal, N = (size_t)c->nodes, cb = t->count * o->es, since = 0;
     size_t pb = tcp_alltoall_pair_bytes(o);
     memcpy(in + (size_t)c->me * pb, out + (size_t)c->me * pb, pb);
     /* unpack: from pod k, [s][j] = rank k*L + s's block for our local j */
-    for (size_t k = 0; k < N; k++)
+    for (size_t k = 0; cb && k < N; k++)
         for (size_t s = 0; s < L; s++)
-            for (size_t j = 0; j < L; j++)
-                if (cb)
-                    memcpy((char *)t->recv[j] + (k * L + s) * cb, in + k * pb + (s * L + j) * cb,
-                           cb);
+            for (size_t j = 0; j < L; j++) {
+                memcpy((char *)t->recv[j] + (k * L + s) * cb, in + k * pb + (s * L + j) * cb, cb);
+                int st = tcp_local_turn(o, &since, cb);
+                if (st != COLL_OK) return st;
+            }
+    return COLL_OK;
 }
 
 static int op_alltoall(struct opctx *o)
@@ -957,11 +976,9 @@ static int op_alltoall(struct opctx *o)
     if (!out || !in) return tcp_failf(o, COLL_ERR_NOMEM, "scratch");
     struct xfer x[2 * RDV_MAX_NODES];
     int nx;
-    tcp_alltoall_setup(o, out, in, x, &nx);
-    int st = tcp_exchange(o, x, nx);
-    if (st != COLL_OK) return st;
-    tcp_alltoall_unpack(o, out, in);
-    return COLL_OK;
+    int st = tcp_alltoall_setup(o, out, in, x, &nx);
+    if (st == COLL_OK) st = tcp_exchange(o, x, nx);
+    return st == COLL_OK ? tcp_alltoall_unpack(o, out, in) : st;
 }
 
 void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)

@@ -196,7 +196,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->vec = tcp_scratch(&s->c, 0, total);
         s->tmp = tcp_scratch(&s->c, 1, total);
         if (!s->vec || !s->tmp) return -2;
-        tcp_alltoall_setup(&s->o, s->vec, s->tmp, s->x, &s->nx);
+        (void)tcp_alltoall_setup(&s->o, s->vec, s->tmp, s->x,
+                                 &s->nx); /* <= TCP_TINY_BYTES: no turn */
         return 0;
     }
     if (t->kind == WIRE_OP_REDUCE) {
@@ -338,9 +339,10 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
     if (st == COLL_OK && (t->kind == WIRE_OP_BROADCAST || t->kind == WIRE_OP_ALLGATHER)) {
         size_t total = t->count * s->o.es *
                        (t->kind == WIRE_OP_ALLGATHER ? (size_t)(s->c.nlocal * s->c.nodes) : 1);
-        tcp_copy_to_locals(&s->o, t->recv[0], total);
+        st = tcp_copy_to_locals(&s->o, t->recv[0], total);
     }
-    if (st == COLL_OK && t->kind == WIRE_OP_ALLTOALL) tcp_alltoall_unpack(&s->o, s->vec, s->tmp);
+    if (st == COLL_OK && t->kind == WIRE_OP_ALLTOALL)
+        st = tcp_alltoall_unpack(&s->o, s->vec, s->tmp);
     if (st == COLL_OK && t->kind == WIRE_OP_REDUCE && s->c.me == t->root / s->c.nlocal) {
         size_t bytes = t->count * s->o.es;
         tcp_reduce_in_pod_order(&s->o, s->vec, s->tmp, bytes, t->count);
@@ -366,7 +368,7 @@ int tcp_tiny_progress(struct tcp_tiny *s, struct tcp_comm *c, char *why, size_t 
         else if (s->c.nodes > 2 && !s->nsteps) /* two pods and doubling fold on arrival */
             tcp_reduce_in_pod_order(&s->o, t->recv[0], s->tmp, bytes, t->count);
         tcp_finish_avg(&s->o, t->recv[0], t->count);
-        tcp_copy_to_locals(&s->o, t->recv[0], bytes);
+        st = tcp_copy_to_locals(&s->o, t->recv[0], bytes);
     }
     if (st != COLL_OK) snprintf(why, whylen, "%s", s->why);
     return st;
