@@ -19,7 +19,7 @@ A=$1 B=$2 n=$3 op=$4 minb=$5 maxb=$6 iters=$7 rounds=$8
 out=$(mktemp /tmp/coll-ab-XXXX)
 LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
-trap 'rm -f "$out" "$out.loadgen"; stop_load' EXIT
+trap 'rm -f "$out" "$out.run" "$out.loadgen"; stop_load' EXIT
 if [ "${LOAD:-0}" = 1 ]; then
     cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
     start_load "$out.loadgen"
@@ -31,8 +31,15 @@ run() { # build label
     AGENT_PIDS=()
     NODE_EXTRA=${!nextra:-${NODE_EXTRA:-}} start_agents "$build" "$n" "$dir" $((21000 + RANDOM % 20000)) "${!extra:-}"
     echo "## $lab" >>"$out"
-    env ${!envv:-} "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
-        -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >>"$out" 2>&1 || echo "# coll-bench failed" >>"$out"
+    if ! env ${!envv:-} "$build/coll-bench" -s "$AGENT_SOCKS" -p "$n" -g bench -o "$op" -b "$minb" -e "$maxb" -f 8 \
+        -n "$iters" -w 3 -c 1 $([ "${PIN:-0}" = 1 ] && echo -a) ${BENCH_ARGS:-} >"$out.run" 2>&1; then
+        # its round is lost (no ratio for it); say why
+        echo "ab.sh: coll-bench of $lab failed:" >&2
+        tail -5 "$out.run" >&2
+        for i in $(seq 0 $((n - 1))); do grep -h "level=error" "$dir/$i.log" >&2 || true; done
+        echo "# coll-bench failed" >>"$out"
+    fi
+    cat "$out.run" >>"$out"
     kill "${AGENT_PIDS[@]}" 2>/dev/null || true
     for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$dir"

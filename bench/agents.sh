@@ -6,7 +6,7 @@
 # (e.g. "  tcp_congestion: bbr"); $LOG_LEVEL sets their log level (default warn; info
 # logs the path and spin counts at exit). Appends the agents' pids to
 # AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
-# socket exists (at most 5 s each). With PIN=1, agent i runs on CPU i mod nproc (and
+# socket accepts (at most 20 s in all). With PIN=1, agent i runs on CPU i mod nproc (and
 # coll-bench -a pins application i the same way): one CPU per "pod".
 start_agents() {
     local try p
@@ -49,12 +49,30 @@ YAML
         AGENT_PIDS+=($!)
         AGENT_SOCKS="${AGENT_SOCKS:+$AGENT_SOCKS,}$dir/$i.sock"
     done
-    for i in $(seq 0 $((n - 1))); do
-        for _ in $(seq 100); do [ -S "$dir/$i.sock" ] && break; sleep 0.05; done
-    done
-    sleep 0.2 # one that lost its rendezvous port to another process exits now
-    for p in "${AGENT_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || return 1; done
-    for i in $(seq 0 $((n - 1))); do [ -S "$dir/$i.sock" ] || return 1; done
+    # ready: each socket accepts (an agent binds its path early and listens last, once
+    # its net thread is up; under a sanitizer and the load that took over 0.2 s), or
+    # its agent exited (one that lost its rendezvous port to another process)
+    python3 - "$dir" "${AGENT_PIDS[@]: -$n}" <<'PY'
+import os, socket, sys, time
+d, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+end = time.monotonic() + 20
+for i, pid in enumerate(pids):
+    while True:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            sys.exit(1)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(f"{d}/{i}.sock")
+            break
+        except OSError:
+            if time.monotonic() > end:
+                sys.exit(1)
+            time.sleep(0.02)
+        finally:
+            s.close()
+PY
 }
 
 # stop_agents: end the agents in AGENT_PIDS (and wait for them), and empty it.
