@@ -41,7 +41,7 @@ static void agent_path(int on)
 /* The members' heartbeat. Under a sanitizer, 4 times as long: on a 2-CPU VM whose page
  * faults are dear, ThreadSanitizer's shadow of a 2.5 MiB all-to-all's fresh buffers made
  * one op's local copies last 0.66-0.83 s, past 3 intervals of 250 ms, and the pods that
- * waited on it called it silent. Those copies now give the heartbeats turns (tcp_priv.h:
+ * waited on it called it silent. Those copies now give the heartbeats turns (tcp.c:
  * TCP_TURN_BYTES); the margin stays for whatever else a sanitizer slows. Tests that
  * measure how soon silence is noticed set their own. */
 #ifdef COLL_TEST_SANITIZED

@@ -43,20 +43,28 @@ struct pod {
     int st;
 };
 
+/* Pod me of two, nlocal participants, as the net thread sees it: the peer's connection
+ * in fds/rfds (the pod's own slots -1), a deadline 20 s away, no service or budget. */
+static struct tcp_comm comm_init(int me, int nlocal, int *fds, int *rfds, int send_fd, int recv_fd,
+                                 struct tcp_scratch *scratch)
+{
+    fds[0] = fds[1] = rfds[0] = rfds[1] = -1;
+    fds[1 - me] = send_fd;
+    rfds[1 - me] = recv_fd;
+    return (struct tcp_comm){.nodes = 2,
+                             .me = me,
+                             .nlocal = nlocal,
+                             .fds = fds,
+                             .rfds = rfds,
+                             .deadline_ns = clock_ns() + 20000000000LL,
+                             .scratch = scratch,
+                             .wake_fd = {-1, -1}};
+}
+
 static void pod_init(struct pod *p, int me, int send_fd, int recv_fd)
 {
     memset(p, 0, sizeof(*p));
-    p->fds[0] = p->fds[1] = p->rfds[0] = p->rfds[1] = -1;
-    p->fds[1 - me] = send_fd;
-    p->rfds[1 - me] = recv_fd;
-    p->c = (struct tcp_comm){.nodes = 2,
-                             .me = me,
-                             .nlocal = 1,
-                             .fds = p->fds,
-                             .rfds = p->rfds,
-                             .deadline_ns = clock_ns() + 20000000000LL,
-                             .scratch = &p->scratch,
-                             .wake_fd = {-1, -1}};
+    p->c = comm_init(me, 1, p->fds, p->rfds, send_fd, recv_fd, &p->scratch);
     for (int i = 0; i < N; i++) {
         p->in[i] = (float)(1000 * me + i);
         p->out[i] = -1.0f;
@@ -432,17 +440,7 @@ static float a2a_value(int from, int to, size_t i)
 static void a2a_init(struct a2a_pod *p, int me, int send_fd, int recv_fd)
 {
     memset(p, 0, sizeof(*p));
-    p->fds[0] = p->fds[1] = p->rfds[0] = p->rfds[1] = -1;
-    p->fds[1 - me] = send_fd;
-    p->rfds[1 - me] = recv_fd;
-    p->c = (struct tcp_comm){.nodes = 2,
-                             .me = me,
-                             .nlocal = 2,
-                             .fds = p->fds,
-                             .rfds = p->rfds,
-                             .deadline_ns = clock_ns() + 20000000000LL,
-                             .scratch = &p->scratch,
-                             .wake_fd = {-1, -1}};
+    p->c = comm_init(me, 2, p->fds, p->rfds, send_fd, recv_fd, &p->scratch);
     p->t = (struct net_task){.type = NET_TASK_OP,
                              .kind = WIRE_OP_ALLTOALL,
                              .dtype = COLL_FLOAT32,

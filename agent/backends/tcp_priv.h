@@ -142,14 +142,6 @@ void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes
 void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
 void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count);
 void tcp_finish_avg(struct opctx *o, void *buf, size_t count);
-/* A long local step (packing, unpacking, copying to the local participants) gives the
- * net thread's service (heartbeats, other groups, the control socket) a turn once per
- * TCP_TURN_BYTES copied: a 2.5 MiB all-to-all's copies once took 0.8 s (ThreadSanitizer,
- * fresh pages), past 3 heartbeats, and the peers called the pod silent. since counts
- * bytes since the last turn; COLL_OK, or the service's error (o->why says it). Never on
- * the engine (a budget) or without a service (an application's direct op). */
-#define TCP_TURN_BYTES ((size_t)4 << 20)
-int tcp_local_turn(struct opctx *o, size_t *since, size_t bytes);
 int tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes);
 size_t tcp_alltoall_pair_bytes(const struct opctx *o);
 int tcp_alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx);

@@ -196,8 +196,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
         s->vec = tcp_scratch(&s->c, 0, total);
         s->tmp = tcp_scratch(&s->c, 1, total);
         if (!s->vec || !s->tmp) return -2;
-        (void)tcp_alltoall_setup(&s->o, s->vec, s->tmp, s->x,
-                                 &s->nx); /* <= TCP_TINY_BYTES: no turn */
+        /* at most TCP_TINY_BYTES: no turn, so no error */
+        (void)tcp_alltoall_setup(&s->o, s->vec, s->tmp, s->x, &s->nx);
         return 0;
     }
     if (t->kind == WIRE_OP_REDUCE) {
