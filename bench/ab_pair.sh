@@ -10,6 +10,7 @@
 # B is faster), and for each build the sleeps per op of coll's ranks (BENCH_RUSAGE).
 # It answers "does this change hold coll's lead under load" without the run-to-run
 # swings of a VM: A and B meet the same placement and load phases in every round.
+# OpenMPI runs under agents.sh's MPI_MALLOC_ENV (MPI_MALLOC=default: glibc's own malloc).
 #
 # Usage: bench/ab_pair.sh [-p PODS] [-r ROUNDS] [-o OPS] [-s SIZES] [-D 0|1|all]
 #                         [-n ITERS] [-T MIN_MS] [-k BLOCK_MS] [-f RAW] BUILD_A BUILD_B
@@ -58,7 +59,7 @@ for r in $(seq "$rounds"); do
             for load in $loads; do
                 [ "$load" = loaded ] && start_load "$tmp/loadgen"
                 echo "## round $r build $b load $load op $op" >>"$raw"
-                LD_LIBRARY_PATH=$build COLL_DIRECT=$direct timeout 900 mpirun --allow-run-as-root \
+                LD_LIBRARY_PATH=$build COLL_DIRECT=$direct "${MPI_MALLOC_ENV[@]}" timeout 900 mpirun --allow-run-as-root \
                     --oversubscribe --bind-to none -np "$pods" --mca pml ob1 --mca btl tcp,self \
                     --mca btl_tcp_if_include lo -x COLL_DIRECT -x LD_LIBRARY_PATH -x BENCH_RUSAGE \
                     sh -c "exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu)) $tmp/pair_bench \

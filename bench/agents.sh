@@ -106,3 +106,13 @@ build_pair_bench() {
     mpicc -O2 -Wall -I"$src/libcoll/include" -o "$1" "$src/bench/pair_bench.c" \
         -L"$2" -lcoll -Wl,-rpath,"$2"
 }
+
+# MPI_MALLOC_ENV: the prefix every script puts before mpirun. OpenMPI's large ops take
+# their temporary buffers with malloc and free them on every call, and glibc's default
+# malloc maps such buffers fresh and unmaps them each time: a page fault per 4 KiB per
+# op (an 8 MiB reduce_scatter of two ranks, 2032 per rank), which some VMs charge
+# dearly for (76 ms against 7.4 ms on the VM of 2026-12-05). coll keeps its scratch from
+# op to op; the reference gets the same chance: no mmap in malloc, and freed memory
+# kept. MPI_MALLOC=default in the environment runs OpenMPI on glibc's defaults.
+MPI_MALLOC_ENV=(env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=67108864)
+if [ "${MPI_MALLOC:-}" = default ]; then MPI_MALLOC_ENV=(); fi

@@ -34,6 +34,9 @@
 #   10 µs ops was 20 ms, two periods of the neighbour, and its rounds spread 0.3-1.6x),
 #   bench/results/host-<UTC date>
 #   GLOO=0: no Gloo rounds even where torch imports
+#   MPI_MALLOC=default: OpenMPI's ranks on glibc's default malloc, which maps the
+#   temporary buffers of its large ops fresh on every call; without it they run under
+#   MPI_MALLOC_ENV (agents.sh), which keeps them, as coll keeps its scratch
 #   every rank of every system reports per size its sleeps, preemptions and CPU time per
 #   op (#rusage lines in raw.txt; BENCH_RUSAGE=0 turns that off)
 #   -D MODE: which of coll's ops its applications run themselves (libcoll's COLL_DIRECT):
@@ -49,7 +52,7 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:D:S" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) ops=$OPTARG ;; s) sizes=$OPTARG ;;
     r) rounds=$OPTARG ;; l) loads=$OPTARG ;; n) iters=$OPTARG ;; w) warmup=$OPTARG ;; t) min_ms=$OPTARG ;; u) bind=0 ;; d) out=$OPTARG ;; D) direct=$OPTARG ;; S) pair=0 ;;
-    *) sed -n '2,42p' "$0"; exit 2 ;;
+    *) sed -n '2,45p' "$0"; exit 2 ;;
     esac
 done
 case $direct in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$direct'"; exit 2 ;; esac
@@ -76,6 +79,7 @@ raw=$out/raw.txt
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
+    echo "# OpenMPI's malloc: ${MPI_MALLOC_ENV[*]:-the glibc default (MPI_MALLOC=default)}"
     echo "# coll's applications run their ops themselves: COLL_DIRECT=$direct ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || echo 'none'))"
     [ $pair = 1 ] && echo "# coll and mpi in one process (pair_bench): per size, blocks of about 25 ms taking turns, the first flipping every round"
     echo "# loads paired: per op, each load in turn on the same agents, per size each system in turn, the orders flipping every round"
@@ -101,7 +105,7 @@ run_coll() { # N OP SIZE
 mpi_run() { # N COMMAND: N ranks of OpenMPI (ob1, tcp+self, loopback), rank i bound as pod i
     local wrap=""
     [ $bind = 1 ] && wrap="exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu))"
-    timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" \
+    "${MPI_MALLOC_ENV[@]}" timeout 900 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$1" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo sh -c "$wrap $2"
 }
 run_mpi() { # N OP SIZE

@@ -9,7 +9,8 @@
 # With two pods each run also times the bare exchange under both, system "tcp":
 # coll-floors -S, two processes on CPUs 0 and 1 swapping the bytes a pod sends in the op
 # (half the size for reduce_scatter and allgather, all of it otherwise) over a fresh
-# loopback connection. Not part of the product.
+# loopback connection. OpenMPI runs under agents.sh's MPI_MALLOC_ENV (MPI_MALLOC=default:
+# glibc's own malloc). Not part of the product.
 #
 # Usage: bench/phases.sh [-b BUILD] [-p PODS] [-o OP] [-s BYTES] [-n ITERS] [-r RUNS]
 #                        [-l quiet|loaded] [-D 0|1|all] [-d OUTDIR]
@@ -23,7 +24,7 @@ while getopts "b:p:o:s:n:r:l:D:d:h" c; do
     case $c in
     b) build=$OPTARG ;; p) pods=$OPTARG ;; o) op=$OPTARG ;; s) size=$OPTARG ;; n) iters=$OPTARG ;;
     r) runs=$OPTARG ;; l) load=$OPTARG ;; D) direct=$OPTARG ;; d) out=$OPTARG ;;
-    *) sed -n 2,16p "$0"; exit 2 ;;
+    *) sed -n 2,19p "$0"; exit 2 ;;
     esac
 done
 bad() { echo "phases.sh: $*" >&2; exit 2; }
@@ -73,7 +74,7 @@ run_tcp() { # RUN: the bare exchange (two pods only)
             print "tcp", r, v["mean_us"], v["p50_us"], v["p90_us"]}'
 }
 run_mpi() { # RUN
-    timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$pods" \
+    "${MPI_MALLOC_ENV[@]}" timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$pods" \
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo \
         sh -c "exec taskset -c \$((OMPI_COMM_WORLD_RANK % $ncpu)) $tmp/mpi_bench -o $op -L $size -n $iters -w 100 -O $out/mpi-$1" 2>&1 |
         awk -v r="$1" '$1 ~ /^[0-9]+$/ {print "mpi", r, $3}'
