@@ -274,10 +274,9 @@ else
         fail "pair_bench: no plan of at least two blocks per size"
     [ "$(echo "$out" | grep -cE '^#rusage (coll|mpi) rank [01] bytes (8|65536) ops [0-9]+ sleeps/op [0-9.]+ preempted/op [0-9.]+ cpu_us/op [0-9.]+ faults/op [0-9.]+$')" = 8 ] ||
         fail "pair_bench: not one #rusage line per system, rank and size"
-    # MPI_MALLOC_ENV (agents.sh, what every bench script puts before mpirun): OpenMPI's
-    # reduce_scatter of 1 MiB takes its temporary buffers from memory malloc keeps, no
-    # page fault per op; on glibc's defaults it maps them fresh every call (the reason
-    # the setting exists: 2032 faults per op at 8 MiB, 76 ms against 7.4 on one VM)
+    # MPI_MALLOC_ENV (agents.sh, what every bench script puts before mpirun, and why):
+    # OpenMPI's reduce_scatter of 1 MiB takes its temporary buffers from memory malloc
+    # keeps; on glibc's defaults it maps them fresh every call
     faults() { # the mpi ranks' largest faults/op, 1 MiB reduce_scatter, under "$@"
         local o
         o=$(COLL_DIRECT=all BENCH_RUSAGE=1 "$@" "${mpi[@]}" "$tmp/pair_bench" -s "$AGENT_SOCKS" \
@@ -286,7 +285,9 @@ else
         echo "$o" | awk '/^#rusage mpi rank/ { n++; if ($NF > m) m = $NF } END { if (n != 2) exit 1; print m + 0 }' ||
             fail "pair_bench 1 MiB: not two #rusage lines of mpi ranks: $o"
     }
-    kept=$(faults "${MPI_MALLOC_ENV[@]}") fresh=$(faults env)
+    # (one assignment each: set -e sees a failed run only in the last substitution of one)
+    kept=$(faults "${MPI_MALLOC_ENV[@]}")
+    fresh=$(faults env)
     echo "mpi faults/op, 1 MiB reduce_scatter: $kept under MPI_MALLOC_ENV, $fresh on glibc's defaults"
     # (the heap's first growth, in the warm-up's first ops, can reach the timed ones: a
     # few faults per op left over, where fresh buffers cost a 1 MiB's worth every op)
