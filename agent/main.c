@@ -14,7 +14,9 @@
 #include "identity.h"
 #include "engine.h"
 #include "log.h"
+#include "rdv_wire.h"
 #include "security.h"
+#include "wire.h"
 
 static void usage(FILE *out)
 {
@@ -90,7 +92,9 @@ int main(int argc, char **argv)
             check_path = optarg;
             break;
         case 'V':
-            printf("coll-agent %s (wire protocol %d)\n", coll_version(), 1);
+            /* both protocols a peer must speak: libcoll's (local plane) and the agents' */
+            printf("coll-agent %s (local protocol %d, agent protocol %d)\n", coll_version(),
+                   WIRE_VERSION, RDV_VERSION);
             return 0;
         case 'h':
             usage(stdout);

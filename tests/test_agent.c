@@ -14,6 +14,8 @@
 
 #include "coll/coll.h"
 #include "harness.h"
+#include "rdv_wire.h"
+#include "wire.h"
 
 /* Run argv with stdout+stderr captured; returns the exit status. */
 static int run_capture(char *const argv[], char *out, size_t cap)
@@ -53,6 +55,10 @@ static void version_and_help(void **state)
     char *v[] = {COLL_AGENT_PATH, "--version", NULL};
     assert_int_equal(run_capture(v, out, sizeof(out)), 0);
     assert_non_null(strstr(out, coll_version()));
+    char want[96]; /* the protocols a peer must speak, as the headers define them */
+    snprintf(want, sizeof(want), "(local protocol %d, agent protocol %d)", WIRE_VERSION,
+             RDV_VERSION);
+    assert_non_null(strstr(out, want));
     char *h[] = {COLL_AGENT_PATH, "--help", NULL};
     assert_int_equal(run_capture(h, out, sizeof(out)), 0);
     assert_non_null(strstr(out, "--check-config"));
