@@ -326,7 +326,7 @@ static void break_local(struct group *g, int err, const char *why)
         g->slots[k].next_seq = 0;
     log_msg(failed && err != COLL_ERR_SHUTDOWN ? LOG_WARN : LOG_INFO, "group.epoch",
             "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"",
-            g->cfg->name, old, g->epoch, coll_strerror(err), failed, why);
+            g->cfg->name, old, g->epoch, coll_strerror(err), failed, LOG_Q(why));
 }
 
 static int agree(const struct wire_sqe *a, const struct wire_sqe *b)

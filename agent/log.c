@@ -44,6 +44,47 @@ int log_limit_pass(struct log_limit *l, unsigned long long *dropped)
     return 1;
 }
 
+const char *log_q(char *buf, unsigned cap, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned n = 0;
+    for (; s && *s && n + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            buf[n++] = '\\';
+            buf[n++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            buf[n++] = '\\';
+            buf[n++] = 'x';
+            buf[n++] = hex[c >> 4];
+            buf[n++] = hex[c & 15];
+        } else {
+            buf[n++] = (char)c;
+        }
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* src with every control byte as \xHH (a line is one line, whatever its values hold). */
+static void unctrl(char *dst, size_t cap, const char *src)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (; *src && n + 5 < cap; src++) {
+        unsigned char c = (unsigned char)*src;
+        if (c < 0x20 || c == 0x7f) {
+            dst[n++] = '\\';
+            dst[n++] = 'x';
+            dst[n++] = hex[c >> 4];
+            dst[n++] = hex[c & 15];
+        } else {
+            dst[n++] = (char)c;
+        }
+    }
+    dst[n] = '\0';
+}
+
 struct line {
     char buf[2048];
     size_t n;
@@ -121,14 +162,15 @@ static void put_kv_json(struct line *l, const char *kv)
 void log_msg(enum log_level level, const char *event, const char *kvfmt, ...)
 {
     if (level < min_level) return;
-    char kv[1536];
-    kv[0] = '\0';
+    char raw[1536], kv[1536];
+    raw[0] = '\0';
     if (kvfmt) {
         va_list ap;
         va_start(ap, kvfmt);
-        vsnprintf(kv, sizeof(kv), kvfmt, ap);
+        vsnprintf(raw, sizeof(raw), kvfmt, ap);
         va_end(ap);
     }
+    unctrl(kv, sizeof(kv), raw);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

@@ -104,7 +104,7 @@ void net_discovery_tick(struct net *n, int64_t now)
         memcpy(g->discovery, s, sizeof(s));
         pthread_mutex_unlock(&n->out_lock);
         log_msg(LOG_INFO, "discovery.summary", "group=%s node=%d state=\"%s\"", g->cfg->name, g->me,
-                s);
+                LOG_Q(s));
     }
 }
 

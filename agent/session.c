@@ -131,7 +131,7 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
     if (log_limit_pass(s->env->lim_request, &dropped))
         log_msg(LOG_INFO, "session.refuse",
                 "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
-                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), msg,
+                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), LOG_Q(msg),
                 dropped);
     session_send_error(s, req_id, code, msg);
     return 0;
@@ -150,7 +150,7 @@ static int violation(struct session *s, const char *fmt, ...)
     if (log_limit_pass(s->env->lim_violation, &dropped))
         log_msg(LOG_WARN, "session.protocol_error",
                 "session=%llu pid=%d client=\"%s\" detail=\"%s\" suppressed=%llu",
-                (unsigned long long)s->id, (int)s->pid, s->client, msg, dropped);
+                (unsigned long long)s->id, (int)s->pid, LOG_Q(s->client), LOG_Q(msg), dropped);
     session_send_error(s, 0, COLL_ERR_PROTOCOL, msg);
     return -1;
 }
@@ -174,8 +174,8 @@ static int hello_reply(struct session *s, uint64_t req_id, int memfd)
     if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
     s->state = SESSION_READY;
     log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\" gpu=%s",
-            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->client,
-            s->shm_gpu > 0 ? "yes" : "no");
+            (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid,
+            LOG_Q(s->client), s->shm_gpu > 0 ? "yes" : "no");
     return 0;
 }
 
@@ -713,7 +713,7 @@ static int check_placement(struct session *s, struct group *g, int slot, struct 
     }
     if (why[0]) {
         log_msg(LOG_INFO, "session.refuse_op", "session=%llu pid=%d detail=\"%s\"",
-                (unsigned long long)s->id, (int)s->pid, why);
+                (unsigned long long)s->id, (int)s->pid, LOG_Q(why));
         session_complete(op, COLL_ERR_INVALID, why);
         return 0;
     }
