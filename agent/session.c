@@ -644,6 +644,9 @@ static int check_side(struct session *s, const char *what, uint32_t id, uint64_t
     if (elems > UINT64_MAX / es || off > b->size || elems * es > b->size - off)
         return violation(s, "%s range [%llu, +%llu elements) exceeds buffer %u of %zu bytes", what,
                          (unsigned long long)off, (unsigned long long)elems, id, b->size);
+    if (off % es) /* the reductions read elements as their type (libcoll refuses it first) */
+        return violation(s, "%s offset %llu in buffer %u is not aligned to its %zu-byte elements",
+                         what, (unsigned long long)off, id, es);
     out->b = b;
     out->off = off;
     return 0;

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "coll/coll.h"
@@ -149,6 +150,37 @@ static void threads_share_one_connection_sleeping(void **state)
     run_shared("0"); /* every wait sleeps on the doorbell at once */
 }
 
+/* libcoll refuses a pointer that is not aligned to its element type (the reductions
+ * read elements as their type), saying so, and the connection stays usable. */
+static void misaligned_pointers_are_refused(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL, "groups:\n  - name: g\n    backend: host\n"), 0);
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    coll_request r;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "g", COLL_SLOT_ANY), COLL_OK);
+    assert_int_equal(coll_mem_alloc(&b, c, 4096, COLL_DEVICE_HOST), COLL_OK);
+    char *p = coll_mem_ptr(b);
+    assert_int_equal(coll_allreduce(g, p + 2, p + 512, 4, COLL_FLOAT32, COLL_SUM, NULL, &r),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "not aligned to its element type"));
+    assert_int_equal(coll_allreduce(g, p, p + 516, 4, COLL_FLOAT64, COLL_SUM, NULL, &r),
+                     COLL_ERR_INVALID);
+    /* bytes have no alignment; aligned pointers go on working */
+    assert_int_equal(coll_broadcast(g, p + 1, p + 3, 5, COLL_UINT8, 0, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
+    assert_int_equal(coll_allreduce(g, p + 8, p + 512, 4, COLL_FLOAT64, COLL_SUM, NULL, &r),
+                     COLL_OK);
+    assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
+    coll_disconnect(&c);
+    assert_int_equal(agent_log_count(&a, "protocol_error"), 0);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +190,7 @@ int main(void)
         cmocka_unit_test(ops_4_processes),
         cmocka_unit_test(threads_share_one_connection),
         cmocka_unit_test(threads_share_one_connection_sleeping),
+        cmocka_unit_test(misaligned_pointers_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -446,6 +446,33 @@ static uint32_t raw_share(struct raw *r)
     return m.mem_reg_ok.buf_id;
 }
 
+/* Found at 242e584: a send or receive offset that was not a multiple of the element size
+ * reached the reductions as a misaligned float pointer (undefined behaviour). libcoll
+ * refuses such a pointer (test_ops); a client that writes one into the ring anyway is
+ * dropped, saying why, and everyone else is served. */
+static void misaligned_offset_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    uint32_t buf = raw_share(&r);
+    struct wire_sqe q = {.kind = WIRE_OP_ALLREDUCE,
+                         .dtype = COLL_FLOAT32,
+                         .redop = COLL_SUM,
+                         .count = 16,
+                         .group = handle,
+                         .epoch = epoch,
+                         .send_buf = buf,
+                         .recv_buf = buf,
+                         .send_off = 2, /* inside the buffer, half a float in */
+                         .recv_off = 512};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "not aligned to its 4-byte elements");
+    assert_serving(f);
+}
+
 /* Ring entries half random, half plausible (right handle, epoch or buffer, small counts)
  * so that they reach past the first checks: under ASan every one ends in a completion,
  * a refusal or a dropped session, never a fault, and the bystander is served after. */
@@ -478,8 +505,8 @@ static void random_ring_entries_never_hurt_the_agent(void **state)
             q.recv_buf = BAD ? (uint32_t)(rnd(&st) % 3) : buf;
             q.count = BAD ? rnd(&st) : rnd(&st) % 600;
             if (q.kind == WIRE_OP_BARRIER && !BAD) q.count = 0;
-            q.send_off = BAD ? rnd(&st) : rnd(&st) % 2048;
-            q.recv_off = BAD ? rnd(&st) : rnd(&st) % 2048;
+            q.send_off = BAD ? rnd(&st) : rnd(&st) % 256 * 8; /* aligned for every type */
+            q.recv_off = BAD ? rnd(&st) : rnd(&st) % 256 * 8;
             q.peer = BAD ? (int32_t)rnd(&st) : (int32_t)(rnd(&st) % 2);
             q.tag = BAD ? rnd(&st) : 1 + rnd(&st) % 256;
 #undef BAD
@@ -1395,6 +1422,7 @@ int main(void)
         T(bad_op_in_ring_is_dropped),
         T(unpublished_ring_entries_are_ignored),
         T(out_of_bounds_op_is_dropped),
+        T(misaligned_offset_is_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
         T(stale_epoch_op_is_validated_first),
         T(random_ring_entries_never_hurt_the_agent),

@@ -32,8 +32,15 @@ static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t 
         return lc_fail(COLL_ERR_INVALID,
                        "%s range %p + %llu bytes is not inside a buffer shared with the agent",
                        what, p, (unsigned long long)(elems * esize));
+    uint64_t o = (uint64_t)((uintptr_t)p - (uintptr_t)buf->ptr);
+    /* buffers start on a page: an element-aligned offset is an element-aligned address,
+     * which the reductions read as the element type */
+    if (o % esize)
+        return lc_fail(COLL_ERR_INVALID,
+                       "%s pointer %p is not aligned to its element type (%zu bytes)", what, p,
+                       esize);
     *b = buf;
-    *off = (uint64_t)((uintptr_t)p - (uintptr_t)buf->ptr);
+    *off = o;
     *id = buf->id;
     return COLL_OK;
 }

@@ -12,7 +12,8 @@
  * must not be used after the call that destroys them.
  *
  * Buffers: an op reads and writes memory that libcoll shared with the agent
- * (coll_mem_alloc / coll_mem_register_fd). The caller must neither modify an op's
+ * (coll_mem_alloc / coll_mem_register_fd), at addresses aligned to the op's element
+ * type (COLL_ERR_INVALID otherwise). The caller must neither modify an op's
  * input nor read its output before the op completes; libcoll refuses to release a
  * buffer while an op that uses it is in flight.
  */
