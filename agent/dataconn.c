@@ -36,7 +36,7 @@ void dataconn_bury(struct ngroup *g)
     dataconn_close_grave(g);
     tcp_stash_drop(g->stash, g->nodes); /* what was read ahead goes with them */
     for (int i = 0; i < g->nog; i++)
-        close(g->og[i].fd);
+        if (g->og[i].fd >= 0) close(g->og[i].fd);
     g->nog = 0;
     for (int i = 0; i < RDV_MAX_NODES; i++) {
         int *f[3] = {&g->fds[i], &g->rfds[i], &g->pfds[i]};
@@ -53,7 +53,7 @@ void dataconn_close(struct ngroup *g)
 {
     tcp_stash_drop(g->stash, g->nodes); /* what was read ahead goes with them */
     for (int i = 0; i < g->nog; i++)
-        close(g->og[i].fd);
+        if (g->og[i].fd >= 0) close(g->og[i].fd);
     g->nog = 0;
     for (int i = 0; i < RDV_MAX_NODES; i++) {
         if (g->fds[i] >= 0) close(g->fds[i]);
@@ -212,61 +212,133 @@ int dataconn_pairs(const struct ngroup *g)
     return up;
 }
 
-/* Move our connections of the committed epoch on, without waiting: connected? the
- * peer's challenge in? then the hello that proves the epoch's secret over its nonce,
- * and the connection takes its slot. A failure ends the epoch; one that takes too long
- * is ended by the formation deadline (join_ms, timers). */
+/* The hello (or what a welcome must answer) of our connection on channel ch, for the
+ * committed epoch: everything but the nonce and the mac. */
+static struct data_hello hello_of(const struct ngroup *g, int ch)
+{
+    return (struct data_hello){.magic = DATA_MAGIC,
+                               .version = RDV_VERSION,
+                               .channel = (uint16_t)ch,
+                               .group_hash = g->name_hash,
+                               .inc = g->rdv.inc,
+                               .epoch = g->rdv.epoch,
+                               .from_index = (uint32_t)g->me};
+}
+
+/* Read what is due of a handshake message into buf (len bytes, *got so far). 1 whole,
+ * 0 not yet, -1 with errno (ECONNRESET: the peer closed). */
+static int read_due(int fd, void *buf, size_t len, size_t *got)
+{
+    ssize_t r = read(fd, (char *)buf + *got, len - *got);
+    if (r > 0) *got += (size_t)r;
+    if (r == 0) {
+        errno = ECONNRESET;
+        return -1;
+    }
+    if (r < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+    return *got == len;
+}
+
+enum { OG_WAIT = 0, OG_UP, OG_RETRY, OG_FAIL };
+
+/* One step of connection o's handshake, without waiting. OG_FAIL sets *step (what
+ * failed) and *err. */
+static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const char **step, int *err,
+                   char *why, size_t whylen)
+{
+    if (o->fd < 0) { /* the peer said NOT_YET: connect again when it is time */
+        if (now_ns() < o->retry_at) return OG_WAIT;
+        char addr[RDV_ADDR_MAX];
+        rdv_member_addr(&g->members[o->peer], addr, sizeof(addr));
+        o->fd = connect_to(n, n->cfg->node.address, addr, why, whylen);
+        if (o->fd < 0) {
+            *step = why;
+            *err = ECONNREFUSED;
+            return OG_FAIL;
+        }
+        tune_socket(n, o->fd, g->cfg->heartbeat_ms);
+        o->connected = o->hello_sent = 0;
+        o->got = 0;
+    }
+    if (!o->connected) {
+        struct pollfd p = {.fd = o->fd, .events = POLLOUT};
+        if (poll(&p, 1, 0) <= 0) return OG_WAIT; /* still connecting */
+        socklen_t el = sizeof(*err);
+        if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, err, &el) < 0) *err = errno;
+        if (*err) {
+            *step = "connect";
+            return OG_FAIL;
+        }
+        o->connected = 1;
+    }
+    int r;
+    if (!o->hello_sent) {
+        r = read_due(o->fd, &o->in.chal, sizeof(o->in.chal), &o->got);
+        if (r <= 0) {
+            *step = "waiting for its challenge";
+            *err = errno;
+            return r < 0 ? OG_FAIL : OG_WAIT;
+        }
+        if (data_challenge_check(&o->in.chal, why, whylen) < 0) {
+            *step = why;
+            *err = EPROTO;
+            return OG_FAIL;
+        }
+        struct data_hello h = hello_of(g, o->ch);
+        sec_random(h.nonce, sizeof(h.nonce));
+        memcpy(o->nonce, h.nonce, sizeof(o->nonce));
+        sec_mac(h.mac, g->secret, o->in.chal.nonce, &h, DATA_HELLO_SIGNED);
+        /* a fresh socket takes the hello whole */
+        if (write(o->fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+            *step = "hello";
+            *err = errno ? errno : EAGAIN;
+            return OG_FAIL;
+        }
+        o->hello_sent = 1;
+        o->got = 0;
+    }
+    r = read_due(o->fd, &o->in.wel, sizeof(o->in.wel), &o->got);
+    if (r <= 0) {
+        *step = "waiting for its welcome (it refused our hello)";
+        *err = errno;
+        return r < 0 ? OG_FAIL : OG_WAIT;
+    }
+    struct data_hello sent = hello_of(g, o->ch);
+    if (data_welcome_check(&o->in.wel, &sent, (uint32_t)o->peer, why, whylen) < 0) {
+        *step = why;
+        *err = EPROTO;
+        return OG_FAIL;
+    }
+    if (o->in.wel.status == DATA_WELCOME_NOT_YET) {
+        /* it has not been told of our epoch yet: ask again shortly */
+        close(o->fd);
+        o->fd = -1;
+        o->backoff_ns = o->backoff_ns ? o->backoff_ns * 2 : RETRY_FIRST_NS;
+        if (o->backoff_ns > RETRY_MAX_NS) o->backoff_ns = RETRY_MAX_NS;
+        o->retry_at = now_ns() + o->backoff_ns;
+        return OG_RETRY;
+    }
+    if (!sec_mac_ok(o->in.wel.mac, g->secret, o->nonce, &o->in.wel, DATA_WELCOME_SIGNED)) {
+        *step = "its welcome does not prove the epoch's secret";
+        *err = EPROTO;
+        return OG_FAIL;
+    }
+    return OG_UP;
+}
+
+/* Move our connections of the committed epoch on, without waiting (rdv_wire.h: the
+ * handshake, both ways): a connection takes its slot once the peer has proven the
+ * epoch's secret too. A failure ends the epoch; one that takes too long is ended by the
+ * formation deadline (join_ms, timers). */
 void dataconn_progress_outgoing(struct net *n, struct ngroup *g)
 {
     for (int i = 0; i < g->nog;) {
         struct outgoing *o = &g->og[i];
         const char *step = NULL;
-        int err = 0, done = 0;
+        int err = 0;
         char why[160];
-        if (!o->connected) {
-            struct pollfd p = {.fd = o->fd, .events = POLLOUT};
-            if (poll(&p, 1, 0) <= 0) {
-                i++; /* still connecting */
-                continue;
-            }
-            socklen_t el = sizeof(err);
-            if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0) err = errno;
-            o->connected = !err;
-        }
-        if (err) {
-            step = "connect";
-        } else {
-            ssize_t r = read(o->fd, (char *)&o->chal + o->got, sizeof(o->chal) - o->got);
-            if (r > 0) o->got += (size_t)r;
-            if (r == 0) {
-                step = "waiting for its challenge";
-                err = ECONNRESET;
-            } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
-                step = "waiting for its challenge";
-                err = errno;
-            } else if (o->got == sizeof(o->chal)) {
-                struct data_hello h = {.magic = DATA_MAGIC,
-                                       .version = RDV_VERSION,
-                                       .channel = (uint16_t)o->ch,
-                                       .group_hash = g->name_hash,
-                                       .epoch = g->rdv.epoch,
-                                       .from_index = (uint32_t)g->me};
-                if (data_challenge_check(&o->chal, why, sizeof(why)) < 0) {
-                    step = why;
-                    err = EPROTO;
-                } else {
-                    sec_mac(h.mac, g->secret, o->chal.nonce, &h, DATA_HELLO_SIGNED);
-                    /* a fresh socket takes the hello whole */
-                    if (write(o->fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
-                        step = "hello";
-                        err = errno ? errno : EAGAIN;
-                    } else {
-                        done = 1;
-                    }
-                }
-            }
-        }
-        if (step) {
+        int st = og_step(n, g, o, &step, &err, why, sizeof(why));
+        if (st == OG_FAIL) {
             char w[300], addr[RDV_ADDR_MAX];
             rdv_member_addr(&g->members[o->peer], addr, sizeof(addr));
             snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", o->peer, addr, step,
@@ -274,7 +346,7 @@ void dataconn_progress_outgoing(struct net *n, struct ngroup *g)
             net_epoch_end(n, g, COLL_ERR_PEER_LOST, w, 0, 1); /* closes every og */
             return;
         }
-        if (!done) {
+        if (st != OG_UP) {
             i++;
             continue;
         }
@@ -344,103 +416,124 @@ static int from_member(const struct ngroup *g, int i, struct in_addr from)
     return g->members[i].ip == from.s_addr;
 }
 
-/* Pending connection i says it is a connection of an epoch not committed here yet. At
- * most one such claim is kept per source address and claimed connection (group, node,
- * channel): an older one from the same address is closed, so a source cannot hold more
- * than that many pre-connections, whatever it sends. */
-static void forget_older_claims(struct net *n, int i)
+/* Hellos kept for an epoch not committed here, from the address of pending connection
+ * i, for the connection it claims (group, node, channel), i itself left out. */
+static int claims_like(const struct net *n, int i)
 {
     const struct pending_conn *p = &n->pend[i];
+    int k = 0;
     for (int j = 0; j < n->npend; j++) {
-        struct pending_conn *q = &n->pend[j];
-        if (j == i || q->got != sizeof(q->hello) || q->from.s_addr != p->from.s_addr ||
-            q->hello.group_hash != p->hello.group_hash ||
-            q->hello.from_index != p->hello.from_index || q->hello.channel != p->hello.channel ||
-            q->deadline > p->deadline)
-            continue;
-        /* q is older: the newer claim wins */
-        /* its own rate limit: a claim flood must not hide the refusals of forgeries */
-        refuse_hello(&n->lim_claim, q,
-                     "a newer hello for the same connection came from the same address");
-        close(q->fd);
-        q->fd = -1; /* removed by progress_pending's next look at it */
+        const struct pending_conn *q = &n->pend[j];
+        k += j != i && q->fd >= 0 && q->got == sizeof(q->hello) &&
+             q->from.s_addr == p->from.s_addr && q->hello.group_hash == p->hello.group_hash &&
+             q->hello.from_index == p->hello.from_index && q->hello.channel == p->hello.channel;
     }
+    return k;
+}
+
+/* Answer pending connection p's hello (the connection's first bytes our way, after the
+ * challenge: a fresh socket takes them). OK proves the epoch's secret over its nonce. 0,
+ * or -1 if the socket would not take it. */
+static int welcome(const struct ngroup *g, const struct pending_conn *p, int status)
+{
+    struct data_welcome w = {.magic = DATA_MAGIC,
+                             .version = RDV_VERSION,
+                             .status = (uint16_t)status,
+                             .channel = p->hello.channel,
+                             .to_index = (uint32_t)g->me,
+                             .group_hash = p->hello.group_hash,
+                             .inc = p->hello.inc,
+                             .epoch = p->hello.epoch};
+    if (status == DATA_WELCOME_OK)
+        sec_mac(w.mac, g->secret, p->hello.nonce, &w, DATA_WELCOME_SIGNED);
+    return write(p->fd, &w, sizeof(w)) == (ssize_t)sizeof(w) ? 0 : -1;
+}
+
+enum { HELLO_KEEP = 0, HELLO_UP, HELLO_DROP };
+
+/* What to do with pending connection i, whose hello is in: HELLO_UP (it took its slot),
+ * HELLO_KEEP (for an epoch not committed here yet) or HELLO_DROP (refused, or told
+ * NOT_YET). */
+static int judge_hello(struct net *n, int i, int fresh)
+{
+    struct pending_conn *p = &n->pend[i];
+    char why[128];
+    if (data_hello_check(&p->hello, why, sizeof(why)) < 0) {
+        bad_hello(n, p, why);
+        return HELLO_DROP;
+    }
+    struct ngroup *g = NULL;
+    for (int k = 0; k < n->ngroups; k++)
+        if (n->groups[k] && n->groups[k]->name_hash == p->hello.group_hash) g = n->groups[k];
+    int from = (int)p->hello.from_index;
+    int *slot =
+        g && from > g->me && from < g->nodes ? conn_slot(g, p->hello.channel, from, 0) : NULL;
+    if (!slot) {
+        bad_hello(n, p, "no such group or node index");
+        return HELLO_DROP;
+    }
+    /* the epoch: ours, one that is over, or (another incarnation, or a later count) one
+     * we have not been told of yet */
+    int ours = p->hello.inc == g->rdv.inc;
+    if (ours &&
+        (p->hello.epoch < g->rdv.epoch || (!g->rdv.committed && p->hello.epoch == g->rdv.epoch))) {
+        bad_hello(n, p, "an epoch that is over");
+        return HELLO_DROP;
+    }
+    if (!ours || !g->rdv.committed || p->hello.epoch != g->rdv.epoch) {
+        /* kept until its epoch comes, a few per source; never one dropped for another */
+        if (fresh && claims_like(n, i) >= CLAIMS_PER_SOURCE) {
+            welcome(g, p, DATA_WELCOME_NOT_YET);
+            return HELLO_DROP;
+        }
+        return HELLO_KEEP;
+    }
+    if (!sec_mac_ok(p->hello.mac, g->secret, p->nonce, &p->hello, DATA_HELLO_SIGNED)) {
+        bad_hello(n, p, "the hello does not prove the epoch's secret");
+        return HELLO_DROP;
+    }
+    if (!from_member(g, from, p->from)) {
+        bad_hello(n, p, "not from the address the member table lists");
+        return HELLO_DROP;
+    }
+    if (*slot >= 0) {
+        bad_hello(n, p, "that connection is already up");
+        return HELLO_DROP;
+    }
+    if (welcome(g, p, DATA_WELCOME_OK) < 0) return HELLO_DROP; /* it went away */
+    *slot = p->fd;
+    check_ready(n, g);
+    return HELLO_UP;
 }
 
 /*
  * Hellos of accepted connections. One proven for the committed epoch (mac over our
  * nonce with the epoch's secret, a member's index, from that member's address, a free
- * slot) takes its slot; one for an epoch not committed here yet waits (bounded: the
- * table, PENDING_FUTURE_NS) and is checked when the commit arrives; anything else is
- * refused and logged (rate-limited).
+ * slot) is welcomed with our own proof and takes its slot; one for an epoch not
+ * committed here yet waits (bounded: CLAIMS_PER_SOURCE, PENDING_FUTURE_NS, the table)
+ * and is judged when the commit arrives; anything else is refused and logged
+ * (rate-limited).
  */
 void dataconn_progress_pending(struct net *n)
 {
     int64_t t = now_ns();
     for (int i = 0; i < n->npend;) {
         struct pending_conn *p = &n->pend[i];
-        if (p->fd < 0) { /* closed by forget_older_claims */
-            n->pend[i] = n->pend[--n->npend];
-            continue;
-        }
-        int drop = 0, keep = 1, fresh = 0;
+        int verdict = HELLO_KEEP, fresh = 0;
         if (p->got < sizeof(p->hello)) {
-            ssize_t r = read(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got);
-            if (r > 0)
-                p->got += (size_t)r;
-            else if (r == 0 || (errno != EAGAIN && errno != EINTR))
-                drop = 1;
-            if (p->got == sizeof(p->hello)) {
+            size_t before = p->got;
+            int r = read_due(p->fd, &p->hello, sizeof(p->hello), &p->got);
+            if (r < 0) {
+                verdict = HELLO_DROP;
+            } else if (r > 0 && before < sizeof(p->hello)) {
                 p->deadline = t + PENDING_FUTURE_NS;
                 fresh = 1;
             }
         }
-        if (!drop && p->got == sizeof(p->hello)) {
-            char why[128];
-            struct ngroup *g = NULL;
-            if (data_hello_check(&p->hello, why, sizeof(why)) < 0) {
-                bad_hello(n, p, why);
-                drop = 1;
-            } else {
-                for (int k = 0; k < n->ngroups; k++)
-                    if (n->groups[k] && n->groups[k]->name_hash == p->hello.group_hash)
-                        g = n->groups[k];
-                int from = (int)p->hello.from_index;
-                int *slot = NULL;
-                if (g && from > g->me && from < g->nodes)
-                    slot = conn_slot(g, p->hello.channel, from, 0);
-                if (!slot) {
-                    bad_hello(n, p, "no such group or node index");
-                    drop = 1;
-                } else if (p->hello.epoch < g->rdv.epoch ||
-                           (!g->rdv.committed && p->hello.epoch == g->rdv.epoch)) {
-                    bad_hello(n, p, "an epoch that is over");
-                    drop = 1;
-                } else if (g->rdv.committed && p->hello.epoch == g->rdv.epoch) {
-                    if (!sec_mac_ok(p->hello.mac, g->secret, p->nonce, &p->hello,
-                                    DATA_HELLO_SIGNED)) {
-                        bad_hello(n, p, "the hello does not prove the epoch's secret");
-                        drop = 1;
-                    } else if (!from_member(g, from, p->from)) {
-                        bad_hello(n, p, "not from the address the member table lists");
-                        drop = 1;
-                    } else if (*slot >= 0) {
-                        bad_hello(n, p, "that connection is already up");
-                        drop = 1;
-                    } else {
-                        *slot = p->fd;
-                        keep = 0;
-                        check_ready(n, g);
-                    }
-                } else if (fresh)
-                    forget_older_claims(n, i);
-                /* else: for an epoch we have not been told of yet: keep it until then,
-                 * one per source address and claimed connection */
-            }
-        }
-        if (!drop && keep && t > p->deadline) drop = 1;
-        if (drop) close(p->fd);
-        if (drop || !keep) {
+        if (verdict == HELLO_KEEP && p->got == sizeof(p->hello)) verdict = judge_hello(n, i, fresh);
+        if (verdict == HELLO_KEEP && t > p->deadline) verdict = HELLO_DROP;
+        if (verdict == HELLO_DROP) close(p->fd);
+        if (verdict != HELLO_KEEP) {
             n->pend[i] = n->pend[--n->npend];
             continue;
         }

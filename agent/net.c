@@ -202,8 +202,8 @@ static int service(void *ctx, char *why, size_t whylen)
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
     atomic_store_explicit(&n->alive_ns, t, memory_order_relaxed); /* a long op turns too */
-    uint32_t epoch = g->rdv.epoch;
-    dataconn_accept(n); /* other groups form meanwhile */
+    uint64_t commits = g->rdv.commits; /* the epoch, whatever its number */
+    dataconn_accept(n);                /* other groups form meanwhile */
     dataconn_progress_pending(n);
     net_epoch_drain(n);
     for (int i = 0; i < n->ngroups; i++) {
@@ -222,7 +222,12 @@ static int service(void *ctx, char *why, size_t whylen)
         snprintf(why, whylen, "%s", g->abort_why);
         return COLL_ERR_MISMATCH;
     }
-    if (!g->rdv.committed || g->rdv.epoch != epoch) {
+    if (g->abort_pending && g->abort_silent) {
+        /* a pod went silent: what it owes this op will not come */
+        snprintf(why, whylen, "%s", g->abort_why);
+        return COLL_ERR_PEER_LOST;
+    }
+    if (!g->rdv.committed || g->rdv.commits != commits) {
         snprintf(why, whylen, "the group's epoch ended during the op");
         return COLL_ERR_PEER_LOST;
     }
@@ -609,12 +614,18 @@ static void *net_main(void *arg)
                         .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
                                           (g->out[p].head || g->out[p].nacks ? ZMQ_POLLOUT : 0))};
         }
+        int retry = 0; /* a connection to open again shortly (NOT_YET): look up soon */
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
-            for (int k = 0; g && k < g->nog && ni < ITEMS_MAX - 4 - MAX_PENDING_ACCEPTS; k++)
+            for (int k = 0; g && k < g->nog && ni < ITEMS_MAX - 4 - MAX_PENDING_ACCEPTS; k++) {
+                if (g->og[k].fd < 0) {
+                    retry = 1;
+                    continue;
+                }
                 items[ni++] = (zmq_pollitem_t){
                     .fd = g->og[k].fd,
                     .events = (short)(g->og[k].connected ? ZMQ_POLLIN : ZMQ_POLLOUT)};
+            }
         }
         if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
         if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
@@ -628,7 +639,7 @@ static void *net_main(void *arg)
         atomic_thread_fence(memory_order_seq_cst);
         int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
         slept |= !busy;
-        zmq_poll(items, ni, busy ? 0 : 20);
+        zmq_poll(items, ni, busy ? 0 : retry ? 1 : 20);
         atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
         if (pthread_mutex_trylock(&n->coll_lock) != 0) {
             /* the engine runs a tiny op, perhaps asleep in it: knock (it hands the op

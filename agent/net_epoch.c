@@ -59,8 +59,9 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
     g->rdv_s = (double)(g->commit_ns - g->wait_since) / 1e9;
     g->pub_cpu_shared = g->cpu_shared;
     pthread_mutex_unlock(&n->out_lock);
-    log_msg(LOG_INFO, "rendezvous.commit", "group=%s epoch=%u nodes=%d node=%d cpu_shared=%d",
-            g->cfg->name, c->h.epoch, g->nodes, g->me, g->cpu_shared);
+    log_msg(LOG_INFO, "rendezvous.commit",
+            "group=%s epoch=%u inc=%016llx nodes=%d node=%d cpu_shared=%d", g->cfg->name,
+            c->h.epoch, (unsigned long long)c->h.inc, g->nodes, g->me, g->cpu_shared);
     char why[160];
     if (dataconn_open(n, g, why, sizeof(why)) < 0)
         net_epoch_end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
@@ -90,10 +91,11 @@ static void io_end(void *ctx, int code, const char *why, int drain)
     }
     if (wait) {
         g->abort_pending = 1;
+        g->abort_silent = drain == RDV_DRAIN_SILENT; /* service() ends a running op */
         g->abort_code = code;
         snprintf(g->abort_why, sizeof(g->abort_why), "%s", why);
         log_msg(LOG_INFO, "rendezvous.drain", "group=%s epoch=%u lent=%d reason=\"%s\"",
-                g->cfg->name, g->rdv.epoch, g->lent, why);
+                g->cfg->name, g->rdv.epoch, g->lent, LOG_Q(why));
         return;
     }
     net_epoch_end(g->net, g, code, why, 0, 0);
@@ -153,7 +155,7 @@ void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, i
                    int tell)
 {
     int had = g->rdv.committed;
-    g->abort_pending = 0;
+    g->abort_pending = g->abort_silent = 0;
     int lent = g->lent;
     if (lent) {
         /* the client runs its ops on these sockets: end our side of them under it now (a
@@ -168,7 +170,7 @@ void net_epoch_end(struct net *n, struct ngroup *g, int code, const char *why, i
     }
     log_msg(had ? LOG_WARN : LOG_INFO, "rendezvous.abort",
             "group=%s epoch=%u code=\"%s\" reason=\"%s\"", g->cfg->name, g->rdv.epoch,
-            coll_strerror((coll_err)code), why);
+            coll_strerror((coll_err)code), LOG_Q(why));
     if ((code == COLL_ERR_MISMATCH && had) || lent)
         dataconn_bury(g);
     else
@@ -198,7 +200,7 @@ void net_epoch_end_later(struct net *n, struct ngroup *g, int code, const char *
 void net_epoch_end_finish(struct net *n, struct ngroup *g)
 {
     if (!g->abort_pending) return;
-    g->abort_pending = 0;
+    g->abort_pending = g->abort_silent = 0;
     net_epoch_end(n, g, g->abort_code, g->abort_why, 0, 0);
 }
 
@@ -239,7 +241,7 @@ static void on_frame(struct net *n, const unsigned char *id, size_t idlen, const
         if (log_limit_pass(&n->lim_frame, &dropped))
             log_msg(LOG_WARN, "rendezvous.bad_frame",
                     "from=%s bytes=%zu reason=\"%s\" suppressed=%llu",
-                    id ? "member" : "coordinator", len, why, dropped);
+                    id ? "member" : "coordinator", len, LOG_Q(why), dropped);
         return;
     }
     struct ngroup *g = group_named(n, m.h.group);

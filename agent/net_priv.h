@@ -29,6 +29,12 @@
 #define MAX_PENDING_ACCEPTS 256
 #define PENDING_HELLO_NS (3000 * NS_PER_MS)   /* a connection must say who it is this fast */
 #define PENDING_FUTURE_NS (10000 * NS_PER_MS) /* a proven-looking hello may wait for its epoch */
+/* Hellos for an epoch not committed here yet, kept per source address and claimed
+ * connection (group, node, channel); one more is answered NOT_YET, never by dropping one
+ * already kept (a newer hello from the same address proves nothing until the commit). */
+#define CLAIMS_PER_SOURCE 2
+#define RETRY_FIRST_NS (1 * NS_PER_MS) /* a NOT_YET: connect again after this, doubling */
+#define RETRY_MAX_NS (64 * NS_PER_MS)
 /* Messages that arrive before their receive is posted are copied into memory of ours only
  * while small and within these bounds; any other waits in the sender's socket (TCP flow
  * control holds the sender back) until its receive is posted, and is then read straight
@@ -36,6 +42,13 @@
 #define UNX_SMALL (64u << 10)
 #define UNX_PEER_MAX (4u << 20)
 #define UNX_GROUP_MAX (16u << 20)
+/* Each kept message is charged its payload plus this (its record and the allocator's
+ * share), and counted: a flood of empty sends costs what it holds, and at most
+ * UNX_PEER_MSGS from one peer, UNX_GROUP_MSGS in all, are kept (242e584: a million
+ * empty ones were charged nothing and held 106.8 MiB). */
+#define UNX_MSG_COST 128u
+#define UNX_PEER_MSGS 1024u
+#define UNX_GROUP_MSGS 4096u
 /* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, 4 more */
 #define ITEMS_MAX (256 + DATA_CH_COUNT * RDV_MAX_NODES + MAX_PENDING_ACCEPTS + 4)
 #define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
@@ -57,7 +70,8 @@ struct unexpected {
     struct unexpected *next;
     struct data_op_hdr hdr;
     void *data;
-    int from; /* the pod it came from (for the per-peer bound) */
+    int from;    /* the pod it came from (for the per-peer bound) */
+    size_t cost; /* what it is charged: its payload and UNX_MSG_COST */
 };
 
 /* Receiving from one pod: header, then payload into a posted buffer or a copy. */
@@ -72,11 +86,18 @@ struct p2p_in {
 
 /* One of our connections of the committed epoch still being set up (connect, then the
  * peer's challenge), moved on by dataconn_progress_outgoing from the poll loop. */
+/* One of our data connections on its way up (rdv_wire.h: the handshake). */
 struct outgoing {
-    int fd, peer, ch;
-    int connected; /* the TCP connect has completed */
-    size_t got;    /* challenge bytes read */
-    struct data_challenge chal;
+    int fd, peer, ch; /* fd -1: the peer said NOT_YET; connect again at retry_at */
+    int connected;    /* the TCP connect has completed */
+    int hello_sent;   /* the challenge came and our hello went: the welcome is due */
+    size_t got;       /* bytes of the message due (challenge, then welcome) */
+    union {
+        struct data_challenge chal;
+        struct data_welcome wel;
+    } in;
+    uint8_t nonce[SEC_NONCE_BYTES]; /* our hello's: the welcome proves the secret over it */
+    int64_t retry_at, backoff_ns;
 };
 
 struct ngroup {
@@ -101,6 +122,7 @@ struct ngroup {
     int ready;                     /* rdv.committed and every data connection is up */
     int awaiting_mark;             /* aborted by the net: hold ops until the engine's mark */
     int abort_pending;        /* the epoch is ending: finish the ops all pods have, then abort */
+    int abort_silent;         /* ... a pod went silent: running ops stop at their next turn */
     struct net_task *running; /* the op tcp_run is moving, off the queue */
     /* tiny ops the engine runs itself (net_inline); coll_lock guards these and the lease */
     struct tcp_tiny *tiny;
@@ -143,7 +165,8 @@ struct ngroup {
     struct p2p_in in[RDV_MAX_NODES];
     struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
     struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
-    size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they hold, in all and by peer */
+    size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they cost, in all and by peer */
+    uint32_t unx_n, unx_n_from[RDV_MAX_NODES];  /* ... and how many there are */
     /* collectives */
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;
@@ -210,7 +233,7 @@ struct net {
     net_commid_fn commid; /* NCCL groups: the backend makes each epoch's id */
     struct sec_keys keys;
     void *zap; /* coordinator with keys: the ZAP handler */
-    struct log_limit lim_hello, lim_claim, lim_frame, lim_reject;
+    struct log_limit lim_hello, lim_frame, lim_reject;
     int64_t last_service;
     struct dns_watch *dns;    /* discovery.service, watched on its own thread; NULL: none */
     _Atomic int64_t alive_ns; /* the loop's last turn, for /livez */

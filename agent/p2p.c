@@ -18,11 +18,21 @@
 
 static void unx_free(struct ngroup *g, struct unexpected *u)
 {
-    size_t bytes = u->hdr.count * coll_dtype_size((coll_dtype)u->hdr.dtype);
-    g->unx_bytes -= bytes;
-    g->unx_from[u->from] -= bytes;
+    g->unx_bytes -= u->cost;
+    g->unx_from[u->from] -= u->cost;
+    g->unx_n--;
+    g->unx_n_from[u->from]--;
     free(u->data);
     free(u);
+}
+
+/* Whether an early message of plen payload bytes from peer may be kept (UNX_*). */
+static int unx_fits(const struct ngroup *g, int peer, size_t plen)
+{
+    size_t cost = plen + UNX_MSG_COST;
+    return plen <= UNX_SMALL && g->unx_from[peer] + cost <= UNX_PEER_MAX &&
+           g->unx_bytes + cost <= UNX_GROUP_MAX && g->unx_n_from[peer] < UNX_PEER_MSGS &&
+           g->unx_n < UNX_GROUP_MSGS;
 }
 
 /* Fail every send and receive in flight and forget half-read messages. */
@@ -327,8 +337,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 break;
             }
             if (!in->task) {
-                if (in->plen > UNX_SMALL || g->unx_from[peer] + in->plen > UNX_PEER_MAX ||
-                    g->unx_bytes + in->plen > UNX_GROUP_MAX) {
+                if (!unx_fits(g, peer, in->plen)) {
                     in->parked = 1; /* read on when its receive is posted */
                     return;
                 }
@@ -342,8 +351,11 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 }
                 in->unx->hdr = *h;
                 in->unx->from = peer;
-                g->unx_bytes += in->plen;
-                g->unx_from[peer] += in->plen;
+                in->unx->cost = in->plen + UNX_MSG_COST;
+                g->unx_bytes += in->unx->cost;
+                g->unx_from[peer] += in->unx->cost;
+                g->unx_n++;
+                g->unx_n_from[peer]++;
             }
         } else {
             in->pgot += (size_t)r;

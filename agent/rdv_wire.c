@@ -15,7 +15,7 @@
 #include "coll/coll.h"
 #include "wire.h"
 
-_Static_assert(sizeof(struct rdv_hdr) == 80, "rendezvous header is frozen");
+_Static_assert(sizeof(struct rdv_hdr) == 88, "rendezvous header is frozen");
 _Static_assert(sizeof(union rdv_msg) <= RDV_FRAME_MAX, "every frame fits ZMQ_MAXMSGSIZE");
 
 static size_t fixed_size(unsigned t)
@@ -143,6 +143,16 @@ static int terminated(const char *s, size_t cap)
     return memchr(s, '\0', cap) != NULL;
 }
 
+/* A name that logs and metrics print as it is: no control bytes, quotes or backslashes
+ * (pod names and UIDs are DNS labels and UUIDs; anything else is forged). */
+static int plain(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x21 || (unsigned char)*s >= 0x7f || *s == '"' || *s == '\\')
+            return 0;
+    return 1;
+}
+
 int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t whylen)
 {
     struct rdv_hdr h;
@@ -198,6 +208,13 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
             !terminated(out->join.data_addr, RDV_ADDR_MAX) ||
             !terminated(out->join.uid, RDV_NAME_MAX))
             goto unterminated;
+        if (!plain(out->join.pod) || !plain(out->join.uid) || !plain(out->join.h.group)) {
+            snprintf(why, whylen,
+                     "JOIN from index %u: pod name, UID or group has a byte that is "
+                     "not a printable non-space character",
+                     out->join.node_index);
+            return -1;
+        }
         if (!out->join.uid[0]) {
             snprintf(why, whylen, "JOIN from index %u without a pod UID", out->join.node_index);
             return -1;
@@ -205,6 +222,11 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         if (rdv_addr_parse(out->join.data_addr, NULL) < 0) {
             snprintf(why, whylen, "JOIN: data address '%.64s' is not ipv4:port",
                      out->join.data_addr);
+            return -1;
+        }
+        if (!out->join.h.inc != !out->join.last_epoch) {
+            snprintf(why, whylen, "JOIN: last epoch %u of incarnation %llx", out->join.last_epoch,
+                     (unsigned long long)out->join.h.inc);
             return -1;
         }
         if (out->join.nodes == 0 || out->join.nodes > RDV_MAX_NODES ||
@@ -215,6 +237,11 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         }
         break;
     case RDV_COMMIT:
+        if (!out->commit.h.inc || !out->commit.h.epoch) {
+            snprintf(why, whylen, "COMMIT of epoch %u of incarnation %llx", out->commit.h.epoch,
+                     (unsigned long long)out->commit.h.inc);
+            return -1;
+        }
         for (uint32_t i = 0; i < out->commit.nodes; i++)
             if (!out->commit.members[i].ip || !out->commit.members[i].port) {
                 snprintf(why, whylen, "COMMIT: member %u has no data address", i);
@@ -230,6 +257,10 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         break;
     case RDV_ABORT:
         if (!terminated(out->abort.why, RDV_MSG_MAX)) goto unterminated;
+        if (out->abort.silent > 1 || out->abort.pad) {
+            snprintf(why, whylen, "ABORT with silent=%u pad=%u", out->abort.silent, out->abort.pad);
+            return -1;
+        }
         break;
     }
     return 0;
@@ -251,6 +282,27 @@ int data_hello_check(const struct data_hello *h, char *why, size_t whylen)
     }
     if (h->from_index >= RDV_MAX_NODES) {
         snprintf(why, whylen, "hello from node index %u", h->from_index);
+        return -1;
+    }
+    return 0;
+}
+
+int data_welcome_check(const struct data_welcome *w, const struct data_hello *h, uint32_t to_index,
+                       char *why, size_t whylen)
+{
+    if (w->magic != DATA_MAGIC || w->version != RDV_VERSION || w->pad != 0 || w->pad2 != 0) {
+        snprintf(why, whylen, "not a data-plane welcome (magic 0x%08x version %u)", w->magic,
+                 w->version);
+        return -1;
+    }
+    if (w->status != DATA_WELCOME_OK && w->status != DATA_WELCOME_NOT_YET) {
+        snprintf(why, whylen, "welcome with status %u", w->status);
+        return -1;
+    }
+    if (w->channel != h->channel || w->to_index != to_index || w->group_hash != h->group_hash ||
+        w->inc != h->inc || w->epoch != h->epoch) {
+        snprintf(why, whylen, "the welcome answers another hello (node %u, channel %u, epoch %u)",
+                 w->to_index, w->channel, w->epoch);
         return -1;
     }
     return 0;

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 6
+#define RDV_VERSION 7
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 4096 /* pods in a group; members is bounded by config */
@@ -32,12 +32,20 @@ enum rdv_type {
     RDV_TYPE_END
 };
 
+/*
+ * An epoch is named by two numbers: inc, the coordinator's incarnation (random and not 0,
+ * drawn when its agent starts), and epoch, the count of its commits (from 1). Only the
+ * coordinator moves them: a member takes a COMMIT from an incarnation it has not
+ * committed with, or a later epoch of the one it has, and nothing a member sends feeds
+ * the count (a JOIN's last epoch once did, and one JOIN could wrap it: issue 40).
+ */
 struct rdv_hdr {
     uint32_t magic;
     uint16_t version;
     uint16_t type;
     uint32_t len; /* whole frame */
     uint32_t epoch;
+    uint64_t inc; /* JOIN: the incarnation of the member's last epoch (0: none) */
     char group[RDV_NAME_MAX];
 };
 
@@ -59,7 +67,7 @@ struct rdv_join {
     uint32_t nodes; /* world size in pods, as this member's config says */
     uint32_t node_index;
     uint32_t local_slots;
-    uint32_t last_epoch; /* the last epoch this member committed, 0 if none */
+    uint32_t last_epoch; /* the last epoch this member committed (of h.inc), 0 if none */
     char pod[RDV_NAME_MAX];
     char data_addr[RDV_ADDR_MAX]; /* "ip:port" of its data-plane listener */
     char uid[RDV_NAME_MAX];       /* the pod's UID, else a random id per agent process */
@@ -105,6 +113,8 @@ struct rdv_abort {
     struct rdv_hdr h;
     int32_t code;        /* coll_err the epoch's ops fail with */
     uint32_t node_index; /* who reports it */
+    uint32_t silent;     /* a pod went silent: what it owes will not come, so no op waits */
+    uint32_t pad;
     char why[RDV_MSG_MAX];
 };
 
@@ -147,6 +157,17 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
 
 #define DATA_MAGIC 0x41544443u /* "CDTA" */
 
+/*
+ * Every data connection opens with a proof both ways of the epoch's secret (COMMIT's),
+ * each side over a nonce the other drew for this connection:
+ *   acceptor -> opener: data_challenge (its nonce)
+ *   opener -> acceptor: data_hello (who it is, its own nonce, a mac over the challenge's)
+ *   acceptor -> opener: data_welcome (OK with a mac over the hello's nonce; or NOT_YET:
+ *                       the acceptor has not been told of that epoch, and the opener
+ *                       connects again shortly)
+ * Neither side reads a byte of an op from a connection before the other side's proof.
+ */
+
 /* First bytes on every data connection, from the accepting side: a fresh nonce. */
 struct data_challenge {
     uint32_t magic;
@@ -155,19 +176,42 @@ struct data_challenge {
     uint8_t nonce[32];
 };
 
-/* The connecting side's answer: who it is, and mac = HMAC-SHA256(epoch secret, nonce ||
- * the bytes of this struct before mac). Accepted only with the right mac, for a member's
- * index, from the address the member table lists. */
+/* The connecting side's answer: who it is, a fresh nonce of its own, and mac =
+ * HMAC-SHA256(epoch secret, challenge nonce || the bytes of this struct before mac).
+ * Accepted only with the right mac, for a member's index, from the address the member
+ * table lists. */
 struct data_hello {
     uint32_t magic;
     uint16_t version;
     uint16_t channel;    /* DATA_CH_* */
     uint64_t group_hash; /* FNV of the group name */
+    uint64_t inc;        /* the epoch (rdv_hdr) */
     uint32_t epoch;
     uint32_t from_index;
+    uint8_t nonce[32];
     uint8_t mac[32];
 };
 #define DATA_HELLO_SIGNED offsetof(struct data_hello, mac)
+
+enum { DATA_WELCOME_OK = 1, DATA_WELCOME_NOT_YET = 2 };
+
+/* The accepting side's answer to a hello: OK, with mac = HMAC-SHA256(epoch secret, the
+ * hello's nonce || the bytes of this struct before mac), and the connection carries the
+ * epoch's ops from the next byte; or NOT_YET (mac zero), and it is closed. */
+struct data_welcome {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t status;  /* DATA_WELCOME_* */
+    uint16_t channel; /* the hello's */
+    uint16_t pad;
+    uint32_t to_index; /* the acceptor's node index */
+    uint64_t group_hash;
+    uint64_t inc;
+    uint32_t epoch;
+    uint32_t pad2;
+    uint8_t mac[32];
+};
+#define DATA_WELCOME_SIGNED offsetof(struct data_welcome, mac)
 
 /* Sent ahead of each op's first bytes to a peer, so that peers that disagree on the
  * op fail with MISMATCH instead of misreading each other's bytes. */
@@ -190,6 +234,10 @@ enum { DATA_CH_COLL = 0, DATA_CH_P2P = 1, DATA_CH_COLL_BACK = 2, DATA_CH_COUNT =
 
 int data_hello_check(const struct data_hello *h, char *why, size_t whylen);
 int data_challenge_check(const struct data_challenge *c, char *why, size_t whylen);
+/* Whether w answers hello h, sent to node to_index: magic, version, a known status, the
+ * hello's group, epoch and channel (the mac is the caller's to check). 0, or -1 with why. */
+int data_welcome_check(const struct data_welcome *w, const struct data_hello *h, uint32_t to_index,
+                       char *why, size_t whylen);
 /* The header of a send/recv message that node peer sent to node me (nlocal ranks per
  * node), or of an ack of one of our sends (kind RECV: root = the receive's status, count
  * its count, no payload): magic, kind, dtype, both ranks on those nodes, a size below

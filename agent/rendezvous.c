@@ -13,6 +13,23 @@
 
 #define NS_PER_MS 1000000LL
 
+/* The coordinator's incarnation: random, not 0, and its commits count from 1 again. */
+static void new_incarnation(struct rendezvous *s)
+{
+    uint64_t old = s->inc;
+    do
+        s->io.random(s->io.ctx, &s->inc, sizeof(s->inc));
+    while (!s->inc || s->inc == old);
+    s->epoch = 0;
+}
+
+/* A frame of ours about the current (or last) epoch. */
+static void frame(const struct rendezvous *s, union rdv_msg *m, enum rdv_type t)
+{
+    rdv_init(m, t, s->group, s->epoch);
+    m->h.inc = s->inc;
+}
+
 void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
                      const struct rendezvous_io *io)
 {
@@ -31,6 +48,7 @@ void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
     s->limit = st->limit;
     s->place = st->place;
     s->io = *io;
+    if (s->me == 0) new_incarnation(s);
 }
 
 static void send_to(struct rendezvous *s, const struct rdv_peer *p, union rdv_msg *m)
@@ -42,6 +60,7 @@ static void send_join(struct rendezvous *s, int64_t now)
 {
     union rdv_msg m;
     rdv_init(&m, RDV_JOIN, s->group, 0);
+    m.h.inc = s->inc;
     m.join.config_hash = s->config_hash;
     m.join.nodes = (uint32_t)s->nodes;
     m.join.node_index = (uint32_t)s->me;
@@ -58,11 +77,12 @@ static void send_join(struct rendezvous *s, int64_t now)
 
 /* Tell the other pods that this epoch is over: the coordinator tells every member, a
  * member tells the coordinator (which tells the rest). */
-static void send_abort(struct rendezvous *s, int code, const char *why)
+static void send_abort(struct rendezvous *s, int code, const char *why, int silent)
 {
     union rdv_msg m;
-    rdv_init(&m, RDV_ABORT, s->group, s->epoch);
+    frame(s, &m, RDV_ABORT);
     m.abort.code = code;
+    m.abort.silent = silent != 0;
     m.abort.node_index = (uint32_t)s->me;
     snprintf(m.abort.why, sizeof(m.abort.why), "%s", why);
     if (s->me == 0) {
@@ -77,7 +97,7 @@ static void send_abort(struct rendezvous *s, int code, const char *why)
 void rendezvous_fail(struct rendezvous *s, int code, const char *why, int tell, int drain)
 {
     if (!s->committed || s->ending) return;
-    if (tell) send_abort(s, code, why);
+    if (tell) send_abort(s, code, why, drain == RDV_DRAIN_SILENT);
     s->ending = 1;
     s->io.end(s->io.ctx, code, why, drain);
 }
@@ -97,7 +117,7 @@ static void back_off(struct rendezvous *s, int64_t now)
 void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, int64_t now)
 {
     int had = s->committed, was_formed = s->formed;
-    if (tell) send_abort(s, code, why);
+    if (tell) send_abort(s, code, why, 0);
     s->committed = s->formed = s->ending = 0;
     s->ends++;
     if (s->me == 0) {
@@ -124,6 +144,7 @@ void rendezvous_formed(struct rendezvous *s)
 static void apply_commit(struct rendezvous *s, const struct rdv_commit *c, int64_t now)
 {
     s->epoch = c->h.epoch;
+    s->inc = c->h.inc;
     s->committed = 1;
     s->formed = s->ending = 0;
     s->commits++;
@@ -136,11 +157,11 @@ static void apply_commit(struct rendezvous *s, const struct rdv_commit *c, int64
 
 static void coord_commit(struct rendezvous *s, int64_t now)
 {
-    uint32_t e = s->epoch;
-    for (int i = 1; i < s->nodes; i++)
-        if (s->peers[i].join.last_epoch > e) e = s->peers[i].join.last_epoch;
+    /* the count is ours alone (rdv_wire.h); at its end, an incarnation starts anew */
+    if (s->epoch == UINT32_MAX) new_incarnation(s);
+    s->epoch++;
     union rdv_msg m;
-    rdv_init(&m, RDV_COMMIT, s->group, e + 1);
+    frame(s, &m, RDV_COMMIT);
     m.commit.nodes = (uint32_t)s->nodes;
     s->io.random(s->io.ctx, m.commit.secret, sizeof(m.commit.secret));
     /* the addresses were checked when each JOIN was decoded */
@@ -181,7 +202,7 @@ static void refuse(const struct rendezvous_io *io, const unsigned char *id, size
     unsigned long long dropped = 0;
     if (!limit || log_limit_pass(limit, &dropped))
         log_msg(LOG_WARN, "rendezvous.reject", "node=%u pod=\"%s\" reason=\"%s\" suppressed=%llu",
-                j->node_index, j->pod, r->reject.why, dropped);
+                j->node_index, LOG_Q(j->pod), LOG_Q(r->reject.why), dropped);
     io->send(io->ctx, id, idlen, r);
 }
 
@@ -232,15 +253,16 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
         return;
     }
     int same = same_pod && p->idlen == idlen && memcmp(p->id, id, idlen) == 0;
-    if (s->committed && same && j->last_epoch < s->epoch) {
+    if (s->committed && same && (j->h.inc != s->inc || j->last_epoch < s->epoch)) {
         /* sent before our COMMIT reached it: nothing new */
         p->last_heard = now;
         return;
     }
     if (p->present && !same_pod) {
         log_msg(LOG_WARN, "rendezvous.replaced",
-                "group=%s node=%u old_pod=\"%s\" old_uid=%s new_pod=\"%s\" new_uid=%s", s->group,
-                j->node_index, p->join.pod, p->join.uid, j->pod, j->uid);
+                "group=%s node=%u old_pod=\"%s\" old_uid=\"%s\" new_pod=\"%s\" new_uid=\"%s\"",
+                s->group, j->node_index, LOG_Q(p->join.pod), LOG_Q(p->join.uid), LOG_Q(j->pod),
+                LOG_Q(j->uid));
         memcpy(p->displaced, p->join.uid, sizeof(p->displaced));
     } else if (!p->present && strcmp(p->displaced, j->uid) == 0) {
         p->displaced[0] = '\0'; /* the index is free again: whoever comes takes it */
@@ -259,7 +281,7 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
     p->last_heard = now;
     if (again) return; /* nothing changed: no log line, no scan (O(members) per JOIN) */
     log_msg(LOG_INFO, "rendezvous.join", "group=%s node=%u pod=\"%s\" data=%s last_epoch=%u",
-            s->group, j->node_index, j->pod, j->data_addr, j->last_epoch);
+            s->group, j->node_index, LOG_Q(j->pod), j->data_addr, j->last_epoch);
     if (s->committed) return; /* the old epoch is still draining: commit after it ends */
     for (int i = 1; i < s->nodes; i++)
         if (!s->peers[i].present) return;
@@ -284,13 +306,14 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
                 from = i;
         if (from < 0) return; /* not a member of this group (any more) */
         s->peers[from].last_heard = now;
-        if (m->h.type == RDV_ABORT && s->committed && m->h.epoch == s->epoch)
-            rendezvous_fail(s, m->abort.code, m->abort.why, 1, 1);
+        if (m->h.type == RDV_ABORT && s->committed && m->h.inc == s->inc && m->h.epoch == s->epoch)
+            rendezvous_fail(s, m->abort.code, m->abort.why, 1,
+                            m->abort.silent ? RDV_DRAIN_SILENT : RDV_DRAIN);
         if (m->h.type == RDV_LEAVE) {
             char why[160];
             snprintf(why, sizeof(why), "node %d (%s) left", from, s->peers[from].join.pod);
             log_msg(LOG_INFO, "rendezvous.leave", "group=%s node=%d pod=\"%s\"", s->group, from,
-                    s->peers[from].join.pod);
+                    LOG_Q(s->peers[from].join.pod));
             s->peers[from].present = 0;
             rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
         }
@@ -302,7 +325,9 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
     switch (m->h.type) {
     case RDV_COMMIT:
         if (m->commit.nodes != (uint32_t)s->nodes) return;
-        if (m->h.epoch <= s->epoch) return; /* the current epoch's, or an old one */
+        /* the current epoch's, or an old one, of the coordinator we know (another
+         * incarnation: it restarted, and counts from 1 again) */
+        if (m->h.inc == s->inc && m->h.epoch <= s->epoch) return;
         if (s->committed) {
             /* a commit we have not seen ends ours: the coordinator moved on (it
              * restarted, or our ABORT crossed its COMMIT) */
@@ -315,15 +340,19 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
         if (s->committed) break; /* a refusal of a JOIN that crossed our COMMIT */
         if (strcmp(s->last_reject, m->reject.why) != 0) {
             log_msg(LOG_ERROR, "rendezvous.rejected", "group=%s reason=\"%s\"", s->group,
-                    m->reject.why);
+                    LOG_Q(m->reject.why));
             snprintf(s->last_reject, sizeof(s->last_reject), "%s", m->reject.why);
         }
         if (s->join_unanswered) back_off(s, now); /* once per JOIN, not per refusal */
         s->join_unanswered = 0;
         break;
     case RDV_ABORT:
-        if (s->committed && m->h.epoch == s->epoch)
-            rendezvous_fail(s, m->abort.code, m->abort.why, 0, 1);
+        /* a pod went silent (the coordinator says): no op of ours waits for its bytes,
+         * which will not come, and every member knows within the coordinator's 3
+         * heartbeats, not its own sockets' keepalive */
+        if (s->committed && m->h.inc == s->inc && m->h.epoch == s->epoch)
+            rendezvous_fail(s, m->abort.code, m->abort.why, 0,
+                            m->abort.silent ? RDV_DRAIN_SILENT : RDV_DRAIN);
         break;
     default:
         break;
@@ -333,10 +362,10 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
 void rendezvous_leave(struct rendezvous *s)
 {
     if (s->me == 0) {
-        send_abort(s, COLL_ERR_PEER_LOST, "the coordinator is stopping");
+        send_abort(s, COLL_ERR_PEER_LOST, "the coordinator is stopping", 0);
     } else {
         union rdv_msg m;
-        rdv_init(&m, RDV_LEAVE, s->group, s->epoch);
+        frame(s, &m, RDV_LEAVE);
         m.leave.node_index = (uint32_t)s->me;
         send_to(s, NULL, &m);
     }
@@ -348,7 +377,7 @@ void rendezvous_heartbeat(struct rendezvous *s, int64_t now)
 {
     if (now < s->next_hb) return;
     union rdv_msg m;
-    rdv_init(&m, RDV_HEARTBEAT, s->group, s->epoch);
+    frame(s, &m, RDV_HEARTBEAT);
     if (s->me == 0) {
         for (int i = 1; i < s->nodes; i++)
             if (s->peers[i].present) send_to(s, &s->peers[i], &m);

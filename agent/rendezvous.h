@@ -6,9 +6,10 @@
  * what the owner saw on the data plane (rendezvous_formed, rendezvous_end). Out, through the
  * callbacks of struct rendezvous_io: frames to send, a committed epoch to connect, the end of
  * an epoch. Node 0 is the coordinator: members send JOIN until they get COMMIT; when
- * every index is present the coordinator commits epoch max(seen) + 1 with the member
- * table and a fresh secret. Heartbeats go both ways; silence for 3 intervals, a member
- * that joins again or leaves, or an ABORT end the epoch, and everybody joins again.
+ * every index is present the coordinator commits its next epoch (rdv_wire.h: its
+ * incarnation and count, moved by nobody else) with the member table and a fresh secret. Heartbeats
+ * go both ways; silence for 3 intervals, a member that joins again or leaves, or an ABORT end the
+ * epoch, and everybody joins again.
  *
  * Identity: JOIN carries the pod's UID. The same index with the same UID is a rejoin;
  * a different UID replaces the pod on record once, and the replaced UID is refused
@@ -81,6 +82,7 @@ struct rendezvous {
     struct rendezvous_io io;
     /* state */
     uint32_t epoch;       /* committed epoch, or the last one (0: never) */
+    uint64_t inc;         /* ... of this coordinator incarnation (members: 0 before a commit) */
     int committed;        /* epoch is current (its data connections may still form) */
     int formed;           /* ... and they are up */
     int ending;           /* io.end was called, rendezvous_end not yet */

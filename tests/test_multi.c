@@ -6,8 +6,11 @@
  * back); configs that disagree; garbage on the rendezvous port.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -24,6 +28,7 @@
 #include "harness.h"
 #include "opcheck.h"
 #include "rdv_wire.h"
+#include "security.h" /* sec_mac: the test's own acceptor proves the secret */
 
 #define MAXA 32
 
@@ -172,6 +177,7 @@ struct one {
     int delay_ms;     /* sleep this long before submitting */
     int times;        /* allreduces in one session (0: one) */
     const char *hold; /* keep the session open until this file exists */
+    const char *why;  /* a failure's coll_last_error must hold this */
 };
 
 /* Say that rank's ops are done (file path.rRANK), then wait for path to exist. */
@@ -220,6 +226,11 @@ static int allreduce_once(void *arg)
             fprintf(stderr, "allreduce: %s (%s), expected %s\n", coll_strerror(e),
                     coll_last_error(), coll_strerror((coll_err)o->expect));
             return 103;
+        }
+        if (e != COLL_OK && o->why && !strstr(coll_last_error(), o->why)) {
+            fprintf(stderr, "allreduce: %s (%s), expected a reason with '%s'\n", coll_strerror(e),
+                    coll_last_error(), o->why);
+            return 105;
         }
         if (e == COLL_OK) {
             float want = (float)(info.size * (info.size + 1) / 2);
@@ -781,6 +792,31 @@ static void killed_agent_fails_survivors_then_group_reforms(void **state)
     assert_int_equal(start_member(&a[2], port, 2, 3, 1, NULL), 0);
     struct one ok[3] = {{.sock = a[0].sock}, {.sock = a[1].sock}, {.sock = a[2].sock}};
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 3, 30000);
+    stop_all(a, 3);
+}
+
+/* Found at 242e584: with one pod cut off silently (no reset), the coordinator noticed
+ * within 3 heartbeats, but the other members drained as for a pod that left, their
+ * ops waiting for the silent pod's bytes until their sockets' keepalive gave up (3.9-5.1
+ * s at a 1 s heartbeat). Now the coordinator's ABORT says the pod went silent, and a
+ * member's op stops at its next turn with the coordinator's reason. */
+static void a_frozen_pod_fails_the_others_ops_at_the_coordinators_word(void **state)
+{
+    (void)state;
+    struct agent a[3];
+    int port;
+    start_all(a, 3, 1, &port);
+    for (int i = 0; i < 3; i++)
+        assert_true(agent_log_wait(&a[i], "event=group.formed ", 1, 10000));
+    agent_path(1);           /* the op runs on the member's net thread, which must stop it */
+    kill(a[2].pid, SIGSTOP); /* silent: no reset, no LEAVE */
+    struct one lost0 = {.sock = a[0].sock, .expect = COLL_ERR_PEER_LOST, .why = "silent"};
+    struct one lost1 = {.sock = a[1].sock, .expect = COLL_ERR_PEER_LOST, .why = "silent"};
+    pid_t p0 = child_run(allreduce_once, &lost0), p1 = child_run(allreduce_once, &lost1);
+    assert_int_equal(child_wait(p0, 30000), 0);
+    assert_int_equal(child_wait(p1, 30000), 0);
+    agent_path(0);
+    kill(a[2].pid, SIGCONT);
     stop_all(a, 3);
 }
 
@@ -1615,9 +1651,9 @@ static void garbage_frames_are_dropped(void **state)
     char junk[300];
     for (int i = 0; i < 300; i++)
         junk[i] = (char)(i * 7);
-    zmq_send(d, junk, 3, 0);                          /* short */
-    zmq_send(d, junk, sizeof(junk), 0);               /* bad magic */
-    uint32_t hdr[20] = {0x56445243u, 9 | (1u << 16)}; /* version 9, JOIN */
+    zmq_send(d, junk, 3, 0);                                                  /* short */
+    zmq_send(d, junk, sizeof(junk), 0);                                       /* bad magic */
+    uint32_t hdr[sizeof(struct rdv_hdr) / 4] = {0x56445243u, 9 | (1u << 16)}; /* version 9, JOIN */
     zmq_send(d, hdr, sizeof(hdr), 0);
     zmq_send(d, junk, 10, ZMQ_SNDMORE); /* two frames */
     zmq_send(d, junk, 10, 0);
@@ -2045,21 +2081,41 @@ static void make_keys(char *dir, size_t cap)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The incarnation of the last epoch the agent committed (its rendezvous.commit line). */
+static uint64_t inc_of(const struct agent *a)
+{
+    FILE *f = fopen(a->log, "r");
+    if (!f) return 0;
+    char line[1024];
+    uint64_t inc = 0;
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, "event=rendezvous.commit ");
+        p = p ? strstr(p, " inc=") : NULL;
+        if (p) inc = strtoull(p + 5, NULL, 16);
+    }
+    fclose(f);
+    return inc;
+}
+
 /* A hostile process on the data port: reads the agent's challenge and answers with a
- * hello that claims to be node from_index for epoch, without the epoch's secret. */
-static int forge_hello(int dport, uint32_t epoch, uint16_t channel, uint32_t from_index)
+ * hello that claims to be node from_index for (inc, epoch), without the epoch's secret. */
+static int forge_hello(int dport, uint64_t inc, uint32_t epoch, uint16_t channel,
+                       uint32_t from_index)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons((uint16_t)dport),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) return -1;
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     struct data_challenge c;
     if (read(fd, &c, sizeof(c)) != (ssize_t)sizeof(c) || c.magic != DATA_MAGIC) return -1;
     struct data_hello h = {.magic = DATA_MAGIC,
                            .version = RDV_VERSION,
                            .channel = channel,
                            .group_hash = rdv_fnv1a("g", 1, RDV_FNV_INIT),
+                           .inc = inc,
                            .epoch = epoch,
                            .from_index = from_index};
     memcpy(h.mac, c.nonce, sizeof(h.mac)); /* any guess */
@@ -2067,11 +2123,26 @@ static int forge_hello(int dport, uint32_t epoch, uint16_t channel, uint32_t fro
     return fd; /* kept open: the agent decides */
 }
 
+/* What the agent answered a forged hello: a welcome's status, 0 for a close without
+ * one, -1 for nothing within 10 s. */
+static int answer_of(int fd)
+{
+    struct data_welcome w;
+    ssize_t r = read(fd, &w, sizeof(w));
+    if (r == 0) return 0;
+    if (r != (ssize_t)sizeof(w)) return -1;
+    return w.status;
+}
+
 /* Found on c65a60e: a process that connected to pod 0's data port before pod 1 did and
  * sent an op's bytes turned 1+1 into 1001, both pods reporting success. Now every data
  * connection proves the epoch's secret over a fresh nonce: forged hellos for the current
- * epoch and for epochs to come are refused and logged, and the group's results stay
- * exact, before and after it re-forms. */
+ * epoch are refused and logged. Found at 242e584: a newer hello for an epoch to come,
+ * from the same address, displaced the one kept before it, a genuine member's as well
+ * as a forgery's. Now none displaces another: a few per source and claimed connection
+ * wait for their epoch, one more is told NOT_YET, and a member that shares the
+ * forger's address (loopback here) still connects when its epoch comes; the group's
+ * results stay exact, before and after it re-forms. */
 static void forged_data_hellos_are_refused(void **state)
 {
     (void)state;
@@ -2087,27 +2158,262 @@ static void forged_data_hellos_are_refused(void **state)
     assert_true(agent_log_wait(&a[0], "event=group.formed ", 2, 10000));
     int dport = data_port_of(&a[0]);
     assert_true(dport > 0);
-    int fds[24], nf = 0;
-    /* the current epoch and the next ones, latest first: one pre-connection per source
-     * and claimed connection is kept (the newest), so the next epoch's stays */
-    for (uint32_t e = 8; e >= 1; e--)
-        for (uint16_t ch = 0; ch < DATA_CH_COUNT; ch++) {
-            fds[nf] = forge_hello(dport, e, ch, 1);
-            assert_true(fds[nf] >= 0);
-            nf++;
-        }
-    assert_true(agent_log_wait(&a[0], "does not prove the epoch's secret", 1, 5000));
-    assert_true(agent_log_count(&a[0], "a newer hello for the same connection") >= 3);
+    uint64_t inc = inc_of(&a[0]);
+    long e = agent_log_number(&a[0], "rendezvous.commit", "epoch");
+    assert_true(inc != 0 && e >= 2);
+    /* the current epoch, every channel: refused, and closed without a welcome */
+    for (uint16_t ch = 0; ch < DATA_CH_COUNT; ch++) {
+        int fd = forge_hello(dport, inc, (uint32_t)e, ch, 1);
+        assert_true(fd >= 0);
+        assert_int_equal(answer_of(fd), 0);
+        close(fd);
+    }
+    assert_true(agent_log_wait(&a[0], "does not prove the epoch's secret", 3, 5000));
+    /* epochs to come on one connection (COLL from node 1): CLAIMS_PER_SOURCE (2) wait,
+     * the next ones are told NOT_YET, and the waiting ones are not dropped for them */
+    int fds[4];
+    for (int k = 0; k < 4; k++) {
+        fds[k] = forge_hello(dport, inc, (uint32_t)e + 1 + (uint32_t)(k & 1), DATA_CH_COLL, 1);
+        assert_true(fds[k] >= 0);
+    }
+    for (int k = 2; k < 4; k++)
+        assert_int_equal(answer_of(fds[k]), DATA_WELCOME_NOT_YET);
+    for (int k = 0; k < 2; k++) { /* still waiting: nothing to read yet */
+        char b;
+        assert_int_equal(recv(fds[k], &b, 1, MSG_DONTWAIT), -1);
+        assert_int_equal(errno, EAGAIN);
+    }
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     usleep(1100 * 1000); /* past the log's rate-limit window (10 lines a second) */
-    /* pod 1 restarts: the next epochs commit while forged hellos for them wait */
+    /* pod 1 restarts: the next epochs commit while the forged hellos for them wait, and
+     * pod 1's own, from the same address, are not displaced by them (nor they by it) */
+    int before = agent_log_count(&a[0], "does not prove the epoch's secret");
     assert_int_equal(agent_stop(&a[1]), 0);
     assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
-    assert_true(agent_log_count(&a[0], "does not prove the epoch's secret") >= 2);
-    for (int i = 0; i < nf; i++)
-        close(fds[i]);
+    assert_true(agent_log_wait(&a[0], "does not prove the epoch's secret", before + 1, 5000));
+    assert_int_equal(answer_of(fds[0]), 0); /* judged at its epoch: refused */
+    for (int k = 0; k < 4; k++)
+        close(fds[k]);
     stop_all(a, 2);
+}
+
+/* A node 0 of the test's own: a ZeroMQ ROUTER that speaks the rendezvous and a data
+ * listener that speaks the handshake, for a real member agent (node 1 of 2) to meet.
+ * It knows the epoch's secret (it makes it), so it can be a member that misbehaves. */
+struct fake0 {
+    void *ctx, *router;
+    int lfd, port;
+    uint8_t id[256];
+    int idlen;
+    union rdv_msg commit;
+    int fds[DATA_CH_COUNT]; /* by channel, once up */
+};
+
+static void fake0_open(struct fake0 *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->port = free_port();
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", f->port);
+    assert_int_equal(zmq_bind(f->router, ep), 0);
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(f->lfd, 8), 0);
+    for (int k = 0; k < DATA_CH_COUNT; k++)
+        f->fds[k] = -1;
+}
+
+static void fake0_close(struct fake0 *f)
+{
+    for (int k = 0; k < DATA_CH_COUNT; k++)
+        if (f->fds[k] >= 0) close(f->fds[k]);
+    close(f->lfd);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+}
+
+/* A heartbeat of the committed epoch to the member. */
+static void fake0_beat(struct fake0 *f)
+{
+    union rdv_msg hb;
+    rdv_init(&hb, RDV_HEARTBEAT, "g", f->commit.h.epoch);
+    hb.h.inc = f->commit.h.inc;
+    zmq_send(f->router, f->id, (size_t)f->idlen, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(f->router, &hb, rdv_size(&hb), ZMQ_DONTWAIT);
+    char drop[512]; /* and whatever the member sent meanwhile */
+    while (zmq_recv(f->router, drop, sizeof(drop), ZMQ_DONTWAIT) >= 0)
+        ;
+}
+
+/* Wait for the member's JOIN and commit the next epoch with it. 0, or -1. */
+static int fake0_commit(struct fake0 *f)
+{
+    union rdv_msg m;
+    f->idlen = -1;
+    for (int t = 0; t < 100 && f->idlen < 0; t++) {
+        zmq_pollitem_t it = {.socket = f->router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        int l = zmq_recv(f->router, f->id, sizeof(f->id), 0);
+        int n = zmq_recv(f->router, &m, sizeof(m), 0);
+        char why[160];
+        if (l > 0 && n > 0 && rdv_decode(&m, (size_t)n, &m, why, sizeof(why)) == 0 &&
+            m.h.type == RDV_JOIN)
+            f->idlen = l;
+    }
+    if (f->idlen < 0) return -1;
+    for (;;) { /* connections of a round before, closed by the member: none of this one */
+        struct pollfd p = {.fd = f->lfd, .events = POLLIN};
+        if (poll(&p, 1, 0) <= 0) break;
+        close(accept(f->lfd, NULL, NULL));
+    }
+    char self[64];
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    getsockname(f->lfd, (struct sockaddr *)&sa, &sl);
+    snprintf(self, sizeof(self), "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+    uint32_t epoch = f->commit.h.epoch + 1;
+    union rdv_msg *c = &f->commit;
+    rdv_init(c, RDV_COMMIT, "g", epoch);
+    c->h.inc = 0x5eed;
+    c->commit.nodes = 2;
+    for (int i = 0; i < RDV_SECRET_BYTES; i++)
+        c->commit.secret[i] = (uint8_t)(i * 3 + (int)epoch);
+    rdv_member_set(&c->commit.members[0], self);
+    rdv_member_set(&c->commit.members[1], m.join.data_addr);
+    c->commit.members[0].flags = c->commit.members[1].flags = RDV_MEMBER_CPU_SHARED;
+    c->h.len = (uint32_t)rdv_size(c);
+    zmq_send(f->router, f->id, (size_t)f->idlen, ZMQ_SNDMORE);
+    zmq_send(f->router, c, rdv_size(c), 0);
+    return 0;
+}
+
+/* Take the member's connections (node 1 opens them): our challenge, its hello, our
+ * welcome, whose mac proves the secret (right) or not. 1: all three up and the member
+ * formed; 0: the member refused our first welcome and ended the epoch; -1: the dance
+ * broke. */
+static int fake0_accept(struct fake0 *f, const struct agent *member, int right)
+{
+    int formed_before = agent_log_count(member, "event=group.formed ");
+    int ended_before = agent_log_count(member, "its welcome does not prove");
+    for (int k = 0; k < DATA_CH_COUNT; k++) {
+        struct pollfd p = {.fd = f->lfd, .events = POLLIN};
+        if (poll(&p, 1, 5000) <= 0) return -1;
+        int fd = accept(f->lfd, NULL, NULL);
+        struct timeval tv = {.tv_sec = 5};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        struct data_challenge ch = {.magic = DATA_MAGIC, .version = RDV_VERSION};
+        for (int i = 0; i < 32; i++)
+            ch.nonce[i] = (uint8_t)(i + k);
+        struct data_hello h;
+        if (write(fd, &ch, sizeof(ch)) != (ssize_t)sizeof(ch) ||
+            read(fd, &h, sizeof(h)) != (ssize_t)sizeof(h) || h.channel >= DATA_CH_COUNT)
+            return -1;
+        struct data_welcome w = {.magic = DATA_MAGIC,
+                                 .version = RDV_VERSION,
+                                 .status = DATA_WELCOME_OK,
+                                 .channel = h.channel,
+                                 .to_index = 0,
+                                 .group_hash = h.group_hash,
+                                 .inc = h.inc,
+                                 .epoch = h.epoch};
+        /* the mac: HMAC-SHA256(secret, hello nonce || welcome before mac), or a guess */
+        uint8_t key[RDV_SECRET_BYTES];
+        memcpy(key, f->commit.commit.secret, sizeof(key));
+        if (!right) key[0] ^= 1;
+        sec_mac(w.mac, key, h.nonce, &w, DATA_WELCOME_SIGNED);
+        if (write(fd, &w, sizeof(w)) != (ssize_t)sizeof(w)) return -1;
+        if (!right) {
+            close(fd);
+            return agent_log_wait(member, "its welcome does not prove", ended_before + 1, 5000)
+                       ? 0
+                       : -1;
+        }
+        f->fds[h.channel] = fd;
+    }
+    return agent_log_wait(member, "event=group.formed ", formed_before + 1, 5000);
+}
+
+/* Found at 242e584: only the connecting side proved the epoch's secret, yet it read
+ * COLL_BACK and P2P bytes from the other side. Now the accepting side proves it too
+ * (its welcome, over the hello's fresh nonce): a listener at the listed address without
+ * the secret gets no connection, one with it does. */
+static void the_accepting_side_proves_the_secret_too(void **state)
+{
+    (void)state;
+    struct fake0 f;
+    fake0_open(&f);
+    struct agent a;
+    assert_int_equal(start_member(&a, f.port, 1, 2, 1, NULL), 0);
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 0), 0); /* a guess: refused */
+    assert_int_equal(agent_log_count(&a, "event=group.formed "), 0);
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1); /* the secret: formed */
+    assert_int_equal(agent_stop(&a), 0);
+    fake0_close(&f);
+}
+
+/* Found at 242e584: sends of no bytes that come before their receives were never charged
+ * against the bound on what a peer may make the agent keep: a million of them grew the
+ * net thread's heap by 106.8 MiB. Now each is charged its record and counted, and past
+ * UNX_PEER_MSGS the rest wait in the sender's socket: a member (the test's node 0, with
+ * the epoch's secret) that sends a million finds its socket full long before, and the
+ * agent's memory stays where it was. */
+static void a_flood_of_empty_early_sends_is_bounded(void **state)
+{
+    (void)state;
+    struct fake0 f;
+    fake0_open(&f);
+    struct agent a;
+    assert_int_equal(start_member(&a, f.port, 1, 2, 1, NULL), 0);
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    long rss0 = proc_status(a.pid, 0, "VmRSS");
+    assert_true(rss0 > 0);
+    int fd = f.fds[DATA_CH_P2P];
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int small = 64 << 10; /* what waits in the sockets: the agent's 8 MiB receive buffer */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    /* rank 0 (us) to rank 1 (the member's slot), no payload: 40 bytes each */
+    enum { BATCH = 1024, FLOOD = 1000000 };
+    static struct data_op_hdr h[BATCH];
+    for (int i = 0; i < BATCH; i++)
+        h[i] = (struct data_op_hdr){.magic = DATA_MAGIC,
+                                    .kind = WIRE_OP_SEND,
+                                    .dtype = COLL_INT32,
+                                    .src_rank = 0,
+                                    .dst_rank = 1,
+                                    .count = 0};
+    size_t sent = 0, want = (size_t)FLOOD * sizeof(h[0]);
+    double until = now_ms() + 10000, beat = 0;
+    while (sent < want && now_ms() < until) {
+        if (now_ms() > beat) { /* keep the epoch: the member hears its coordinator */
+            fake0_beat(&f);
+            beat = now_ms() + 100;
+        }
+        size_t chunk = want - sent < sizeof(h) ? want - sent : sizeof(h);
+        ssize_t w = write(fd, (const char *)h + sent % sizeof(h[0]), chunk - sent % sizeof(h[0]));
+        if (w > 0)
+            sent += (size_t)w;
+        else if (w < 0 && errno != EAGAIN)
+            fail_msg("the member closed the connection: %s", strerror(errno));
+        else
+            usleep(1000);
+    }
+    long rss1 = proc_status(a.pid, 0, "VmRSS");
+    fprintf(stderr, "  sent %zu of %zu messages; agent VmRSS %ld -> %ld kB\n", sent / sizeof(h[0]),
+            (size_t)FLOOD, rss0, rss1);
+    /* the socket filled: what the agent keeps (UNX_PEER_MSGS) and both sockets' buffers */
+    assert_true(sent < want / 2);
+    assert_true(rss1 - rss0 < 16 * 1024);
+    assert_int_equal(agent_stop(&a), 0);
+    fake0_close(&f);
 }
 
 static int connect_idle(int port)
@@ -2243,6 +2549,7 @@ static void a_silent_peer_does_not_stop_the_net_thread(void **state)
     char member_addr[RDV_ADDR_MAX];
     snprintf(member_addr, sizeof(member_addr), "%s", m.join.data_addr);
     rdv_init(&m, RDV_COMMIT, "g", 1);
+    m.h.inc = 1;
     m.commit.nodes = 2;
     char coord_addr[RDV_ADDR_MAX];
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", ntohs(sa.sin_port));
@@ -2265,6 +2572,7 @@ static void a_silent_peer_does_not_stop_the_net_thread(void **state)
     double t0 = now_ms();
     union rdv_msg hb;
     rdv_init(&hb, RDV_HEARTBEAT, "g", 1);
+    hb.h.inc = 1;
     while (now_ms() - t0 < 1500 ||
            (now_ms() - t0 < 6000 && !agent_log_count(&a, "data connections not up"))) {
         zmq_send(r, id, (size_t)idlen, ZMQ_SNDMORE);
@@ -2800,6 +3108,7 @@ int main(void)
         cmocka_unit_test(slow_peer_hands_over_every_small_kind),
         cmocka_unit_test(late_agent_completes_the_group),
         cmocka_unit_test(killed_agent_fails_survivors_then_group_reforms),
+        cmocka_unit_test(a_frozen_pod_fails_the_others_ops_at_the_coordinators_word),
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
         cmocka_unit_test(every_op_runs_in_the_application_with_direct_all),
         cmocka_unit_test(read_ahead_travels_with_the_lease),
@@ -2811,6 +3120,8 @@ int main(void)
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(forged_data_hellos_are_refused),
+        cmocka_unit_test(the_accepting_side_proves_the_secret_too),
+        cmocka_unit_test(a_flood_of_empty_early_sends_is_bounded),
         cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(data_connections_come_from_the_listed_address),
         cmocka_unit_test(a_silent_peer_does_not_stop_the_net_thread),

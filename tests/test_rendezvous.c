@@ -32,7 +32,7 @@ struct node {
     uint32_t commit_epoch;
     uint8_t secret[RDV_SECRET_BYTES];
     struct rdv_member members[RDV_MAX_NODES];
-    int end_code;
+    int end_code, end_drain;
     char end_why[RDV_MSG_MAX];
     int sent[RDV_TYPE_END];
 };
@@ -94,9 +94,9 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 static void io_end(void *ctx, int code, const char *why, int drain)
 {
     struct node *x = ctx;
-    (void)drain;
     x->ends++;
     x->end_code = code;
+    x->end_drain = drain;
     snprintf(x->end_why, sizeof(x->end_why), "%s", why);
     rendezvous_end(&x->sm, code, why, 0, now);
 }
@@ -262,6 +262,11 @@ static void a_silent_member_ends_the_epoch(void **state)
     assert_int_equal(nodes[1].ends, 1); /* told by the coordinator's ABORT */
     assert_int_equal(nodes[1].end_code, COLL_ERR_PEER_LOST);
     assert_non_null(strstr(nodes[1].end_why, "silent"));
+    /* ... that the pod went silent: node 1 waits for none of its bytes either (found at
+     * 242e584: members drained as for a pod that left, and their ops waited on their
+     * sockets' keepalive, 3.9-5.1 s at a 1 s heartbeat) */
+    assert_int_equal(nodes[0].end_drain, RDV_DRAIN_SILENT);
+    assert_int_equal(nodes[1].end_drain, RDV_DRAIN_SILENT);
     assert_false(nodes[1].sm.committed);
     nodes[2].up = 1;
     run_for(3 * HB_MS + 300); /* it finds its coordinator silent, then joins again */
@@ -309,6 +314,7 @@ static void a_member_that_joins_again_ends_the_epoch(void **state)
     /* the same JOIN twice (a retransmission before COMMIT arrived) changes nothing */
     union rdv_msg m;
     rdv_init(&m, RDV_JOIN, "g", 0);
+    m.h.inc = nodes[0].sm.inc;
     m.join.config_hash = config_hash;
     m.join.nodes = 3;
     m.join.node_index = 2;
@@ -325,9 +331,9 @@ static void a_member_that_joins_again_ends_the_epoch(void **state)
     assert_formed(2);
 }
 
-/* The coordinator restarts (epoch 0, nobody present): members find it silent, join
- * again with their last epoch, and the new coordinator commits past it. */
-static void a_restarted_coordinator_commits_past_the_old_epochs(void **state)
+/* The coordinator restarts (nobody present): members find it silent, join again, and
+ * take the new coordinator's first epoch, of an incarnation they have not seen. */
+static void a_restarted_coordinator_starts_a_new_incarnation(void **state)
 {
     (void)state;
     cluster(3);
@@ -339,14 +345,101 @@ static void a_restarted_coordinator_commits_past_the_old_epochs(void **state)
         run_for(100);
     }
     assert_formed(3);
+    uint64_t old = nodes[0].sm.inc;
     start_node(0, 3, config_hash);
+    assert_true(nodes[0].sm.inc != 0 && nodes[0].sm.inc != old);
     run_for(2 * HB_MS);
     assert_int_equal(nodes[1].ends, 2); /* not yet */
     run_for(2 * HB_MS + 100);
     assert_int_equal(nodes[1].ends, 3);
     assert_string_equal(nodes[1].end_why, "the coordinator is silent");
     run_for(200);
-    assert_formed(4);
+    assert_formed(1);
+    for (int i = 1; i < 3; i++)
+        assert_true(nodes[i].sm.inc == nodes[0].sm.inc);
+}
+
+/* Found at 242e584: one JOIN with last_epoch 0xFFFFFFFE made the coordinator commit
+ * 0xFFFFFFFF, then wrap to 0, and the members dropped every later COMMIT as old. What
+ * a member says of its last epoch no longer moves the count: the group forms on the
+ * coordinator's next epoch, and again and again after that. */
+static void a_members_last_epoch_does_not_move_the_count(void **state)
+{
+    (void)state;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    /* node 2's pod restarts and says it last committed epoch 0xFFFFFFFE (through the
+     * decoder, as from the network) */
+    nodes[2].gen++;
+    start_node(2, 3, config_hash);
+    nodes[2].sm.inc = 0x1234;
+    nodes[2].sm.epoch = 0xFFFFFFFEu;
+    run_for(200);
+    assert_formed(2);
+    for (int k = 0; k < 5; k++) { /* and it keeps coming back */
+        nodes[2].gen++;
+        start_node(2, 3, config_hash);
+        nodes[2].sm.inc = 0x1234;
+        nodes[2].sm.epoch = 0xFFFFFFFEu;
+        run_for(200);
+        assert_formed((uint32_t)(3 + k));
+    }
+    /* the coordinator's count at its end: a new incarnation, from 1, and every member
+     * takes it */
+    uint64_t old = nodes[0].sm.inc;
+    for (int i = 0; i < 3; i++)
+        nodes[i].sm.epoch = UINT32_MAX - 1;
+    rendezvous_fail(&nodes[1].sm, COLL_ERR_PEER_LOST, "test", 1, 0);
+    run_for(200);
+    assert_formed(UINT32_MAX);
+    rendezvous_fail(&nodes[1].sm, COLL_ERR_PEER_LOST, "test", 1, 0);
+    run_for(200);
+    assert_formed(1);
+    assert_true(nodes[0].sm.inc != old);
+}
+
+/* The decoder refuses what no agent sends: a COMMIT without an incarnation or an epoch,
+ * a JOIN whose last epoch has no incarnation (or the other way round), and names with
+ * bytes that would forge log lines. */
+static void the_decoder_refuses_epochs_and_names_no_agent_sends(void **state)
+{
+    (void)state;
+    union rdv_msg m, out;
+    char why[160];
+    rdv_init(&m, RDV_COMMIT, "g", 1);
+    m.commit.nodes = 1;
+    rdv_member_set(&m.commit.members[0], "10.0.0.1:7000");
+    m.h.len = (uint32_t)rdv_size(&m);
+    m.h.inc = 0;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "incarnation"));
+    m.h.inc = 5;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.h.epoch = 0;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    rdv_init(&m, RDV_JOIN, "g", 0);
+    m.join.nodes = 2;
+    m.join.node_index = 1;
+    snprintf(m.join.pod, sizeof(m.join.pod), "pod-1");
+    snprintf(m.join.uid, sizeof(m.join.uid), "uid-1");
+    snprintf(m.join.data_addr, sizeof(m.join.data_addr), "10.0.0.2:7000");
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.join.last_epoch = 3; /* of no incarnation */
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    m.h.inc = 9;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.join.last_epoch = 0; /* an incarnation without an epoch */
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    m.join.last_epoch = 3;
+    snprintf(m.join.pod, sizeof(m.join.pod), "x\" level=error event=agent.stopped");
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "printable"));
+    snprintf(m.join.pod, sizeof(m.join.pod), "pod-1\nts=x level=error event=agent.stopped");
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    snprintf(m.join.pod, sizeof(m.join.pod), "pod-1");
+    snprintf(m.join.uid, sizeof(m.join.uid), "uid\x01");
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
 }
 
 /* Frames of an epoch that is over change nothing: an old COMMIT, an old ABORT, a
@@ -358,27 +451,39 @@ static void stale_frames_are_ignored(void **state)
     run_for(50);
     assert_formed(1);
     union rdv_msg m;
+    const uint64_t inc = nodes[0].sm.inc;
     rdv_init(&m, RDV_COMMIT, "g", 1);
+    m.h.inc = inc;
     m.commit.nodes = 2;
     rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
     rdv_init(&m, RDV_COMMIT, "g", 0);
+    m.h.inc = inc;
     m.commit.nodes = 2;
     rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
     rdv_init(&m, RDV_ABORT, "g", 0);
+    m.h.inc = inc;
     m.abort.code = COLL_ERR_PEER_LOST;
     rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
     rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
+    /* the current epoch's number, of another incarnation */
+    rdv_init(&m, RDV_ABORT, "g", 1);
+    m.h.inc = inc + 1;
+    m.abort.code = COLL_ERR_PEER_LOST;
+    rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
     rdv_init(&m, RDV_HEARTBEAT, "g", 1);
+    m.h.inc = inc;
     rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
     assert_int_equal(nodes[0].ends + nodes[1].ends, 0);
     assert_int_equal(nodes[1].commits, 1);
     assert_formed(1);
     /* an ABORT for the current epoch from a member that is not the one on record */
     rdv_init(&m, RDV_ABORT, "g", 1);
+    m.h.inc = inc;
     rendezvous_frame(&nodes[0].sm, (const unsigned char *)"stranger", 8, &m, now);
     assert_int_equal(nodes[0].ends, 0);
     /* a newer commit: the old epoch ends, the new one is taken */
     rdv_init(&m, RDV_COMMIT, "g", 7);
+    m.h.inc = inc;
     m.commit.nodes = 2;
     rendezvous_frame(&nodes[1].sm, NULL, 0, &m, now);
     assert_int_equal(nodes[1].ends, 1);
@@ -609,6 +714,7 @@ static void each_member_learns_where_the_others_run(void **state)
     /* a COMMIT with a flag this agent does not know is refused, saying so */
     union rdv_msg m, out;
     rdv_init(&m, RDV_COMMIT, "g", 3);
+    m.h.inc = 1;
     m.commit.nodes = 2;
     for (int i = 0; i < 2; i++)
         assert_int_equal(rdv_member_set(&m.commit.members[i], "10.0.0.1:7000"), 0);
@@ -630,7 +736,9 @@ int main(void)
         cmocka_unit_test(a_silent_member_ends_the_epoch),
         cmocka_unit_test(a_config_mismatch_is_refused),
         cmocka_unit_test(a_member_that_joins_again_ends_the_epoch),
-        cmocka_unit_test(a_restarted_coordinator_commits_past_the_old_epochs),
+        cmocka_unit_test(a_restarted_coordinator_starts_a_new_incarnation),
+        cmocka_unit_test(a_members_last_epoch_does_not_move_the_count),
+        cmocka_unit_test(the_decoder_refuses_epochs_and_names_no_agent_sends),
         cmocka_unit_test(stale_frames_are_ignored),
         cmocka_unit_test(an_epoch_that_does_not_form_ends_and_backs_off),
         cmocka_unit_test(two_pods_with_one_index_cost_one_epoch),

@@ -59,6 +59,7 @@ static void hello_proofs_do_not_replay(void **state)
                            .version = RDV_VERSION,
                            .channel = 1,
                            .group_hash = 42,
+                           .inc = 9,
                            .epoch = 7,
                            .from_index = 3};
     sec_mac(h.mac, secret, n1, &h, DATA_HELLO_SIGNED);
@@ -67,6 +68,33 @@ static void hello_proofs_do_not_replay(void **state)
     assert_false(sec_mac_ok(h.mac, other, n1, &h, DATA_HELLO_SIGNED));  /* old epoch */
     h.from_index = 2;
     assert_false(sec_mac_ok(h.mac, secret, n1, &h, DATA_HELLO_SIGNED)); /* changed */
+    h.from_index = 3;
+    h.inc = 10;
+    assert_false(sec_mac_ok(h.mac, secret, n1, &h, DATA_HELLO_SIGNED)); /* another incarnation */
+    /* the welcome: over the hello's own nonce, and it answers that hello only */
+    memcpy(h.nonce, n2, sizeof(h.nonce));
+    h.inc = 9;
+    struct data_welcome w = {.magic = DATA_MAGIC,
+                             .version = RDV_VERSION,
+                             .status = DATA_WELCOME_OK,
+                             .channel = 1,
+                             .to_index = 0,
+                             .group_hash = 42,
+                             .inc = 9,
+                             .epoch = 7};
+    char why[128];
+    assert_int_equal(data_welcome_check(&w, &h, 0, why, sizeof(why)), 0);
+    sec_mac(w.mac, secret, h.nonce, &w, DATA_WELCOME_SIGNED);
+    assert_true(sec_mac_ok(w.mac, secret, n2, &w, DATA_WELCOME_SIGNED));
+    assert_false(sec_mac_ok(w.mac, secret, n1, &w, DATA_WELCOME_SIGNED));  /* another hello's */
+    assert_false(sec_mac_ok(w.mac, other, n2, &w, DATA_WELCOME_SIGNED));   /* no secret */
+    assert_int_equal(data_welcome_check(&w, &h, 1, why, sizeof(why)), -1); /* not from node 1 */
+    w.epoch = 8;
+    assert_int_equal(data_welcome_check(&w, &h, 0, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "another hello"));
+    w.epoch = 7;
+    w.status = 3;
+    assert_int_equal(data_welcome_check(&w, &h, 0, why, sizeof(why)), -1);
 }
 
 int main(void)

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
     snprintf(r.join.data_addr, sizeof(r.join.data_addr), "10.0.0.2:7000");
     put("rdv", "join", &r, rdv_size(&r));
     rdv_init(&r, RDV_COMMIT, "g", 3);
+    r.h.inc = 1;
     r.commit.nodes = 2;
     r.h.len = (uint32_t)rdv_size(&r);
     put("rdv", "commit", &r, rdv_size(&r));
@@ -64,9 +65,20 @@ int main(int argc, char **argv)
     put("rdv", "abort", &r, rdv_size(&r));
     rdv_init(&r, RDV_HEARTBEAT, "g", 3);
     put("rdv", "heartbeat", &r, rdv_size(&r));
-    struct data_hello h = {
-        .magic = DATA_MAGIC, .version = RDV_VERSION, .channel = 1, .epoch = 3, .from_index = 1};
+    struct data_hello h = {.magic = DATA_MAGIC,
+                           .version = RDV_VERSION,
+                           .channel = 1,
+                           .inc = 1,
+                           .epoch = 3,
+                           .from_index = 1};
     put("rdv", "hello", &h, sizeof(h));
+    struct data_welcome w = {.magic = DATA_MAGIC,
+                             .version = RDV_VERSION,
+                             .status = DATA_WELCOME_OK,
+                             .channel = 1,
+                             .inc = 1,
+                             .epoch = 3};
+    put("rdv", "welcome", &w, sizeof(w));
     struct data_challenge c = {.magic = DATA_MAGIC, .version = RDV_VERSION};
     put("rdv", "challenge", &c, sizeof(c));
     uint8_t sh[1 + 2 + sizeof(struct data_op_hdr)];
