@@ -301,6 +301,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     /* COLL_DIRECT: 0 none, 1 (the default) tiny ops, "all" every collective */
     const char *dv = getenv("COLL_DIRECT");
     c->direct_all = dv && strcmp(dv, "all") == 0;
+    c->direct_wait_ns = (int64_t)lc_env_int("COLL_DIRECT_WAIT_MS", 0) * 1000000;
     c->agent_lease = (reply.hello_ok.flags & WIRE_HELLO_F_LEASE) != 0 &&
                      reply.hello_ok.shm_size >= sizeof(struct wire_shm) &&
                      (c->direct_all || lc_env_int("COLL_DIRECT", 1));

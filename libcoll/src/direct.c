@@ -180,13 +180,19 @@ static int drained(const coll_group *g)
     return atomic_load_explicit(&words(g)->drain, memory_order_seq_cst) != g->d->drain_seen;
 }
 
-/* Ask for the lease (direct lock held, c->lock not). */
+/* Ask for the lease (direct lock held, c->lock not). COLL_DIRECT_WAIT_MS: where the
+ * agent says not now (its connections are busy for a moment, or the group is between
+ * epochs), ask again every millisecond for up to that long before the op goes to the
+ * agent; where each op runs then no longer depends on how the threads interleave (the
+ * tests' mixes count them exactly). Off by default: an op never waits for a lease it
+ * can do without. */
 static void take(coll_group *g)
 {
     struct lc_direct *d = g->d;
     coll_conn *c = g->conn;
-    int64_t now = now_ns();
-    if (d->never || now < d->retry_ns) return;
+    int64_t now = now_ns(), wait_until = now + c->direct_wait_ns;
+    if (d->never || (now < d->retry_ns && !c->direct_wait_ns)) return;
+again:
     pthread_mutex_lock(&c->lock);
     if (c->lost) {
         pthread_mutex_unlock(&c->lock);
@@ -210,6 +216,11 @@ static void take(coll_group *g)
     coll_err rc = lc_rpc(c, &m, -1, WIRE_LEASE_OK, &r, fds, &nfds);
     pthread_mutex_unlock(&c->lock);
     if (rc == COLL_ERR_UNSUPPORTED) d->never = 1;
+    if (rc == COLL_ERR_BUSY && now_ns() < wait_until) {
+        struct timespec ms = {.tv_nsec = 1000000};
+        nanosleep(&ms, NULL);
+        goto again;
+    }
     if (rc != COLL_OK) {
         d->retry_ns = now + RETRY_BUSY_NS;
         return;

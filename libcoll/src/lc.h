@@ -107,6 +107,7 @@ struct coll_conn {
     int agent_gpu;             /* the agent imports GPU buffers */
     int agent_lease;           /* the agent lends host groups' connections (direct.c) */
     int direct_all;            /* COLL_DIRECT=all: every collective may run here (direct.c) */
+    int64_t direct_wait_ns;    /* COLL_DIRECT_WAIT_MS: how long a refused lease is asked again */
     int shm_gpu;               /* the region is registered with CUDA */
     intptr_t shm_delta;        /* host -> GPU address of the region */
     coll_err stream_err;       /* a failed op that was handed to a stream, not yet reported */
