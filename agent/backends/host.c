@@ -39,6 +39,47 @@ static void reduce_block(void *scratch, const struct backend_task *t, size_t blo
     }
 }
 
+/* Swap n bytes of a and b through scratch (HOST_SCRATCH_BYTES). */
+static void swap(void *scratch, char *a, char *b, size_t n)
+{
+    for (size_t off = 0; off < n; off += HOST_SCRATCH_BYTES) {
+        size_t len = n - off < HOST_SCRATCH_BYTES ? n - off : HOST_SCRATCH_BYTES;
+        memcpy(scratch, a + off, len);
+        memcpy(a + off, b + off, len);
+        memcpy(b + off, scratch, len);
+    }
+}
+
+/* Rank r's block j of the result is rank j's block r of the input. Each pair of ranks
+ * trades two blocks, and a rank in place (send == recv) reads a block of its own the
+ * other rank writes, so the order of the pair's two copies is chosen for it (both in
+ * place: a swap through the scratch chunk). No copy of a whole buffer, no allocation:
+ * the same bytes move as out of place. */
+static void alltoall(void *scratch, const struct backend_task *t, size_t bytes)
+{
+    int n = t->nranks;
+    for (int r = 0; r < n; r++) {
+        copy((char *)t->recv[r] + (size_t)r * bytes, (const char *)t->send[r] + (size_t)r * bytes,
+             bytes);
+        for (int j = r + 1; j < n; j++) {
+            char *a = (char *)t->recv[r] + (size_t)j * bytes; /* <- j's block r */
+            char *b = (char *)t->recv[j] + (size_t)r * bytes; /* <- r's block j */
+            const char *sa = (const char *)t->send[j] + (size_t)r * bytes;
+            const char *sb = (const char *)t->send[r] + (size_t)j * bytes;
+            int r_in = t->send[r] == t->recv[r], j_in = t->send[j] == t->recv[j];
+            if (r_in && j_in) {
+                swap(scratch, a, b, bytes);
+            } else if (r_in) { /* sb is a: read it before a is written */
+                copy(b, sb, bytes);
+                copy(a, sa, bytes);
+            } else { /* j in place (sa is b: read it first), or neither */
+                copy(a, sa, bytes);
+                copy(b, sb, bytes);
+            }
+        }
+    }
+}
+
 int host_run(void *x, const struct backend_task *t)
 {
     size_t es = coll_dtype_size(t->dtype);
@@ -73,32 +114,9 @@ int host_run(void *x, const struct backend_task *t)
             reduce_block(x, t, (size_t)r, dst, 1, r);
         }
         break;
-    case WIRE_OP_ALLTOALL: {
-        /* In-place ranks read their input from a snapshot taken before any write. */
-        void *snap[64] = {0};
-        const void *src[64];
-        int rc = COLL_OK;
-        for (int j = 0; j < n; j++) {
-            src[j] = t->send[j];
-            if (t->send[j] == t->recv[j]) {
-                snap[j] = malloc(bytes * (size_t)n);
-                if (!snap[j]) {
-                    rc = COLL_ERR_NOMEM;
-                    break;
-                }
-                memcpy(snap[j], t->send[j], bytes * (size_t)n);
-                src[j] = snap[j];
-            }
-        }
-        if (rc == COLL_OK)
-            for (int r = 0; r < n; r++)
-                for (int j = 0; j < n; j++)
-                    copy((char *)t->recv[r] + (size_t)j * bytes,
-                         (const char *)src[j] + (size_t)r * bytes, bytes);
-        for (int j = 0; j < n; j++)
-            free(snap[j]);
-        return rc;
-    }
+    case WIRE_OP_ALLTOALL:
+        alltoall(x, t, bytes);
+        break;
     case WIRE_OP_SEND:
         copy(t->recv[0], t->send[0], bytes);
         break;
