@@ -830,6 +830,12 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
                 "for development only\"");
     }
     if (net_epoch_open(n, why, whylen) < 0) goto free_net;
+    /* the coordinator of a GPU group across pods: its ids come from a thread of their own */
+    int ids = 0;
+    for (int i = 0; i < n->ngroups; i++)
+        ids |= n->groups[i] && n->groups[i]->gpu && n->groups[i]->me == 0;
+    if (ids && n->commid && !(n->ids = net_commid_start(n->commid, n->in_efd, why, whylen)))
+        goto free_net;
     if (cfg->discovery.service[0] &&
         !(n->dns = dns_watch_start(cfg->discovery.service, cfg->discovery.resolve_ms, 2000, why,
                                    whylen)))
@@ -862,6 +868,7 @@ void net_free(struct net **np)
     struct net *n = *np;
     *np = NULL;
     net_stop(n);
+    net_commid_stop(&n->ids);
     dns_watch_stop(&n->dns);
     /* events the engine did not collect (pool ones live in their groups) */
     struct net_event *e = n->ev_head;

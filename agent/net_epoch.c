@@ -110,7 +110,11 @@ static void io_random(void *ctx, void *buf, size_t n)
 static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
 {
     struct ngroup *g = ctx;
-    return g->net->commid(id, why, whylen);
+    if (!g->net->ids) {
+        snprintf(why, whylen, "no communicator id thread");
+        return -1;
+    }
+    return net_commid_take(g->net->ids, id, why, whylen);
 }
 
 static uint64_t group_config_hash(const struct group_config *gc)

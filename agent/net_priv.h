@@ -21,6 +21,7 @@
 #include "backends/tcp.h"
 #include "log.h"
 #include "net.h"
+#include "net_commid.h"
 #include "rdv_wire.h"
 #include "rendezvous.h"
 #include "security.h"
@@ -230,7 +231,8 @@ struct net {
     void *nap_ctx;
     struct pending_conn pend[MAX_PENDING_ACCEPTS];
     int npend;
-    net_commid_fn commid; /* NCCL groups: the backend makes each epoch's id */
+    net_commid_fn commid;   /* NCCL groups: the backend makes each epoch's id ... */
+    struct net_commid *ids; /* ... on this thread, for the groups we coordinate */
     struct sec_keys keys;
     void *zap; /* coordinator with keys: the ZAP handler */
     struct log_limit lim_hello, lim_frame, lim_reject;

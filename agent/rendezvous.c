@@ -157,6 +157,22 @@ static void apply_commit(struct rendezvous *s, const struct rdv_commit *c, int64
 
 static void coord_commit(struct rendezvous *s, int64_t now)
 {
+    uint8_t commid[RDV_COMMID_BYTES];
+    int has_commid = 0;
+    if (s->gpu && s->io.commid) {
+        /* only the coordinator makes the id, once per epoch, off its thread: not made
+         * yet, the commit waits for it (rendezvous_tick) */
+        char why[160] = "";
+        int rc = s->io.commid(s->io.ctx, commid, why, sizeof(why));
+        if (rc > 0) {
+            s->commit_waiting = 1;
+            return;
+        }
+        has_commid = rc == 0;
+        if (rc < 0)
+            log_msg(LOG_ERROR, "rendezvous.commid", "group=%s error=\"%s\"", s->group, LOG_Q(why));
+    }
+    s->commit_waiting = 0;
     /* the count is ours alone (rdv_wire.h); at its end, an incarnation starts anew */
     if (s->epoch == UINT32_MAX) new_incarnation(s);
     s->epoch++;
@@ -183,13 +199,9 @@ static void coord_commit(struct rendezvous *s, int64_t now)
         m.commit.members[i].flags = flags && place ? flags[i] : RDV_MEMBER_CPU_SHARED;
     free(flags);
     free(place);
-    if (s->gpu && s->io.commid) {
-        /* only the coordinator makes the id, once per epoch */
-        char why[160];
-        if (s->io.commid(s->io.ctx, m.commit.commid, why, sizeof(why)) == 0)
-            m.commit.has_commid = 1;
-        else
-            log_msg(LOG_ERROR, "rendezvous.commid", "group=%s error=\"%s\"", s->group, why);
+    if (has_commid) {
+        memcpy(m.commit.commid, commid, sizeof(m.commit.commid));
+        m.commit.has_commid = 1;
     }
     for (int i = 1; i < s->nodes; i++)
         send_to(s, &s->peers[i], &m);
@@ -407,9 +419,18 @@ int rendezvous_silent(const struct rendezvous *s, int64_t now, char *why, size_t
     return 0;
 }
 
+static int all_present(const struct rendezvous *s)
+{
+    for (int i = 1; i < s->nodes; i++)
+        if (!s->peers[i].present) return 0;
+    return 1;
+}
+
 void rendezvous_tick(struct rendezvous *s, int64_t now)
 {
     rendezvous_heartbeat(s, now);
+    if (s->me == 0 && s->commit_waiting && !s->committed && all_present(s))
+        coord_commit(s, now); /* its id may be there now */
     if (s->me == 0) {
         for (int i = 1; i < s->nodes; i++) {
             if (!s->peers[i].present || now - s->peers[i].last_heard < 3 * s->hb_ns) continue;

@@ -47,7 +47,8 @@ struct rendezvous_io {
     void (*end)(void *ctx, int code, const char *why, int drain);
     /* n random bytes (secrets, jitter). */
     void (*random)(void *ctx, void *buf, size_t n);
-    /* Coordinator of a GPU group: a fresh communicator id for the next epoch; 0, or -1
+    /* Coordinator of a GPU group: a fresh communicator id for the next epoch, without
+     * waiting: 0; 1 when it is not made yet (the commit waits for a later tick); or -1
      * with why (the epoch then commits without one). May be NULL. */
     int (*commid)(void *ctx, uint8_t *id, char *why, size_t whylen);
 };
@@ -86,6 +87,7 @@ struct rendezvous {
     int committed;        /* epoch is current (its data connections may still form) */
     int formed;           /* ... and they are up */
     int ending;           /* io.end was called, rendezvous_end not yet */
+    int commit_waiting;   /* coordinator: every pod is here, the commit waits for its id */
     int64_t join_backoff; /* members: wait before the next JOIN after a failed epoch */
     int join_unanswered;  /* members: a JOIN went out since the last refusal */
     int64_t next_join, next_hb, coord_heard, form_deadline;

@@ -10,10 +10,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "coll/coll.h"
 #include "harness.h"
+#include "net_commid.h"
 #include "rendezvous.h"
 
 #define HB_MS 100
@@ -33,6 +36,7 @@ struct node {
     uint8_t secret[RDV_SECRET_BYTES];
     struct rdv_member members[RDV_MAX_NODES];
     int end_code, end_drain;
+    int has_commid, commid0; /* the last COMMIT's id (its first byte) */
     char end_why[RDV_MSG_MAX];
     int sent[RDV_TYPE_END];
 };
@@ -84,6 +88,8 @@ static void io_commit(void *ctx, const struct rdv_commit *c)
 {
     struct node *x = ctx;
     x->commits++;
+    x->has_commid = c->has_commid;
+    x->commid0 = c->commid[0];
     x->commit_epoch = c->h.epoch;
     memcpy(x->secret, c->secret, sizeof(x->secret));
     memcpy(x->members, c->members, sizeof(struct rdv_member) * c->nodes);
@@ -99,6 +105,19 @@ static void io_end(void *ctx, int code, const char *why, int drain)
     x->end_drain = drain;
     snprintf(x->end_why, sizeof(x->end_why), "%s", why);
     rendezvous_end(&x->sm, code, why, 0, now);
+}
+
+/* GPU groups: the coordinator's ids come from a thread of the owner's; this one has
+ * none ready for the first ids_late asks. */
+static int gpu_groups, ids_late, ids_asked;
+static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
+{
+    (void)ctx;
+    (void)why;
+    (void)whylen;
+    if (ids_asked++ < ids_late) return 1;
+    memset(id, 0x5a, RDV_COMMID_BYTES);
+    return 0;
 }
 
 static void io_random(void *ctx, void *buf, size_t n)
@@ -135,9 +154,14 @@ static void start_node_as(int i, int me, int nodes_total, uint64_t hash)
                                      .config_hash = hash,
                                      .heartbeat_ms = HB_MS,
                                      .join_ms = JOIN_MS,
+                                     .gpu = gpu_groups,
                                      .place = places[i]};
-    struct rendezvous_io io = {
-        .ctx = x, .send = io_send, .commit = io_commit, .end = io_end, .random = io_random};
+    struct rendezvous_io io = {.ctx = x,
+                               .send = io_send,
+                               .commit = io_commit,
+                               .end = io_end,
+                               .random = io_random,
+                               .commid = gpu_groups ? io_commid : NULL};
     rendezvous_init(&x->sm, &st, &io);
 }
 
@@ -442,6 +466,80 @@ static void the_decoder_refuses_epochs_and_names_no_agent_sends(void **state)
     assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
 }
 
+/* Found at 242e584: the coordinator of a GPU group called ncclGetUniqueId on the net
+ * thread every epoch (the first call also starts NCCL's bootstrap). Now the id comes
+ * from a thread of its own without waiting: not made yet, the commit waits for a later
+ * tick, with every pod still present, and carries the id when it is there. */
+static void a_commit_waits_for_its_id_without_blocking(void **state)
+{
+    (void)state;
+    gpu_groups = 1;
+    ids_late = 3;
+    ids_asked = 0;
+    cluster(3);
+    run_for(20); /* every JOIN in, the id not made */
+    assert_false(nodes[0].sm.committed);
+    assert_true(nodes[0].sm.commit_waiting);
+    assert_true(ids_asked >= 1 && ids_asked <= 3);
+    run_for(100);
+    assert_formed(1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(nodes[i].has_commid, 1);
+        assert_int_equal(nodes[i].commid0, 0x5a);
+    }
+    assert_false(nodes[0].sm.commit_waiting);
+    gpu_groups = 0;
+}
+
+/* The id thread: an id not made yet is "not yet" at once (the id function here waits
+ * for the test's word, as ncclGetUniqueId may wait for NCCL's bootstrap), the net
+ * thread is woken through its eventfd when it is made, and it is taken once; a failure
+ * says why once, and the next take asks again. */
+static int gate[2], slow_calls;
+static int slow_id(uint8_t *id, char *why, size_t whylen)
+{
+    char b;
+    if (read(gate[0], &b, 1) != 1) b = 'x';
+    if (b == 'f') {
+        snprintf(why, whylen, "no NCCL here");
+        return -1;
+    }
+    memset(id, ++slow_calls, RDV_COMMID_BYTES);
+    return 0;
+}
+
+static void the_id_thread_never_makes_the_net_thread_wait(void **state)
+{
+    (void)state;
+    assert_int_equal(pipe(gate), 0);
+    int efd = eventfd(0, EFD_CLOEXEC);
+    char why[160];
+    struct net_commid *c = net_commid_start(slow_id, efd, why, sizeof(why));
+    assert_non_null(c);
+    uint8_t id[RDV_COMMID_BYTES];
+    uint64_t v;
+    assert_int_equal(net_commid_take(c, id, why, sizeof(why)), 1); /* not made: not yet */
+    assert_int_equal(write(gate[1], "o", 1), 1);
+    assert_int_equal(read(efd, &v, sizeof(v)), (ssize_t)sizeof(v)); /* woken when made */
+    assert_int_equal(net_commid_take(c, id, why, sizeof(why)), 0);
+    assert_int_equal(id[0], 1);
+    assert_int_equal(net_commid_take(c, id, why, sizeof(why)), 1); /* the next: not yet */
+    assert_int_equal(write(gate[1], "f", 1), 1);
+    assert_int_equal(read(efd, &v, sizeof(v)), (ssize_t)sizeof(v));
+    assert_int_equal(net_commid_take(c, id, why, sizeof(why)), -1);
+    assert_string_equal(why, "no NCCL here");
+    assert_int_equal(write(gate[1], "o", 1), 1); /* asked again */
+    assert_int_equal(read(efd, &v, sizeof(v)), (ssize_t)sizeof(v));
+    assert_int_equal(net_commid_take(c, id, why, sizeof(why)), 0);
+    assert_int_equal(id[0], 2);
+    assert_int_equal(write(gate[1], "o", 1), 1); /* lets the spare it makes finish */
+    net_commid_stop(&c);
+    assert_null(c);
+    close(efd);
+    close(gate[0]);
+    close(gate[1]);
+}
+
 /* Frames of an epoch that is over change nothing: an old COMMIT, an old ABORT, a
  * heartbeat from a stranger. A newer COMMIT ends the current epoch first. */
 static void stale_frames_are_ignored(void **state)
@@ -740,6 +838,8 @@ int main(void)
         cmocka_unit_test(a_members_last_epoch_does_not_move_the_count),
         cmocka_unit_test(the_decoder_refuses_epochs_and_names_no_agent_sends),
         cmocka_unit_test(stale_frames_are_ignored),
+        cmocka_unit_test(a_commit_waits_for_its_id_without_blocking),
+        cmocka_unit_test(the_id_thread_never_makes_the_net_thread_wait),
         cmocka_unit_test(an_epoch_that_does_not_form_ends_and_backs_off),
         cmocka_unit_test(two_pods_with_one_index_cost_one_epoch),
         cmocka_unit_test(a_leaving_pod_ends_the_epoch_at_once),
