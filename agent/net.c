@@ -187,9 +187,23 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
 
 /* ---- ops ------------------------------------------------------------------------------------ */
 
+/* Take coll_lock from the engine, which may hold it asleep in a tiny op: knock (it
+ * hands the op over and lets go), then take the knock back. */
+static void lock_from_engine(struct net *n)
+{
+    if (pthread_mutex_trylock(&n->coll_lock) == 0) return;
+    uint64_t v = 1;
+    ssize_t w = write(n->knock_efd, &v, sizeof(v));
+    pthread_mutex_lock(&n->coll_lock);
+    w = read(n->knock_efd, &v, sizeof(v));
+    (void)w;
+}
+
+static int service_turn(struct ngroup *g, int64_t t, char *why, size_t whylen);
+
 /* tcp_run's service, called from inside an op's transfer loop: keep the rendezvous
  * and the other groups alive, and say whether the op must stop (its error code, 0 to
- * go on). */
+ * go on). The op runs without coll_lock (run_op); a turn takes it. */
 static int service(void *ctx, char *why, size_t whylen)
 {
     struct ngroup *g = ctx;
@@ -201,6 +215,15 @@ static int service(void *ctx, char *why, size_t whylen)
     }
     if (t - n->last_service < 20 * NS_PER_MS) return 0;
     n->last_service = t;
+    lock_from_engine(n);
+    int st = service_turn(g, t, why, whylen);
+    pthread_mutex_unlock(&n->coll_lock);
+    return st;
+}
+
+static int service_turn(struct ngroup *g, int64_t t, char *why, size_t whylen)
+{
+    struct net *n = g->net;
     atomic_store_explicit(&n->alive_ns, t, memory_order_relaxed); /* a long op turns too */
     uint64_t commits = g->rdv.commits; /* the epoch, whatever its number */
     dataconn_accept(n);                /* other groups form meanwhile */
@@ -517,6 +540,22 @@ static void take_engine_tasks(struct net *n)
     }
 }
 
+/* Run op t (tiny: the rest of one the engine started) of the group c is of, whose
+ * running it is, without coll_lock: the engine lends, takes back and runs inline the
+ * ops of other groups meanwhile, and never waits behind a long transfer (a GiB op of one
+ * group once stalled every session); service() takes the lock for each turn. Nothing
+ * of this group is touched by the engine while it runs (its checks find it running).
+ * Called and returns with coll_lock. */
+static int run_op(struct net *n, struct tcp_comm *c, struct net_task *t, int tiny, char *why,
+                  size_t whylen)
+{
+    struct ngroup *g = c->service_ctx;
+    pthread_mutex_unlock(&n->coll_lock);
+    int st = tiny ? tcp_tiny_progress(g->tiny, c, why, whylen) : tcp_run(c, t, why, whylen);
+    lock_from_engine(n);
+    return st;
+}
+
 /* Returns the number of ops started. */
 static int run_ready_ops(struct net *n)
 {
@@ -528,7 +567,7 @@ static int run_ready_ops(struct net *n)
             struct tcp_comm c = comm_for(g, t);
             char why[160] = "";
             g->running = t;
-            int st = tcp_tiny_progress(g->tiny, &c, why, sizeof(why));
+            int st = run_op(n, &c, t, 1, why, sizeof(why));
             tcp_tune_end(g->tune, st == COLL_OK, now_ns());
             g->running = NULL;
             g->handoff = NULL;
@@ -574,7 +613,7 @@ static int run_ready_ops(struct net *n)
             g->running = t;
             ran++;
             c.short_spin = tcp_tune_start(g->tune, t, now_ns());
-            int st = tcp_run(&c, t, why, sizeof(why));
+            int st = run_op(n, &c, t, 0, why, sizeof(why));
             tcp_tune_end(g->tune, st == COLL_OK, now_ns());
             g->running = NULL;
             net_return_task(n, t, st, why); /* t is the engine's from here on */
@@ -641,15 +680,7 @@ static void *net_main(void *arg)
         slept |= !busy;
         zmq_poll(items, ni, busy ? 0 : retry ? 1 : 20);
         atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
-        if (pthread_mutex_trylock(&n->coll_lock) != 0) {
-            /* the engine runs a tiny op, perhaps asleep in it: knock (it hands the op
-             * over and lets go), then take the knock back */
-            uint64_t v = 1;
-            ssize_t w = write(n->knock_efd, &v, sizeof(v));
-            pthread_mutex_lock(&n->coll_lock);
-            w = read(n->knock_efd, &v, sizeof(v));
-            (void)w;
-        }
+        lock_from_engine(n); /* the engine may run a tiny op, asleep in it */
         for (int i = 0; i < n->ngroups; i++) {
             struct ngroup *g = n->groups[i];
             if (g && g->inline_abort) {

@@ -260,15 +260,16 @@ else
         -o reduce_scatter -L 8,65536 -n 5 -w 4 -T 60 -k 10 -m mpi 2>&1) || fail "pair_bench: $out"
     echo "$out"
     # per size a coll section, then an mpi one: their rows, exact results, the ops of
-    # every block counted, both systems run at least half of -T's 60 ms (-T plans from the
-    # warm-up's pace, and a warm-up twice as fast as the run left coll at 30 ms once;
-    # -n 5 alone would be well under 1 ms)
+    # every block counted, and both systems run more than -n's 5 ops (-T's 60 ms plans
+    # the count from the warm-up's pace; how much of the 60 ms a run then takes depends
+    # on the machine's load, so that is not asserted: it once took 13 ms of a loaded
+    # machine)
     [ "$(echo "$out" | grep -E '^### pods 2 op reduce_scatter system (coll|mpi)$' | awk '{print $NF}' | tr '\n' ' ')" = "coll mpi coll mpi " ] ||
         fail "pair_bench: not a coll and an mpi section per size"
     echo "$out" | awk '/^### / { sys = $NF; next } /^#pair/ { next }
         $1 ~ /^[0-9]+$/ { n++; if (sys == "coll" && (NF != 9 || $6 != 0)) bad = 1
                           if (sys == "mpi" && NF != 6) bad = 1
-                          if ($3 * $NF < 25000) bad = 1 }
+                          if ($NF <= 5) bad = 1 }
         END { exit bad || n != 4 }' || fail "pair_bench: a row wrong, inexact or short"
     echo "$out" | awk '/^#pair blocks/ { if ($3 < 2 || $5 < 1 || $7 < 1) bad = 1; n++ } END { exit bad || n != 2 }' ||
         fail "pair_bench: no plan of at least two blocks per size"
