@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, then build and run every test three
 # times, in a release build, under AddressSanitizer + UndefinedBehaviorSanitizer and under
-# ThreadSanitizer; then a short run of every fuzzer (tools/fuzz.sh).
+# ThreadSanitizer (the release build's multi-agent tests once more under a busy loop per
+# CPU); then a short run of every fuzzer (tools/fuzz.sh).
 # Tests that need what this machine lacks (a GPU, root) say so and skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,16 @@ run() { # NAME CMAKE_ARGS...
     (cd "$dir" && ctest --output-on-failure --timeout 900)
 }
 run test -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# the multi-agent tests once more next to other work, as on a busy node: one busy loop
+# per CPU at normal priority (they assert nothing that depends on how threads interleave)
+echo "== build-test: the multi-agent tests under a busy loop per CPU"
+busy=()
+trap 'kill "${busy[@]}" 2>/dev/null' EXIT
+for _ in $(seq "$jobs"); do (while :; do :; done) & busy+=($!); done
+(cd build-test && ctest --output-on-failure --timeout 1800 -R '^test_(multi|robust|ops)$')
+kill "${busy[@]}"
+wait "${busy[@]}" 2>/dev/null || true
+busy=()
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run asan -DCMAKE_BUILD_TYPE=Debug -DCOLL_SANITIZE=address
 # libzmq is not instrumented: tests/tsan.supp hides its internals only
