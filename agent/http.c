@@ -1,6 +1,11 @@
 /*
  * http.c: the operational endpoints (http.h) on libmicrohttpd: its own thread, its own
- * HTTP parser (never one of ours), a bounded number of connections with a timeout.
+ * HTTP parser (never one of ours). What a client may hold is bounded so that the
+ * kubelet's probes are answered within their 1 s timeout whatever else connects: at most
+ * HTTP_PER_IP connections from one address and HTTP_CONNS in all, a request must arrive
+ * whole within HTTP_REQUEST_NS of its connection's start (or of the last answer on it),
+ * and an idle connection goes after HTTP_IDLE_S. At 242e584, 32 connections that sent
+ * a header line every 2 s took every slot, and /livez timed out.
  */
 #include "http.h"
 
@@ -10,15 +15,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include "log.h"
 #include "util.h"
 
 #define ALIVE_NS (5 * NS_PER_S)
+#define HTTP_CONNS 1024u
+#define HTTP_PER_IP 16u
+#define HTTP_IDLE_S 2u
+#define HTTP_REQUEST_NS (2 * NS_PER_S)
+#define HTTP_SWEEP_NS (250 * NS_PER_MS)
+
+/* A connection, from its start to its close (libmicrohttpd's socket context). */
+struct conn {
+    struct conn *prev, *next;
+    int fd;
+    _Atomic int64_t since; /* its start, or its last answer: the request under way began */
+};
 
 struct http_server {
     struct MHD_Daemon *d;
     int port;
+    pthread_t sweeper; /* shuts down connections whose request takes too long to arrive */
+    pthread_mutex_t conns_lock;
+    pthread_cond_t stop_cond;
+    int stop;
+    struct conn conns;      /* a ring: conns.next is the oldest */
+    unsigned long long cut; /* connections cut for taking too long */
     const _Atomic int64_t *engine_alive, *net_alive;
     pthread_mutex_t lock; /* the published texts: held for a copy only */
     char *metrics, *readyz;
@@ -47,12 +72,90 @@ static enum MHD_Result has_key(void *cls, enum MHD_ValueKind kind, const char *k
     return MHD_YES;
 }
 
+/* libmicrohttpd's thread: a connection starts or closes. */
+static void on_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                    enum MHD_ConnectionNotificationCode code)
+{
+    struct http_server *h = cls;
+    struct conn *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *i =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k = i ? calloc(1, sizeof(*k)) : NULL;
+        *socket_context = k;
+        if (!k) return; /* not watched: the idle timeout still ends it */
+        k->fd = i->connect_fd;
+        atomic_store(&k->since, now_ns());
+        pthread_mutex_lock(&h->conns_lock);
+        k->prev = h->conns.prev;
+        k->next = &h->conns;
+        h->conns.prev->next = k;
+        h->conns.prev = k;
+        pthread_mutex_unlock(&h->conns_lock);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && k) {
+        /* before libmicrohttpd closes the descriptor: the sweeper never shuts down a
+         * number the kernel has given to another connection */
+        pthread_mutex_lock(&h->conns_lock);
+        k->prev->next = k->next;
+        k->next->prev = k->prev;
+        pthread_mutex_unlock(&h->conns_lock);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+/* Every HTTP_SWEEP_NS: shut down the connections whose request has not arrived whole
+ * within HTTP_REQUEST_NS (libmicrohttpd then reads the end and closes them). */
+static void *sweeper_main(void *arg)
+{
+    struct http_server *h = arg;
+    pthread_mutex_lock(&h->conns_lock);
+    while (!h->stop) {
+        int64_t now = now_ns();
+        for (struct conn *k = h->conns.next; k != &h->conns; k = k->next)
+            if (k->fd >= 0 && now - atomic_load(&k->since) > HTTP_REQUEST_NS) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->fd = -1; /* once */
+                h->cut++;
+            }
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += HTTP_SWEEP_NS;
+        if (t.tv_nsec >= NS_PER_S) {
+            t.tv_sec++;
+            t.tv_nsec -= NS_PER_S;
+        }
+        pthread_cond_timedwait(&h->stop_cond, &h->conns_lock, &t);
+    }
+    pthread_mutex_unlock(&h->conns_lock);
+    return NULL;
+}
+
+/* The request on c was answered: the next one's time starts now. */
+static void answered(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn *k = i ? i->socket_context : NULL;
+    if (k) atomic_store(&k->since, now_ns());
+}
+
+static enum MHD_Result route(struct http_server *h, struct MHD_Connection *c, const char *url,
+                             const char *method, size_t *upload_size);
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls)
 {
     (void)version, (void)upload, (void)con_cls;
-    struct http_server *h = cls;
+    enum MHD_Result rc = route(cls, c, url, method, upload_size);
+    answered(c);
+    return rc;
+}
+
+static enum MHD_Result route(struct http_server *h, struct MHD_Connection *c, const char *url,
+                             const char *method, size_t *upload_size)
+{
     const char *text = "text/plain; charset=utf-8";
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, text, "GET only\n", 9);
@@ -112,14 +215,26 @@ struct http_server *http_start(const char *address, int port, const _Atomic int6
     h->engine_alive = engine_alive;
     h->net_alive = net_alive;
     pthread_mutex_init(&h->lock, NULL);
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL,
-                            NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)5,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
-    if (!h->d) {
+    pthread_mutex_init(&h->conns_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->stop_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    h->conns.next = h->conns.prev = &h->conns;
+    /* epoll (MHD_USE_AUTO on Linux): HTTP_CONNS descriptors are no select() set */
+    h->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, NULL, NULL, handle, h,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_S,
+        MHD_OPTION_NOTIFY_CONNECTION, on_conn, h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+        MHD_OPTION_END);
+    if (!h->d || pthread_create(&h->sweeper, NULL, sweeper_main, h) != 0) {
         snprintf(why, whylen, "cannot serve HTTP on %s:%d (in use, or not an address here)",
                  address, port);
+        if (h->d) MHD_stop_daemon(h->d);
+        pthread_cond_destroy(&h->stop_cond);
+        pthread_mutex_destroy(&h->conns_lock);
         pthread_mutex_destroy(&h->lock);
         free(h);
         return NULL;
@@ -134,7 +249,17 @@ void http_stop(struct http_server **hp)
     struct http_server *h = hp ? *hp : NULL;
     if (!h) return;
     *hp = NULL;
-    MHD_stop_daemon(h->d);
+    pthread_mutex_lock(&h->conns_lock);
+    h->stop = 1;
+    pthread_cond_signal(&h->stop_cond);
+    pthread_mutex_unlock(&h->conns_lock);
+    pthread_join(h->sweeper, NULL);
+    MHD_stop_daemon(h->d); /* closes what is left (on_conn frees it) */
+    if (h->cut)
+        log_msg(LOG_INFO, "http.stopped", "requests_cut=%llu (not whole within %d ms)", h->cut,
+                (int)(HTTP_REQUEST_NS / NS_PER_MS));
+    pthread_cond_destroy(&h->stop_cond);
+    pthread_mutex_destroy(&h->conns_lock);
     pthread_mutex_destroy(&h->lock);
     free(h->metrics);
     free(h->readyz);

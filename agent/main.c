@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
@@ -55,6 +56,20 @@ static struct config *load(const char *path)
     }
     free(err);
     return c;
+}
+
+/* Descriptors: a server's soft limit is often 1024; the agent holds sessions, data
+ * connections and up to 1024 HTTP connections (http.c), so it takes what the hard limit
+ * allows (at most 65536). */
+static void raise_fd_limit(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+    rlim_t want = r.rlim_max < 65536 ? r.rlim_max : 65536;
+    if (r.rlim_cur < want) {
+        r.rlim_cur = want;
+        setrlimit(RLIMIT_NOFILE, &r);
+    }
 }
 
 int main(int argc, char **argv)
@@ -126,6 +141,7 @@ int main(int argc, char **argv)
     }
     struct config *cfg = load(config_path);
     if (!cfg) return 2;
+    raise_fd_limit();
     log_setup((enum log_level)cfg->agent.log_level, (enum log_format)cfg->agent.log_format);
     if (identity_resolve(cfg, NULL, &id, why, sizeof(why)) < 0) {
         log_msg(LOG_ERROR, "agent.identity", "config=\"%s\" error=\"%s\"", cfg->source, why);

@@ -3057,6 +3057,90 @@ static void sigterm_drains_then_leaves(void **state)
 /* /livez, /readyz (with why) and /metrics, scraped with curl and parsed with the
  * Prometheus client's parser; direct ops in the op counts and latencies as the agent's
  * own; /readyz turns 503 the moment SIGTERM arrives. */
+/* One GET of path on 127.0.0.1:port from 127.0.0.1 with a deadline of ms: the status
+ * code, or -1 without an answer in time. */
+static int get_within(int port, const char *path, int ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char req[128], resp[64] = "";
+    int n =
+        snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    int code = -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && write(fd, req, (size_t)n) == n &&
+        read(fd, resp, sizeof(resp) - 1) > 12)
+        code = atoi(resp + 9); /* "HTTP/1.1 200" */
+    close(fd);
+    return code;
+}
+
+/* Found at 242e584: 32 connections that sent a header line every 2 s took every HTTP
+ * slot, and 6 of 6 /livez requests timed out: the kubelet would have restarted the
+ * agent. Now one address holds at most 16 connections, 1024 in all, and a request must
+ * arrive whole within 2 s: with 500 slow connections held from 40 addresses, /livez
+ * answers every probe within a probe's 1 s, and the slow ones are cut. */
+static void probes_answer_while_hundreds_of_slow_connections_are_held(void **state)
+{
+    (void)state;
+    struct agent a;
+    int port = free_port();
+    char extra[128];
+    int hport = http_extra(extra, sizeof(extra), port);
+    assert_int_equal(start_member(&a, port, 0, 2, 1, extra), 0);
+    assert_int_equal(get_within(hport, "/livez", 5000), 200);
+    enum { SLOW = 500, ADDRS = 40 };
+    static int fd[SLOW];
+    int held = 0;
+    for (int i = 0; i < SLOW; i++) {
+        fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in src = {.sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK + 2 + i % ADDRS)};
+        struct sockaddr_in dst = {.sin_family = AF_INET,
+                                  .sin_port = htons((uint16_t)hport),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        static const char start[] = "GET /livez HTTP/1.1\r\n";
+        if (bind(fd[i], (struct sockaddr *)&src, sizeof(src)) == 0 &&
+            connect(fd[i], (struct sockaddr *)&dst, sizeof(dst)) == 0 &&
+            write(fd[i], start, sizeof(start) - 1) == (ssize_t)sizeof(start) - 1)
+            held++;
+    }
+    assert_int_equal(held, SLOW);
+    /* probes while they dribble a header line each every 200 ms (before 2 s are up) */
+    int answered = 0;
+    for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < SLOW; i++) {
+            ssize_t w = write(fd[i], "X-Slow: 1\r\n", 11);
+            (void)w;
+        }
+        answered += get_within(hport, "/livez", 1000) == 200;
+        usleep(200 * 1000);
+    }
+    assert_int_equal(answered, 6);
+    /* and none is held for ever: each is cut once its request has taken 2 s */
+    int closed = 0;
+    double until = now_ms() + 15000;
+    for (int i = 0; i < SLOW && now_ms() < until;) {
+        char b[64];
+        struct timeval tv = {.tv_sec = 1};
+        setsockopt(fd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ssize_t r = read(fd[i], b, sizeof(b));
+        if (r == 0 || (r < 0 && errno != EAGAIN)) {
+            closed++;
+            i++;
+        }
+    }
+    for (int i = 0; i < SLOW; i++)
+        close(fd[i]);
+    assert_int_equal(closed, SLOW);
+    assert_int_equal(get_within(hport, "/livez", 5000), 200);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 static void http_endpoints_say_health_and_metrics(void **state)
 {
     (void)state;
@@ -3243,6 +3327,7 @@ int main(void)
         cmocka_unit_test(thirty_two_pods_connect_what_they_use),
         cmocka_unit_test(sigterm_drains_then_leaves),
         cmocka_unit_test(http_endpoints_say_health_and_metrics),
+        cmocka_unit_test(probes_answer_while_hundreds_of_slow_connections_are_held),
         cmocka_unit_test(readyz_says_not_formed_once_this_pod_ends_the_epoch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
