@@ -3,6 +3,8 @@
  * served by libmicrohttpd on a thread of its own. The agent's threads never wait for
  * it and it never takes their locks: the engine publishes rendered texts
  * (http_publish), the engine and the net thread stamp atomics as their loops turn.
+ * What clients may hold is bounded (http.c: per address, in all, and in time), so that
+ * probes are answered while others hold connections.
  *
  *   /livez    200 while the engine and the net thread have turned within 5 s
  *   /readyz   200 when every group is formed and the agent is not stopping, else 503;
