@@ -696,6 +696,15 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
     if (check_side(s, "send", q->send_buf, q->send_off, se, es, send_used, send) < 0 ||
         check_side(s, "recv", q->recv_buf, q->recv_off, re, es, recv_used, recv) < 0)
         return -1;
+    if (send->b && send->b == recv->b &&
+        !wire_ranges_ok(k, q->send_off, se * es, q->recv_off, re * es, (uint64_t)rank,
+                        q->count * es))
+        return violation(s,
+                         "send [%llu, +%llu) and receive [%llu, +%llu) of buffer %u overlap, "
+                         "and not in place",
+                         (unsigned long long)q->send_off, (unsigned long long)(se * es),
+                         (unsigned long long)q->recv_off, (unsigned long long)(re * es),
+                         q->send_buf);
     *hp = h;
     return 0;
 }

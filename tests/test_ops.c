@@ -171,10 +171,18 @@ static void misaligned_pointers_are_refused(void **state)
     assert_int_equal(coll_allreduce(g, p, p + 516, 4, COLL_FLOAT64, COLL_SUM, NULL, &r),
                      COLL_ERR_INVALID);
     /* bytes have no alignment; aligned pointers go on working */
-    assert_int_equal(coll_broadcast(g, p + 1, p + 3, 5, COLL_UINT8, 0, NULL, &r), COLL_OK);
+    assert_int_equal(coll_broadcast(g, p + 1, p + 101, 5, COLL_UINT8, 0, NULL, &r), COLL_OK);
     assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
     assert_int_equal(coll_allreduce(g, p + 8, p + 512, 4, COLL_FLOAT64, COLL_SUM, NULL, &r),
                      COLL_OK);
+    assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
+    /* a send and a receive that overlap without being in place: refused (the agent's
+     * copies would read what they write; under ASan, memcpy's check once ended it) */
+    assert_int_equal(coll_broadcast(g, p + 1, p + 3, 5, COLL_UINT8, 0, NULL, &r), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "overlap"));
+    assert_int_equal(coll_allgather(g, p + 8, p, 4, COLL_FLOAT32, NULL, &r), COLL_ERR_INVALID);
+    /* the in-place forms go on: allgather's send at recv + rank * count (rank 0 here) */
+    assert_int_equal(coll_allgather(g, p, p, 4, COLL_FLOAT32, NULL, &r), COLL_OK);
     assert_int_equal(coll_wait(c, r, 10000), COLL_OK);
     coll_disconnect(&c);
     assert_int_equal(agent_log_count(&a, "protocol_error"), 0);

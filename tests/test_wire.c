@@ -543,9 +543,29 @@ static void slow_yields_close_the_gate(void **state)
     assert_int_equal(atomic_load(&g.off_ns), 2 * SPIN_YIELD_OFF_NS);
 }
 
+/* Send and receive ranges in one buffer: apart, or an in-place form of coll.h. */
+static void ranges_are_apart_or_in_place(void **state)
+{
+    (void)state;
+    assert_true(wire_ranges_ok(WIRE_OP_ALLREDUCE, 0, 64, 64, 64, 0, 64));  /* touching */
+    assert_true(wire_ranges_ok(WIRE_OP_ALLREDUCE, 128, 64, 0, 64, 3, 64)); /* apart */
+    assert_true(wire_ranges_ok(WIRE_OP_ALLREDUCE, 64, 64, 64, 64, 3, 64)); /* in place */
+    assert_false(wire_ranges_ok(WIRE_OP_ALLREDUCE, 0, 64, 32, 64, 0, 64));
+    assert_false(wire_ranges_ok(WIRE_OP_BROADCAST, 33, 64, 32, 64, 0, 64));
+    /* allgather: send at recv + rank * block; reduce_scatter: recv at send + rank * block */
+    assert_true(wire_ranges_ok(WIRE_OP_ALLGATHER, 2 * 16, 16, 0, 4 * 16, 2, 16));
+    assert_false(wire_ranges_ok(WIRE_OP_ALLGATHER, 1 * 16, 16, 0, 4 * 16, 2, 16));
+    assert_false(wire_ranges_ok(WIRE_OP_ALLGATHER, 2 * 16 + 4, 16, 0, 4 * 16, 2, 16));
+    assert_true(wire_ranges_ok(WIRE_OP_REDUCE_SCATTER, 0, 4 * 16, 3 * 16, 16, 3, 16));
+    assert_false(wire_ranges_ok(WIRE_OP_REDUCE_SCATTER, 0, 4 * 16, 0, 16, 3, 16));
+    assert_false(wire_ranges_ok(WIRE_OP_REDUCE_SCATTER, 8, 4 * 16, 0, 16, 0, 16));
+    assert_true(wire_ranges_ok(WIRE_OP_ALLREDUCE, 0, 0, 0, 64, 0, 0)); /* nothing sent */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ranges_are_apart_or_in_place),
         cmocka_unit_test(every_type_round_trips),
         cmocka_unit_test(spin_budget_is_learnt),
         cmocka_unit_test(long_yields_that_come_back_close_the_gate),

@@ -14,9 +14,11 @@
 #include "coll/coll.h"
 #include "wire.h"
 
+/* memmove: a client may hand the agent ranges that overlap (its own send and receive);
+ * the result is then its own business, but never undefined behaviour in the agent */
 static void copy(void *dst, const void *src, size_t n)
 {
-    if (dst != src && n) memcpy(dst, src, n);
+    if (dst != src && n) memmove(dst, src, n);
 }
 
 /* Reduce block `block` (count elements) of every rank's send into dsts (one or all). */

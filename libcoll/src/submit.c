@@ -133,6 +133,14 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     if (rc) goto out;
     rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, &rb, &s.recv_off, &s.recv_buf);
     if (rc) goto out;
+    if (sb && sb == rb &&
+        !wire_ranges_ok(a->kind, s.send_off, selems * es, s.recv_off, relems * es,
+                        (uint64_t)g->info.rank, a->count * es)) {
+        rc = lc_fail(COLL_ERR_INVALID,
+                     "send %p and receive %p overlap, and not in place (coll.h: in-place use)",
+                     a->send, a->recv);
+        goto out;
+    }
     if ((sb && (sb->device >= 0) != gpu) || (rb && (rb->device >= 0) != gpu)) {
         rc = lc_fail(
             COLL_ERR_INVALID,

@@ -204,6 +204,17 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
     return 0;
 }
 
+int wire_ranges_ok(unsigned kind, uint64_t send_off, uint64_t send_bytes, uint64_t recv_off,
+                   uint64_t recv_bytes, uint64_t rank, uint64_t block_bytes)
+{
+    if (!send_bytes || !recv_bytes || send_off >= recv_off + recv_bytes ||
+        recv_off >= send_off + send_bytes)
+        return 1; /* apart (the offsets were checked against the buffer: no overflow) */
+    if (kind == WIRE_OP_ALLGATHER) return send_off - recv_off == rank * block_bytes;
+    if (kind == WIRE_OP_REDUCE_SCATTER) return recv_off - send_off == rank * block_bytes;
+    return send_off == recv_off && send_bytes == recv_bytes;
+}
+
 int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems)
 {
     uint64_t mult = 1;

@@ -319,6 +319,14 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
 /* Number of elements an op moves through buf: send side or recv side, for a group of
  * size ranks; sets *elems. Returns -1 on overflow. */
 int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems);
+/* Whether an op's send range [send_off, + send_bytes) and receive range [recv_off, +
+ * recv_bytes) in one buffer are apart, or one of the in-place forms of coll.h: the same
+ * start (allreduce, broadcast, reduce, all-to-all), allgather's send at recv + rank *
+ * block, reduce_scatter's receive at send + rank * block (block: count elements in
+ * bytes). Any other overlap is refused on both sides: the copies of an op would read
+ * what they write. */
+int wire_ranges_ok(unsigned kind, uint64_t send_off, uint64_t send_bytes, uint64_t recv_off,
+                   uint64_t recv_bytes, uint64_t rank, uint64_t block_bytes);
 
 /* ---- shared-memory rings ----------------------------------------------------- */
 
