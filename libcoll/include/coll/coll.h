@@ -223,7 +223,8 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
  * per op, but no progress while the application does other work. Pointers must lie
  * inside buffers shared through the same connection (a count of 0 allows NULL). In-place
  * use means send == recv (for allgather send == recv + rank * count, for reduce_scatter
- * recv == send + rank * count).
+ * recv == send + rank * count); send and recv that overlap in any other way are
+ * refused (INVALID).
  * The n-th op of every rank of a group is matched with the n-th op of the others;
  * they must agree on kind, dtype, count, reduction and root, or every rank gets
  * COLL_ERR_MISMATCH. send/recv pair in order per (sender, receiver).
