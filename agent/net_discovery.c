@@ -48,6 +48,8 @@ static void summarise(struct net *n, struct ngroup *g, const uint32_t *dns, int 
             }
         if (w > 16) PUT(",... (%d in all)", w);
         if (!w) PUT("every node joined; connecting (epoch %u)", r->epoch);
+    } else if (!r->committed && r->last_reject[0]) {
+        PUT("refused by the coordinator: %s", r->last_reject); /* what to fix */
     } else {
         PUT(r->committed ? "connecting (epoch %u)" : "waiting for the coordinator's commit",
             r->epoch);

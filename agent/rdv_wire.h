@@ -61,9 +61,18 @@ struct rdv_place {
     uint8_t cpus[RDV_CPUS_BYTES];
 };
 
+/* The group settings a JOIN's config_hash covers, sent as they are so that a coordinator
+ * that refuses a member can say which ones differ (they are the deployment's ConfigMap,
+ * no secret; the hash stays what admits). */
+struct rdv_settings {
+    uint32_t backend, local_slots, ndevices;
+    uint32_t op_ms, join_ms, heartbeat_ms;
+};
+
 struct rdv_join {
     struct rdv_hdr h;
     uint64_t config_hash;
+    struct rdv_settings settings;
     uint32_t nodes; /* world size in pods, as this member's config says */
     uint32_t node_index;
     uint32_t local_slots;

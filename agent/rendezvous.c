@@ -43,6 +43,7 @@ void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
     s->nlocal = st->nlocal;
     s->gpu = st->gpu;
     s->config_hash = st->config_hash;
+    s->settings = st->settings;
     s->hb_ns = (int64_t)st->heartbeat_ms * NS_PER_MS;
     s->join_ns = (int64_t)st->join_ms * NS_PER_MS;
     s->limit = st->limit;
@@ -62,6 +63,7 @@ static void send_join(struct rendezvous *s, int64_t now)
     rdv_init(&m, RDV_JOIN, s->group, 0);
     m.h.inc = s->inc;
     m.join.config_hash = s->config_hash;
+    m.join.settings = s->settings;
     m.join.nodes = (uint32_t)s->nodes;
     m.join.node_index = (uint32_t)s->me;
     m.join.local_slots = (uint32_t)s->nlocal;
@@ -145,6 +147,7 @@ static void apply_commit(struct rendezvous *s, const struct rdv_commit *c, int64
 {
     s->epoch = c->h.epoch;
     s->inc = c->h.inc;
+    s->last_reject[0] = '\0'; /* admitted: a refusal before is no longer news */
     s->committed = 1;
     s->formed = s->ending = 0;
     s->commits++;
@@ -228,6 +231,31 @@ void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned ch
     refuse(io, id, idlen, j, &r, limit);
 }
 
+/* Why member j's settings are refused: the keys that differ, the member's value first. */
+static void settings_differ(const struct rendezvous *s, const struct rdv_join *j, char *out,
+                            size_t cap)
+{
+    static const char *const keys[] = {"backend", "local_slots", "devices",
+                                       "op_ms",   "join_ms",     "heartbeat_ms"};
+    const uint32_t mine[] = {s->settings.backend,  s->settings.local_slots,
+                             s->settings.ndevices, s->settings.op_ms,
+                             s->settings.join_ms,  s->settings.heartbeat_ms};
+    const uint32_t theirs[] = {j->settings.backend,  j->settings.local_slots,
+                               j->settings.ndevices, j->settings.op_ms,
+                               j->settings.join_ms,  j->settings.heartbeat_ms};
+    size_t k = (size_t)snprintf(out, cap,
+                                "group '%s': pod %.40s's settings differ from the "
+                                "coordinator's (pod %.40s):",
+                                j->h.group, j->pod, s->pod);
+    int n = 0;
+    for (int i = 0; i < 6 && k < cap; i++)
+        if (mine[i] != theirs[i])
+            k += (size_t)snprintf(out + k, cap - k, "%s %s %u, not %u", n++ ? ";" : "", keys[i],
+                                  theirs[i], mine[i]);
+    if (!n && k < cap) /* the name, or a device's UUID: what the values do not show */
+        snprintf(out + k, cap - k, " the device list (or another setting) differs");
+}
+
 static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t idlen,
                           const struct rdv_join *j, int64_t now)
 {
@@ -238,11 +266,9 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
                  "group '%s': member has world size (members) %u, coordinator has %d", j->h.group,
                  j->nodes, s->nodes);
     } else if (j->config_hash != s->config_hash) {
-        /* no hash in the text: it is all a spoofed JOIN would need */
-        snprintf(r.reject.why, sizeof(r.reject.why),
-                 "group '%s': the member's group settings (backend, members, slots, devices, "
-                 "timeouts) differ from the coordinator's",
-                 j->h.group);
+        /* which settings differ, with both values (no hash in the text: it is all a
+         * spoofed JOIN would need); an upgrade that changes them shows here */
+        settings_differ(s, j, r.reject.why, sizeof(r.reject.why));
     } else if (j->node_index == 0) {
         snprintf(r.reject.why, sizeof(r.reject.why),
                  "group '%s': node index 0 is the coordinator itself", j->h.group);

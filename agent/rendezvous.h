@@ -57,6 +57,7 @@ struct rendezvous_settings {
     const char *group, *pod, *data_addr, *uid; /* copied; uid: the pod's UID (never empty) */
     int nodes, me, nlocal;
     uint64_t config_hash;
+    struct rdv_settings settings; /* what config_hash covers, for refusals that say what */
     int heartbeat_ms, join_ms;
     int gpu;                 /* commits carry a communicator id */
     struct log_limit *limit; /* for the coordinator's refusals; may be NULL */
@@ -77,6 +78,7 @@ struct rendezvous {
     char group[RDV_NAME_MAX], pod[RDV_NAME_MAX], data_addr[RDV_ADDR_MAX], uid[RDV_NAME_MAX];
     int nodes, me, nlocal, gpu;
     uint64_t config_hash;
+    struct rdv_settings settings;
     int64_t hb_ns, join_ns;
     struct log_limit *limit;
     struct rdv_place place;

@@ -1709,7 +1709,10 @@ static void mismatched_configs_are_rejected(void **state)
     int port = free_port();
     assert_int_equal(start_member(&a[0], port, 0, 2, 1, NULL), 0);
     assert_int_equal(start_member(&a[1], port, 1, 2, 2, NULL), 0); /* 2 local slots */
-    assert_true(agent_log_wait(&a[1], "differ from the coordinator", 1, 5000));
+    /* which setting, both values, and the member's own summary (its /readyz) says so */
+    assert_true(agent_log_wait(
+        &a[1], "differ from the coordinator's (pod pod-0): local_slots 2, not 1", 1, 5000));
+    assert_true(agent_log_wait(&a[1], "state=\"refused by the coordinator: group 'g'", 1, 5000));
     assert_true(agent_log_wait(&a[0], "rendezvous.reject", 1, 5000));
     assert_int_equal(agent_log_count(&a[1], "hash"), 0); /* found on c65a60e: it was told */
     assert_int_equal(agent_stop(&a[1]), 0);

@@ -310,7 +310,20 @@ static void a_config_mismatch_is_refused(void **state)
     assert_true(nodes[0].sent[RDV_REJECT] >= 4);
     assert_int_equal(nodes[0].sent[RDV_COMMIT], 0);
     assert_false(nodes[0].sm.peers[1].present);
-    assert_non_null(strstr(nodes[1].sm.last_reject, "group settings"));
+    /* same values, another hash: what the values do not show */
+    assert_non_null(strstr(nodes[1].sm.last_reject, "pod pod-1's settings differ from the "
+                                                    "coordinator's (pod pod-0)"));
+    assert_non_null(strstr(nodes[1].sm.last_reject, "device list"));
+    /* an upgrade that changed timeouts: the refusal names each key, both values */
+    cluster(2);
+    nodes[0].sm.settings.op_ms = 10000;
+    nodes[0].sm.settings.heartbeat_ms = 1000;
+    start_node(1, 2, config_hash + 1);
+    nodes[1].sm.settings.op_ms = 5000;
+    nodes[1].sm.settings.heartbeat_ms = 1000;
+    run_for(200);
+    assert_non_null(strstr(nodes[1].sm.last_reject, ": op_ms 5000, not 10000"));
+    assert_null(strstr(nodes[1].sm.last_reject, "heartbeat_ms"));
     /* a world size that differs is named as such */
     cluster(2);
     start_node(1, 3, config_hash);
