@@ -111,6 +111,8 @@ for tpl in pods:
     assert {"POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"} <= {e["name"] for e in side["env"]}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert vols["dshm"]["emptyDir"]["sizeLimit"], "a memory emptyDir is bounded"
+    assert pod["automountServiceAccountToken"] is False, "no container talks to the API server"
     assert vols["podinfo"]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == "metadata.labels"
     app = pod["containers"][0]
     assert {m["mountPath"] for m in app["volumeMounts"]} >= {"/run/coll", "/dev/shm"}

@@ -150,7 +150,7 @@ application's container.
 - name: coll-socket
   emptyDir: {}
 - name: dshm
-  emptyDir: {medium: Memory}
+  emptyDir: {medium: Memory, sizeLimit: {{ .Values.workload.shmSizeLimit | quote }}}
 - name: coll-config
   configMap: {name: {{ include "coll.fullname" . }}-config}
 - name: podinfo
@@ -202,6 +202,7 @@ spec:
   {{- . | nindent 2 }}
   {{- end }}
   terminationGracePeriodSeconds: {{ $.Values.workload.terminationGracePeriodSeconds }}
+  automountServiceAccountToken: false # neither container talks to the API server
   securityContext:
     fsGroup: {{ $.Values.security.fsGroup }}
     runAsNonRoot: true
