@@ -436,14 +436,13 @@ PY
 # The group always comes back (issue 40): failures of the coordinator and of members in
 # random order, applications checking every allreduce all along. Each failure's "back"
 # is the time from the moment every pod is there again, with its DNS record, to the
-# moment every application has completed an allreduce after it. Target: 2 s; the bound
-# asserted is 2 s for a release build and 3 heartbeats + join_ms under a sanitizer, whose
-# agents run several times slower. A wrong result (fatal) or a wait that never ends
-# fails the scenario.
+# moment every application has completed an allreduce after it. The target, 2 s, is a
+# figure for bench/soak.sh (its summary counts the failures over it); what this test
+# asserts holds on any machine, however busy or slow (sanitizers): back within 3
+# heartbeats + join_ms, never a wrong result (fatal), never a wait without an end.
 scenario_soak() {
     log "== soak: $SOAK_N failures, coordinator and members, in random order"
-    local bound=2000
-    [ ${#SAN[@]} -gt 0 ] && bound=$((3 * HB_MS + JOIN_MS))
+    local bound=$((3 * HB_MS + JOIN_MS))
     four
     for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
         fail "$p did not form"; done
