@@ -15,7 +15,9 @@
 #define CONFIG_MAX_GROUPS 64
 #define CONFIG_MAX_DEVICES 16
 #define CONFIG_MAX_PEERS 64
-#define CONFIG_ADDR_MAX 128
+/* a DNS name (253) with its port, ":65535" (issue 41: a 53-character release name made
+ * the chart's coordinator longer than the 127 bytes before) */
+#define CONFIG_ADDR_MAX 260
 #define CONFIG_DEFAULT_SOCKET "/tmp/coll-agent.sock"
 
 enum config_backend { CONFIG_BACKEND_HOST = 0, CONFIG_BACKEND_NCCL, CONFIG_BACKEND_AUTO };

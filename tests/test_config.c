@@ -168,6 +168,30 @@ static void out_of_range_values_are_reported(void **state)
     load_bad("node:\n  tcp_buffer_bytes: 4MiB\ngroups:\n  - name: g\n", "node.tcp_buffer_bytes");
 }
 
+/* A coordinator's name as long as DNS allows (253) with its port: what the chart renders
+ * for a 53-character release (issue 41: the agent refused its own chart's config past
+ * 127 bytes). One byte more than the field holds is refused, saying so. */
+static void coordinator_names_as_long_as_dns_allows(void **state)
+{
+    (void)state;
+    char name[254], yaml[1024];
+    memset(name, 'a', 253);
+    for (int i = 63; i < 253; i += 64)
+        name[i] = '.'; /* labels of 63 */
+    name[253] = '\0';
+    snprintf(yaml, sizeof(yaml),
+             "discovery:\n  coordinator: \"%s:7100\"\ngroups:\n  - name: g\n    members: 2\n",
+             name);
+    struct config *c = load_ok(yaml);
+    assert_int_equal(strlen(c->discovery.coordinator), 253 + 5);
+    config_free(&c);
+    char big[CONFIG_ADDR_MAX + 8];
+    memset(big, 'b', CONFIG_ADDR_MAX);
+    big[CONFIG_ADDR_MAX] = '\0';
+    snprintf(yaml, sizeof(yaml), "discovery:\n  coordinator: \"%s\"\ngroups:\n  - name: g\n", big);
+    load_bad(yaml, "discovery.coordinator: value is longer than 259 bytes");
+}
+
 static void duplicates_are_reported(void **state)
 {
     (void)state;
@@ -491,6 +515,7 @@ int main(void)
         cmocka_unit_test(unknown_key_names_the_path),
         cmocka_unit_test(wrong_types_are_reported),
         cmocka_unit_test(out_of_range_values_are_reported),
+        cmocka_unit_test(coordinator_names_as_long_as_dns_allows),
         cmocka_unit_test(duplicates_are_reported),
         cmocka_unit_test(missing_and_inconsistent_values_are_reported),
         cmocka_unit_test(all_errors_are_reported_at_once),
