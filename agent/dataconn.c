@@ -311,6 +311,10 @@ static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const ch
     }
     if (o->in.wel.status == DATA_WELCOME_NOT_YET) {
         /* it has not been told of our epoch yet: ask again shortly */
+        if (LOG_DEBUG_ON())
+            log_msg(LOG_DEBUG, "data.not_yet", "group=%s to=%d channel=%d epoch=%u backoff_ms=%lld",
+                    g->cfg->name, o->peer, o->ch, g->rdv.epoch,
+                    (long long)(o->backoff_ns / NS_PER_MS));
         close(o->fd);
         o->fd = -1;
         o->backoff_ns = o->backoff_ns ? o->backoff_ns * 2 : RETRY_FIRST_NS;
@@ -324,6 +328,27 @@ static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const ch
         return OG_FAIL;
     }
     return OG_UP;
+}
+
+void dataconn_describe(const struct ngroup *g, char *out, size_t cap)
+{
+    size_t k = 0;
+    out[0] = '\0';
+    for (int i = 0; i < g->nog && k < cap; i++) {
+        const struct outgoing *o = &g->og[i];
+        const char *st = o->fd < 0        ? "told NOT_YET, connecting again"
+                         : !o->connected  ? "connecting"
+                         : !o->hello_sent ? "waiting for its challenge"
+                                          : "waiting for its welcome";
+        k += (size_t)snprintf(out + k, cap - k, "%sto node %d channel %d: %s (%lld ms backoff)",
+                              k ? "; " : "", o->peer, o->ch, st,
+                              (long long)(o->backoff_ns / NS_PER_MS));
+    }
+    for (int p = g->me + 1; p < g->nodes && k < cap; p++)
+        if (tcp_eager_peer(g->nodes, g->me, p) && !pair_up(g, p))
+            k += (size_t)snprintf(out + k, cap - k, "%sfrom node %d: not all in (%d %d %d)",
+                                  k ? "; " : "", p, g->fds[p] >= 0, g->rfds[p] >= 0,
+                                  g->pfds[p] >= 0);
 }
 
 /* Move our connections of the committed epoch on, without waiting (rdv_wire.h: the
@@ -483,6 +508,11 @@ static int judge_hello(struct net *n, int i, int fresh)
     if (!ours || !g->rdv.committed || p->hello.epoch != g->rdv.epoch) {
         /* kept until its epoch comes, a few per source; never one dropped for another */
         if (fresh && claims_like(n, i) >= CLAIMS_PER_SOURCE) {
+            if (LOG_DEBUG_ON())
+                log_msg(LOG_DEBUG, "data.claim_not_yet",
+                        "from_node=%u channel=%u epoch=%u inc_ours=%d claims=%d",
+                        p->hello.from_index, p->hello.channel, p->hello.epoch, ours,
+                        claims_like(n, i));
             welcome(g, p, DATA_WELCOME_NOT_YET);
             return HELLO_DROP;
         }

@@ -170,6 +170,13 @@ void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why)
  * partner, or the oldest queued op (it bounds every other one's wait). */
 static void timers(struct net *n, struct ngroup *g, int64_t t)
 {
+    if (g->rdv.committed && !g->rdv.formed && !g->rdv.ending && t > g->rdv.form_deadline) {
+        /* the tick below ends the epoch: say first what did not come up */
+        char what[1024];
+        dataconn_describe(g, what, sizeof(what));
+        log_msg(LOG_WARN, "data.not_up", "group=%s epoch=%u pending=\"%s\"", g->cfg->name,
+                g->rdv.epoch, LOG_Q(what));
+    }
     rendezvous_tick(&g->rdv, t);
     char why[160];
     if (p2p_oldest_deadline(g) <= t) {

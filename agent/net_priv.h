@@ -276,7 +276,11 @@ int dataconn_open(struct net *n, struct ngroup *g, char *why, size_t whylen);
  * indexes) are on their way; the others are the peers' to open (an op needs the same
  * pair on both sides). A connection that cannot even start ends the epoch. */
 int dataconn_need(struct net *n, struct ngroup *g, const uint8_t *need);
-int dataconn_pairs(const struct ngroup *g); /* pairs up, for the logs and the bench */
+int dataconn_pairs(const struct ngroup *g);
+/* Which of g's connections are not up yet, and where each of ours stands (for the log
+ * when the formation deadline passes). */
+void dataconn_describe(const struct ngroup *g, char *out,
+                       size_t cap); /* pairs up, for the logs and the bench */
 void dataconn_progress_outgoing(struct net *n, struct ngroup *g);
 void dataconn_accept(struct net *n);
 void dataconn_progress_pending(struct net *n);
