@@ -2696,8 +2696,11 @@ static void a_silent_peer_does_not_stop_the_net_thread(void **state)
             beats++;
     }
     if (beats < 5) fail_msg("%d heartbeats in 1.5 s at a 100 ms interval", beats);
-    /* and the formation deadline (join_ms) ends the epoch */
+    /* and the formation deadline (join_ms) ends the epoch, the log saying first which
+     * connection did not come up and where it stood */
     assert_true(agent_log_count(&a, "data connections not up within join_ms") >= 1);
+    assert_true(agent_log_count(&a, "event=data.not_up group=g epoch=1 pending=\"to node 0 "
+                                    "channel 0: waiting for its challenge") >= 1);
     assert_int_equal(agent_stop(&a), 0);
     close(lfd);
     zmq_close(r);
