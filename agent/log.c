@@ -44,13 +44,15 @@ int log_limit_pass(struct log_limit *l, unsigned long long *dropped)
     return 1;
 }
 
-const char *log_q(char *buf, unsigned cap, const char *s)
+/* s into buf (cap bytes) with every control byte as \xHH, and with quotes too (a value's
+ * own: \" and \\). Whole escapes only: a long value is cut before one that does not fit. */
+static size_t escape(char *buf, size_t cap, const char *s, int quotes)
 {
     static const char hex[] = "0123456789abcdef";
-    unsigned n = 0;
+    size_t n = 0;
     for (; s && *s && n + 5 < cap; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
+        if (quotes && (c == '"' || c == '\\')) {
             buf[n++] = '\\';
             buf[n++] = (char)c;
         } else if (c < 0x20 || c == 0x7f) {
@@ -63,26 +65,13 @@ const char *log_q(char *buf, unsigned cap, const char *s)
         }
     }
     buf[n] = '\0';
-    return buf;
+    return n;
 }
 
-/* src with every control byte as \xHH (a line is one line, whatever its values hold). */
-static void unctrl(char *dst, size_t cap, const char *src)
+const char *log_q(char *buf, unsigned cap, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    size_t n = 0;
-    for (; *src && n + 5 < cap; src++) {
-        unsigned char c = (unsigned char)*src;
-        if (c < 0x20 || c == 0x7f) {
-            dst[n++] = '\\';
-            dst[n++] = 'x';
-            dst[n++] = hex[c >> 4];
-            dst[n++] = hex[c & 15];
-        } else {
-            dst[n++] = (char)c;
-        }
-    }
-    dst[n] = '\0';
+    escape(buf, cap, s, 1);
+    return buf;
 }
 
 struct line {
@@ -170,7 +159,7 @@ void log_msg(enum log_level level, const char *event, const char *kvfmt, ...)
         vsnprintf(raw, sizeof(raw), kvfmt, ap);
         va_end(ap);
     }
-    unctrl(kv, sizeof(kv), raw);
+    escape(kv, sizeof(kv), raw, 0); /* a line is one line, whatever its values hold */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

@@ -446,13 +446,11 @@ static uint32_t raw_share(struct raw *r)
     return m.mem_reg_ok.buf_id;
 }
 
-/* Found at 242e584: a send or receive offset that was not a multiple of the element size
- * reached the reductions as a misaligned float pointer (undefined behaviour). libcoll
- * refuses such a pointer (test_ops); a client that writes one into the ring anyway is
- * dropped, saying why, and everyone else is served. */
-static void misaligned_offset_is_dropped(void **state)
+/* A raw client of "pair" submits an allreduce of count floats from send_off to recv_off
+ * of one buffer; the agent must drop it, saying want, and serve everyone else. */
+static void bad_ranges_are_dropped(struct fixture *f, uint64_t count, uint64_t send_off,
+                                   uint64_t recv_off, const char *want)
 {
-    struct fixture *f = *state;
     struct raw r;
     raw_hello(&r, f->a.sock);
     uint32_t epoch;
@@ -461,16 +459,26 @@ static void misaligned_offset_is_dropped(void **state)
     struct wire_sqe q = {.kind = WIRE_OP_ALLREDUCE,
                          .dtype = COLL_FLOAT32,
                          .redop = COLL_SUM,
-                         .count = 16,
+                         .count = count,
                          .group = handle,
                          .epoch = epoch,
                          .send_buf = buf,
                          .recv_buf = buf,
-                         .send_off = 2, /* inside the buffer, half a float in */
-                         .recv_off = 512};
+                         .send_off = send_off,
+                         .recv_off = recv_off};
     raw_submit(&r, &q, 1);
-    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "not aligned to its 4-byte elements");
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, want);
     assert_serving(f);
+}
+
+/* Found at 242e584: a send or receive offset that was not a multiple of the element size
+ * reached the reductions as a misaligned float pointer (undefined behaviour). libcoll
+ * refuses such a pointer (test_ops); a client that writes one into the ring anyway is
+ * dropped, saying why, and everyone else is served. */
+static void misaligned_offset_is_dropped(void **state)
+{
+    /* inside the buffer, half a float in */
+    bad_ranges_are_dropped(*state, 16, 2, 512, "not aligned to its 4-byte elements");
 }
 
 /* A send range that overlaps the receive range without being in place: the agent's
@@ -478,25 +486,8 @@ static void misaligned_offset_is_dropped(void **state)
  * (test_ops); written into the ring anyway, it drops the session. */
 static void overlapping_ranges_are_dropped(void **state)
 {
-    struct fixture *f = *state;
-    struct raw r;
-    raw_hello(&r, f->a.sock);
-    uint32_t epoch;
-    uint32_t handle = raw_open_pair(&r, &epoch);
-    uint32_t buf = raw_share(&r);
-    struct wire_sqe q = {.kind = WIRE_OP_ALLREDUCE,
-                         .dtype = COLL_FLOAT32,
-                         .redop = COLL_SUM,
-                         .count = 64,
-                         .group = handle,
-                         .epoch = epoch,
-                         .send_buf = buf,
-                         .recv_buf = buf,
-                         .send_off = 0,
-                         .recv_off = 128}; /* 256 bytes each: half of them shared */
-    raw_submit(&r, &q, 1);
-    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "overlap, and not in place");
-    assert_serving(f);
+    /* 256 bytes each, half of them shared */
+    bad_ranges_are_dropped(*state, 64, 0, 128, "overlap, and not in place");
 }
 
 /* Ring entries half random, half plausible (right handle, epoch or buffer, small counts)
