@@ -277,6 +277,9 @@ int dataconn_open(struct net *n, struct ngroup *g, char *why, size_t whylen);
  * pair on both sides). A connection that cannot even start ends the epoch. */
 int dataconn_need(struct net *n, struct ngroup *g, const uint8_t *need);
 int dataconn_pairs(const struct ngroup *g);
+
+/* net.c: the net thread's loop (net_setup.c starts it). */
+void *net_main(void *arg);
 /* Which of g's connections are not up yet, and where each of ours stands (for the log
  * when the formation deadline passes). */
 void dataconn_describe(const struct ngroup *g, char *out,
