@@ -76,6 +76,7 @@ struct config {
     struct {
         char keys[CONFIG_PATH_MAX]; /* directory of the CURVE key files; "": none */
         int require_keys;           /* 1: refuse to start without them */
+        int data; /* the data connections' records (seal.h: SEAL_NONE, _MAC, _ENCRYPT) */
     } security;
     struct {
         char address[CONFIG_ADDR_MAX]; /* the operational endpoints' address */

@@ -17,6 +17,7 @@ static const char *const format_names[] = {"logfmt", "json", NULL};
 static const char *const discovery_names[] = {"static", "kubernetes", NULL};
 static const char *const index_words[] = {"auto", NULL}; /* -1, -2, ... */
 static const char *const bool_names[] = {"false", "true", NULL};
+static const char *const seal_names[] = {"none", "mac", "encrypt", NULL}; /* seal.h's order */
 
 #define AG(m) offsetof(struct config, agent.m)
 #define GR(m) offsetof(struct group_config, m)
@@ -106,6 +107,8 @@ static const struct field security_fields[] = {
      "${COLL_KEYS_DIR:-}", NULL, 0, 0, 0},
     {"require_keys", T_ENUM, offsetof(struct config, security.require_keys), 0, 0, 0, bool_names,
      "false", NULL, 0, 0, 0},
+    {"data", T_ENUM, offsetof(struct config, security.data), 0, 0, 0, seal_names, "none", NULL, 0,
+     0, 0},
     {0},
 };
 

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,58 @@
 
 #include "coll/coll.h"
 #include "net_priv.h"
+#include "seal.h"
+
+ssize_t dataconn_seal_send(void *ctx, int peer, int fd, const struct iovec *v, int nv)
+{
+    struct ngroup *g = ctx;
+    if (!g->seal_tx[peer]) {
+        errno = EPROTO; /* never: the seal comes up with its connection */
+        return -1;
+    }
+    return seal_send(g->seal_tx[peer], fd, v, nv);
+}
+
+ssize_t dataconn_seal_recv(void *ctx, int peer, int fd, const struct iovec *v, int nv)
+{
+    struct ngroup *g = ctx;
+    if (!g->seal_rx[peer]) {
+        errno = EPROTO;
+        return -1;
+    }
+    return seal_recv(g->seal_rx[peer], fd, v, nv);
+}
+
+ssize_t dataconn_p2p_send(struct ngroup *g, int peer, const struct iovec *v, int nv)
+{
+    if (!g->seal_mode) return writev(g->pfds[peer], v, nv);
+    if (!g->pseal_tx[peer]) {
+        errno = EPROTO;
+        return -1;
+    }
+    return seal_send(g->pseal_tx[peer], g->pfds[peer], v, nv);
+}
+
+ssize_t dataconn_p2p_recv(struct ngroup *g, int peer, void *buf, size_t len)
+{
+    if (!g->seal_mode) return read(g->pfds[peer], buf, len);
+    if (!g->pseal_rx[peer]) {
+        errno = EPROTO;
+        return -1;
+    }
+    struct iovec v = {buf, len};
+    return seal_recv(g->pseal_rx[peer], g->pfds[peer], &v, 1);
+}
+
+/* The seals of the connections with node i, with them. */
+static void seals_free(struct ngroup *g, int i)
+{
+    struct seal **s[4] = {&g->seal_tx[i], &g->seal_rx[i], &g->pseal_tx[i], &g->pseal_rx[i]};
+    for (int k = 0; k < 4; k++) {
+        seal_free(*s[k]);
+        *s[k] = NULL;
+    }
+}
 
 void dataconn_close_grave(struct ngroup *g)
 {
@@ -45,6 +98,7 @@ void dataconn_bury(struct ngroup *g)
                 g->grave[g->ngrave++] = *f[k];
                 *f[k] = -1;
             }
+        if (g->seal_mode) seals_free(g, i); /* no lease in that mode: nobody reads on */
     }
     g->grave_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
 }
@@ -60,6 +114,7 @@ void dataconn_close(struct ngroup *g)
         if (g->rfds[i] >= 0) close(g->rfds[i]);
         if (g->pfds[i] >= 0) close(g->pfds[i]);
         g->fds[i] = g->rfds[i] = g->pfds[i] = -1;
+        if (g->seal_mode) seals_free(g, i);
     }
 }
 
@@ -146,6 +201,33 @@ static int *conn_slot(struct ngroup *g, int ch, int peer, int opener)
     return (ch == DATA_CH_COLL) == opener ? &g->fds[peer] : &g->rfds[peer];
 }
 
+/* With security.data, the seals of a connection that has just come up: ours as the
+ * opener or not, with the cipher its welcome named and both nonces of its handshake.
+ * COLL carries the opener's bytes only, COLL_BACK the acceptor's, P2P both ways. 0, or
+ * -1 when out of memory. */
+static int seal_up(struct ngroup *g, int ch, int peer, int opener, int cipher,
+                   const uint8_t chal[SEC_NONCE_BYTES], const uint8_t hello[SEC_NONCE_BYTES])
+{
+    if (!g->seal_mode) return 0;
+    int tx = ch == DATA_CH_P2P || (ch == DATA_CH_COLL) == opener;
+    int rx = ch == DATA_CH_P2P || !tx;
+    struct seal **ts = ch == DATA_CH_P2P ? &g->pseal_tx[peer] : &g->seal_tx[peer];
+    struct seal **rs = ch == DATA_CH_P2P ? &g->pseal_rx[peer] : &g->seal_rx[peer];
+    uint8_t k[32];
+    if (tx) { /* our bytes: dir 0 for the opener's, 1 for the acceptor's */
+        seal_derive(k, g->secret, chal, hello, ch, !opener, g->seal_mode, cipher);
+        seal_free(*ts);
+        *ts = seal_new(g->seal_mode, cipher, k);
+    }
+    if (rx) {
+        seal_derive(k, g->secret, chal, hello, ch, opener, g->seal_mode, cipher);
+        seal_free(*rs);
+        *rs = seal_new(g->seal_mode, cipher, k);
+    }
+    sodium_memzero(k, sizeof(k));
+    return (tx && !*ts) || (rx && !*rs) ? -1 : 0;
+}
+
 static int pair_up(const struct ngroup *g, int p)
 {
     return g->fds[p] >= 0 && g->rfds[p] >= 0 && g->pfds[p] >= 0;
@@ -222,7 +304,9 @@ static struct data_hello hello_of(const struct ngroup *g, int ch)
                                .group_hash = g->name_hash,
                                .inc = g->rdv.inc,
                                .epoch = g->rdv.epoch,
-                               .from_index = (uint32_t)g->me};
+                               .from_index = (uint32_t)g->me,
+                               .seal = (uint16_t)g->seal_mode,
+                               .ciphers = (uint16_t)(g->seal_mode ? g->net->seal_ciphers : 0)};
 }
 
 /* Read what is due of a handshake message into buf (len bytes, *got so far). 1 whole,
@@ -287,6 +371,7 @@ static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const ch
         struct data_hello h = hello_of(g, o->ch);
         sec_random(h.nonce, sizeof(h.nonce));
         memcpy(o->nonce, h.nonce, sizeof(o->nonce));
+        memcpy(o->chal_nonce, o->in.chal.nonce, sizeof(o->chal_nonce));
         sec_mac(h.mac, g->secret, o->in.chal.nonce, &h, DATA_HELLO_SIGNED);
         /* a fresh socket takes the hello whole */
         if (write(o->fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
@@ -325,6 +410,11 @@ static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const ch
     if (!sec_mac_ok(o->in.wel.mac, g->secret, o->nonce, &o->in.wel, DATA_WELCOME_SIGNED)) {
         *step = "its welcome does not prove the epoch's secret";
         *err = EPROTO;
+        return OG_FAIL;
+    }
+    if (seal_up(g, o->ch, o->peer, 1, o->in.wel.cipher, o->chal_nonce, o->nonce) < 0) {
+        *step = "sealing its records";
+        *err = ENOMEM;
         return OG_FAIL;
     }
     return OG_UP;
@@ -459,7 +549,7 @@ static int claims_like(const struct net *n, int i)
 /* Answer pending connection p's hello (the connection's first bytes our way, after the
  * challenge: a fresh socket takes them). OK proves the epoch's secret over its nonce. 0,
  * or -1 if the socket would not take it. */
-static int welcome(const struct ngroup *g, const struct pending_conn *p, int status)
+static int welcome(const struct ngroup *g, const struct pending_conn *p, int status, int cipher)
 {
     struct data_welcome w = {.magic = DATA_MAGIC,
                              .version = RDV_VERSION,
@@ -469,6 +559,7 @@ static int welcome(const struct ngroup *g, const struct pending_conn *p, int sta
                              .group_hash = p->hello.group_hash,
                              .inc = p->hello.inc,
                              .epoch = p->hello.epoch};
+    if (status == DATA_WELCOME_OK) w.cipher = (uint16_t)cipher;
     if (status == DATA_WELCOME_OK)
         sec_mac(w.mac, g->secret, p->hello.nonce, &w, DATA_WELCOME_SIGNED);
     return write(p->fd, &w, sizeof(w)) == (ssize_t)sizeof(w) ? 0 : -1;
@@ -513,7 +604,7 @@ static int judge_hello(struct net *n, int i, int fresh)
                         "from_node=%u channel=%u epoch=%u inc_ours=%d claims=%d",
                         p->hello.from_index, p->hello.channel, p->hello.epoch, ours,
                         claims_like(n, i));
-            welcome(g, p, DATA_WELCOME_NOT_YET);
+            welcome(g, p, DATA_WELCOME_NOT_YET, 0);
             return HELLO_DROP;
         }
         return HELLO_KEEP;
@@ -530,7 +621,20 @@ static int judge_hello(struct net *n, int i, int fresh)
         bad_hello(n, p, "that connection is already up");
         return HELLO_DROP;
     }
-    if (welcome(g, p, DATA_WELCOME_OK) < 0) return HELLO_DROP; /* it went away */
+    /* the same security.data on both sides (the coordinator admits none other; this
+     * is the hello's own word, under its mac), and a cipher both run */
+    int cipher = g->seal_mode ? seal_pick(n->seal_ciphers, p->hello.ciphers) : 0;
+    if (p->hello.seal != g->seal_mode || (g->seal_mode && !cipher)) {
+        bad_hello(n, p,
+                  p->hello.seal != g->seal_mode ? "its security.data differs from ours"
+                                                : "it runs none of our ciphers");
+        return HELLO_DROP;
+    }
+    if (seal_up(g, p->hello.channel, from, 0, cipher, p->nonce, p->hello.nonce) < 0) {
+        bad_hello(n, p, "no memory to seal its records");
+        return HELLO_DROP;
+    }
+    if (welcome(g, p, DATA_WELCOME_OK, cipher) < 0) return HELLO_DROP; /* it went away */
     *slot = p->fd;
     check_ready(n, g);
     return HELLO_UP;

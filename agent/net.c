@@ -269,7 +269,8 @@ static int service_turn(struct ngroup *g, int64_t t, char *why, size_t whylen)
 /* The view of g's connections that op t runs with. */
 static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
 {
-    return (struct tcp_comm){.service = service,
+    return (struct tcp_comm){.io = g->seal_mode ? &g->seal_io : NULL,
+                             .service = service,
                              .service_ctx = g,
                              .nodes = g->nodes,
                              .me = g->me,

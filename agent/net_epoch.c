@@ -117,12 +117,12 @@ static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
     return net_commid_take(g->net->ids, id, why, whylen);
 }
 
-static uint64_t group_config_hash(const struct group_config *gc)
+static uint64_t group_config_hash(const struct group_config *gc, int data_seal)
 {
     char buf[512];
-    int len = snprintf(buf, sizeof(buf), "%s|%d|%d|%d|%d|%d|%d|%d", gc->name, gc->backend,
+    int len = snprintf(buf, sizeof(buf), "%s|%d|%d|%d|%d|%d|%d|%d|%d", gc->name, gc->backend,
                        gc->members, gc->local_slots, gc->ndevices, gc->op_timeout_ms,
-                       gc->join_timeout_ms, gc->heartbeat_ms);
+                       gc->join_timeout_ms, gc->heartbeat_ms, data_seal);
     return rdv_fnv1a(buf, (size_t)len, RDV_FNV_INIT);
 }
 
@@ -135,13 +135,14 @@ void net_epoch_group_init(struct net *n, struct ngroup *g)
                                      .nodes = g->nodes,
                                      .me = g->me,
                                      .nlocal = g->nlocal,
-                                     .config_hash = group_config_hash(g->cfg),
+                                     .config_hash = group_config_hash(g->cfg, g->seal_mode),
                                      .settings = {.backend = (uint32_t)g->cfg->backend,
                                                   .local_slots = (uint32_t)g->cfg->local_slots,
                                                   .ndevices = (uint32_t)g->cfg->ndevices,
                                                   .op_ms = (uint32_t)g->cfg->op_timeout_ms,
                                                   .join_ms = (uint32_t)g->cfg->join_timeout_ms,
-                                                  .heartbeat_ms = (uint32_t)g->cfg->heartbeat_ms},
+                                                  .heartbeat_ms = (uint32_t)g->cfg->heartbeat_ms,
+                                                  .data_seal = (uint32_t)g->seal_mode},
                                      .heartbeat_ms = g->cfg->heartbeat_ms,
                                      .join_ms = g->cfg->join_timeout_ms,
                                      .gpu = g->gpu,
@@ -227,8 +228,10 @@ void net_epoch_formed(struct net *n, struct ngroup *g)
     g->formations++;
     pthread_mutex_unlock(&n->out_lock);
     rendezvous_formed(&g->rdv);
-    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d pairs=%d", g->cfg->name,
-            g->rdv.epoch, g->nodes, g->me, dataconn_pairs(g));
+    static const char *const seals[] = {"none", "mac", "encrypt"};
+    log_msg(LOG_INFO, "group.formed", "group=%s epoch=%u nodes=%d node=%d pairs=%d data=%s",
+            g->cfg->name, g->rdv.epoch, g->nodes, g->me, dataconn_pairs(g),
+            seals[g->seal_mode % 3]);
     net_post_event(n, g, 0, 0, "formed");
 }
 

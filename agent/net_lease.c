@@ -32,6 +32,10 @@ int net_lend(struct net *n, int group, struct wire_lease_words *words, struct ne
                  TCP_EAGER_ALL);
         return COLL_ERR_UNSUPPORTED;
     }
+    if (g->seal_mode) {
+        snprintf(why, whylen, "security.data seals the group's bytes: they stay in the agent");
+        return COLL_ERR_UNSUPPORTED;
+    }
     if (pthread_mutex_trylock(&n->coll_lock) != 0) {
         snprintf(why, whylen, "the group's connections are in use");
         return COLL_ERR_BUSY;

@@ -97,7 +97,8 @@ struct outgoing {
         struct data_challenge chal;
         struct data_welcome wel;
     } in;
-    uint8_t nonce[SEC_NONCE_BYTES]; /* our hello's: the welcome proves the secret over it */
+    uint8_t nonce[SEC_NONCE_BYTES];      /* our hello's: the welcome proves the secret over it */
+    uint8_t chal_nonce[SEC_NONCE_BYTES]; /* the challenge's (security.data keys, seal.h) */
     int64_t retry_at, backoff_ns;
 };
 
@@ -152,9 +153,16 @@ struct ngroup {
     int grave[DATA_CH_COUNT * RDV_MAX_NODES];
     int ngrave;
     int64_t grave_until;
-    int fds[RDV_MAX_NODES];      /* collectives, in lockstep: our bytes to node i */
-    int rfds[RDV_MAX_NODES];     /* collectives: node i's bytes to us */
-    int pfds[RDV_MAX_NODES];     /* sends and receives, framed */
+    int fds[RDV_MAX_NODES];  /* collectives, in lockstep: our bytes to node i */
+    int rfds[RDV_MAX_NODES]; /* collectives: node i's bytes to us */
+    int pfds[RDV_MAX_NODES]; /* sends and receives, framed */
+    /* security.data mac or encrypt (seal.h): the records of each connection, one seal
+     * per direction (fds: tx, rfds: rx, pfds: both), made as the connection comes up
+     * and freed with it; all NULL with SEAL_NONE */
+    int seal_mode;
+    struct seal *seal_tx[RDV_MAX_NODES], *seal_rx[RDV_MAX_NODES];
+    struct seal *pseal_tx[RDV_MAX_NODES], *pseal_rx[RDV_MAX_NODES];
+    struct tcp_io seal_io;       /* the collectives' way through them (tcp.h) */
     uint8_t need[RDV_MAX_NODES]; /* scratch of whoever holds coll_lock: an op's pods */
     /* events for the engine, preallocated so that none is ever lost to a failed
      * allocation (a lost "formed" would hold GPU ops until their deadline); guarded by
@@ -236,6 +244,7 @@ struct net {
     struct sec_keys keys;
     void *zap; /* coordinator with keys: the ZAP handler */
     struct log_limit lim_hello, lim_frame, lim_reject;
+    int seal_ciphers; /* what this CPU runs (seal_ciphers) */
     int64_t last_service;
     struct dns_watch *dns;    /* discovery.service, watched on its own thread; NULL: none */
     _Atomic int64_t alive_ns; /* the loop's last turn, for /livez */
@@ -287,6 +296,13 @@ void dataconn_describe(const struct ngroup *g, char *out,
 void dataconn_progress_outgoing(struct net *n, struct ngroup *g);
 void dataconn_accept(struct net *n);
 void dataconn_progress_pending(struct net *n);
+/* The bytes of a collective connection with node peer through its seal (g's
+ * seal_io, tcp.h's tcp_io), and of the send/recv connection: sealed with
+ * security.data, plain without. */
+ssize_t dataconn_seal_send(void *g, int peer, int fd, const struct iovec *v, int nv);
+ssize_t dataconn_seal_recv(void *g, int peer, int fd, const struct iovec *v, int nv);
+ssize_t dataconn_p2p_send(struct ngroup *g, int peer, const struct iovec *v, int nv);
+ssize_t dataconn_p2p_recv(struct ngroup *g, int peer, void *buf, size_t len);
 void dataconn_close(struct ngroup *g);
 void dataconn_bury(struct ngroup *g); /* dataconn_close, a heartbeat later */
 void dataconn_close_grave(struct ngroup *g);

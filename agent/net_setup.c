@@ -16,6 +16,7 @@
 
 #include "coll/coll.h"
 #include "net_priv.h"
+#include "seal.h"
 
 #include "cpus.h"
 #include "dns.h"
@@ -124,6 +125,8 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
             goto free_net;
         }
         g->name_hash = rdv_fnv1a(gc->name, strlen(gc->name), RDV_FNV_INIT);
+        g->seal_mode = cfg->security.data;
+        g->seal_io = (struct tcp_io){dataconn_seal_send, dataconn_seal_recv, g};
         for (int k = 0; k < EV_POOL; k++) {
             g->evpool[k].next = g->evfree;
             g->evfree = &g->evpool[k];
@@ -135,6 +138,11 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         net_epoch_group_init(n, g);
     }
     if (sodium_ready(why, whylen) < 0) goto free_net;
+    n->seal_ciphers = seal_ciphers();
+    if (cfg->security.data != SEAL_NONE && !n->seal_ciphers) {
+        snprintf(why, whylen, "security.data: libsodium offers no cipher here");
+        goto free_net;
+    }
     if (cfg->security.keys[0]) {
         if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto free_net;
     } else if (cfg->security.require_keys) {

@@ -212,8 +212,8 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
 {
     struct p2p_out *o = &g->out[peer];
     while (o->done == 0 && o->nacks && g->pfds[peer] >= 0) { /* acks go between messages */
-        ssize_t r = write(g->pfds[peer], (char *)&o->acks[0] + o->acks_done,
-                          sizeof(o->acks[0]) - o->acks_done);
+        struct iovec a = {(char *)&o->acks[0] + o->acks_done, sizeof(o->acks[0]) - o->acks_done};
+        ssize_t r = dataconn_p2p_send(g, peer, &a, 1);
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (r < 0) {
             char why[128];
@@ -244,7 +244,7 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
         size_t pdone = o->done > sizeof(o->hdr) ? o->done - sizeof(o->hdr) : 0;
         if (bytes > pdone)
             v[nv++] = (struct iovec){(char *)t->send[t->local_slot] + pdone, bytes - pdone};
-        ssize_t r = nv ? writev(g->pfds[peer], v, nv) : 0;
+        ssize_t r = nv ? dataconn_p2p_send(g, peer, v, nv) : 0;
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (r < 0) {
             char why[128];
@@ -292,11 +292,15 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
             want = in->plen - in->pgot;
             if (in->discard && want > sizeof(sink)) want = sizeof(sink);
         }
-        ssize_t r = want ? read(g->pfds[peer], dst, want) : 0;
+        ssize_t r = want ? dataconn_p2p_recv(g, peer, dst, want) : 0;
         if (want && r < 0 && (errno == EAGAIN || errno == EINTR)) return;
         if (want && r <= 0) {
             char why[128];
-            snprintf(why, sizeof(why), "node %d closed its send/recv connection", peer);
+            if (r < 0 && (errno == EBADMSG || errno == EPROTO))
+                snprintf(why, sizeof(why), "node %d's bytes failed their check (security.data)",
+                         peer);
+            else
+                snprintf(why, sizeof(why), "node %d closed its send/recv connection", peer);
             p2p_lost(n, g, peer, why);
             return;
         }

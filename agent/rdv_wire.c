@@ -284,19 +284,30 @@ int data_hello_check(const struct data_hello *h, char *why, size_t whylen)
         snprintf(why, whylen, "hello from node index %u", h->from_index);
         return -1;
     }
+    if (h->seal > 2 || h->ciphers > 3 || (h->seal != 0) != (h->ciphers != 0) || h->pad != 0) {
+        snprintf(why, whylen, "hello with seal %u, ciphers 0x%x", h->seal, h->ciphers);
+        return -1;
+    }
     return 0;
 }
 
 int data_welcome_check(const struct data_welcome *w, const struct data_hello *h, uint32_t to_index,
                        char *why, size_t whylen)
 {
-    if (w->magic != DATA_MAGIC || w->version != RDV_VERSION || w->pad != 0 || w->pad2 != 0) {
+    if (w->magic != DATA_MAGIC || w->version != RDV_VERSION || w->pad2 != 0) {
         snprintf(why, whylen, "not a data-plane welcome (magic 0x%08x version %u)", w->magic,
                  w->version);
         return -1;
     }
     if (w->status != DATA_WELCOME_OK && w->status != DATA_WELCOME_NOT_YET) {
         snprintf(why, whylen, "welcome with status %u", w->status);
+        return -1;
+    }
+    /* with a seal, OK names one of the ciphers the hello offered; else none */
+    int one = w->cipher && !(w->cipher & (w->cipher - 1)) && !(w->cipher & ~h->ciphers);
+    if (w->status == DATA_WELCOME_OK ? (h->seal ? !one : w->cipher != 0) : w->cipher != 0) {
+        snprintf(why, whylen, "welcome with cipher 0x%x to a hello offering 0x%x", w->cipher,
+                 h->ciphers);
         return -1;
     }
     if (w->channel != h->channel || w->to_index != to_index || w->group_hash != h->group_hash ||

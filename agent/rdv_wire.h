@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 7
+#define RDV_VERSION 8
 #define RDV_NAME_MAX 64
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 4096 /* pods in a group; members is bounded by config */
@@ -67,6 +67,7 @@ struct rdv_place {
 struct rdv_settings {
     uint32_t backend, local_slots, ndevices;
     uint32_t op_ms, join_ms, heartbeat_ms;
+    uint32_t data_seal; /* security.data (seal.h: SEAL_*), the deployment's */
 };
 
 struct rdv_join {
@@ -197,6 +198,9 @@ struct data_hello {
     uint64_t inc;        /* the epoch (rdv_hdr) */
     uint32_t epoch;
     uint32_t from_index;
+    uint16_t seal;    /* security.data (SEAL_*): both sides must agree */
+    uint16_t ciphers; /* with a seal, the ciphers the opener runs (SEAL_CHACHA, ...) */
+    uint32_t pad;
     uint8_t nonce[32];
     uint8_t mac[32];
 };
@@ -210,9 +214,9 @@ enum { DATA_WELCOME_OK = 1, DATA_WELCOME_NOT_YET = 2 };
 struct data_welcome {
     uint32_t magic;
     uint16_t version;
-    uint16_t status;  /* DATA_WELCOME_* */
-    uint16_t channel; /* the hello's */
-    uint16_t pad;
+    uint16_t status;   /* DATA_WELCOME_* */
+    uint16_t channel;  /* the hello's */
+    uint16_t cipher;   /* with a seal, the cipher the connection's records use (seal_pick) */
     uint32_t to_index; /* the acceptor's node index */
     uint64_t group_hash;
     uint64_t inc;

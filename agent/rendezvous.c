@@ -235,23 +235,29 @@ void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned ch
 static void settings_differ(const struct rendezvous *s, const struct rdv_join *j, char *out,
                             size_t cap)
 {
-    static const char *const keys[] = {"backend", "local_slots", "devices",
-                                       "op_ms",   "join_ms",     "heartbeat_ms"};
-    const uint32_t mine[] = {s->settings.backend,  s->settings.local_slots,
-                             s->settings.ndevices, s->settings.op_ms,
-                             s->settings.join_ms,  s->settings.heartbeat_ms};
-    const uint32_t theirs[] = {j->settings.backend,  j->settings.local_slots,
-                               j->settings.ndevices, j->settings.op_ms,
-                               j->settings.join_ms,  j->settings.heartbeat_ms};
+    static const char *const keys[] = {"backend", "local_slots",  "devices",      "op_ms",
+                                       "join_ms", "heartbeat_ms", "security.data"};
+    const uint32_t mine[] = {
+        s->settings.backend, s->settings.local_slots,  s->settings.ndevices, s->settings.op_ms,
+        s->settings.join_ms, s->settings.heartbeat_ms, s->settings.data_seal};
+    const uint32_t theirs[] = {
+        j->settings.backend, j->settings.local_slots,  j->settings.ndevices, j->settings.op_ms,
+        j->settings.join_ms, j->settings.heartbeat_ms, j->settings.data_seal};
+    static const char *const seals[] = {"none", "mac", "encrypt"};
     size_t k = (size_t)snprintf(out, cap,
                                 "group '%s': pod %.40s's settings differ from the "
                                 "coordinator's (pod %.40s):",
                                 j->h.group, j->pod, s->pod);
     int n = 0;
-    for (int i = 0; i < 6 && k < cap; i++)
-        if (mine[i] != theirs[i])
+    for (int i = 0; i < 7 && k < cap; i++) {
+        if (mine[i] == theirs[i]) continue;
+        if (i == 6 && mine[i] < 3 && theirs[i] < 3)
+            k += (size_t)snprintf(out + k, cap - k, "%s %s %s, not %s", n++ ? ";" : "", keys[i],
+                                  seals[theirs[i]], seals[mine[i]]);
+        else
             k += (size_t)snprintf(out + k, cap - k, "%s %s %u, not %u", n++ ? ";" : "", keys[i],
                                   theirs[i], mine[i]);
+    }
     if (!n && k < cap) /* the name, or a device's UUID: what the values do not show */
         snprintf(out + k, cap - k, " the device list (or another setting) differs");
 }

@@ -164,6 +164,7 @@ size_t tcp_stash_front(struct tcp_stash *s)
  * when little is asked for. */
 static ssize_t conn_read(struct tcp_comm *c, int p, const struct iovec *v, int nv)
 {
+    if (c->io) return c->io->recv(c->io->ctx, p, c->rfds[p], v, nv);
     struct tcp_stash *s = c->stash ? &c->stash[p] : NULL;
     struct iovec w[5];
     size_t got = 0, rest = 0;
@@ -228,8 +229,9 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                     /* a send never raises SIGPIPE: this code also runs inside the
                      * application (direct ops), whose signals are not ours */
                     struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)nv};
-                    ssize_t r = t->is_send ? sendmsg(c->fds[t->peer], &mh, MSG_NOSIGNAL)
-                                           : conn_read(c, t->peer, v, nv);
+                    ssize_t r = !t->is_send ? conn_read(c, t->peer, v, nv)
+                                : c->io ? c->io->send(c->io->ctx, t->peer, c->fds[t->peer], v, nv)
+                                        : sendmsg(c->fds[t->peer], &mh, MSG_NOSIGNAL);
                     if (r > 0) {
                         t->done += (size_t)r;
                         if (t->copy_to) x_copy_sent(t, t->done - (size_t)r);
@@ -259,6 +261,10 @@ int tcp_exchange(struct opctx *o, struct xfer *x, int nx)
                         if (t->copy_to) x_copy_sent(t, before);
                         break;
                     }
+                    if (r < 0 && (errno == EBADMSG || errno == EPROTO))
+                        return tcp_failf(o, COLL_ERR_PEER_LOST,
+                                         "node %d's bytes failed their check (security.data)",
+                                         t->peer);
                     return tcp_failf(o, COLL_ERR_PEER_LOST, "data connection to node %d: %s",
                                      t->peer, r < 0 ? strerror(errno) : "closed");
                 }

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "spin.h"
 
@@ -44,8 +46,18 @@ size_t tcp_stash_front(struct tcp_stash *s);
 /* Empty the n stashes at s (NULL: none), their connections closed. */
 void tcp_stash_drop(struct tcp_stash *s, int n);
 
+/* Another way for a connection's bytes than plain sendmsg and recvmsg (the agent's
+ * sealed records, seal.h): each as its plain call would, without waiting (send: bytes
+ * taken, or -1 with errno EAGAIN when none; recv: bytes, 0 when closed, or -1). */
+struct tcp_io {
+    ssize_t (*send)(void *ctx, int peer, int fd, const struct iovec *v, int nv);
+    ssize_t (*recv)(void *ctx, int peer, int fd, const struct iovec *v, int nv);
+    void *ctx;
+};
+
 struct tcp_comm {
-    tcp_service_fn service; /* NULL: none (the engine's budgeted runs never wait) */
+    const struct tcp_io *io; /* NULL: plain bytes (with the read-ahead stash) */
+    tcp_service_fn service;  /* NULL: none (the engine's budgeted runs never wait) */
     void *service_ctx;
     int nodes, me, nlocal;
     int *fds;     /* by node index, our bytes to that node; fds[me] unused */

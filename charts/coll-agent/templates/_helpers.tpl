@@ -71,8 +71,9 @@ discovery:
 http:
   address: 0.0.0.0
   port: {{ .Values.agent.ports.http }}
-{{- if .Values.security.curveKeysSecret }}
 security:
+  data: {{ .Values.security.data | default "none" }}
+{{- if .Values.security.curveKeysSecret }}
   keys: /etc/coll/keys
   require_keys: true
 {{- end }}
