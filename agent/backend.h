@@ -2,7 +2,8 @@
  * backend.h: the seam between a group (slots, epochs, matching: group.c) and the code
  * that moves data. Every transport is one ops table; a group picks one at start
  * (backend_choose) and from then on reaches it only through the table:
- *   host  participants inside one pod, host buffers (backends/host.c), run inline;
+ *   host  participants inside one pod, host buffers (backends/host.c), run inline
+ *         (a large op a slice per engine turn: backend_ops.turn);
  *   tcp   host buffers across pods (backends/tcp_group.c): the net thread runs them;
  *   nccl  GPU buffers, in a pod or across pods (backends/nccl_group.c): the GPU
  *         launchers run them.
@@ -61,6 +62,10 @@ struct backend_ops {
     /* Ops of g out on another thread: 0 none, 1 some, 2 some on long transfers (the
      * engine then sleeps instead of spinning). May be NULL (never any). */
     int (*outstanding)(const struct group *g);
+    /* A turn of the backend's own work on the engine thread (a large local op, a slice
+     * at a time), until about until_ns; nonzero when it did some (the engine then looks
+     * at its rings and comes back). May be NULL. */
+    int (*turn)(struct group *g, int64_t until_ns);
     /* s is going away: ops the backend holds must not complete to it. */
     void (*forget_session)(struct group *g, const struct session *s);
     /* The GPUs the group's slots use (ordinals, at most max); 0 for host groups. */
@@ -100,6 +105,8 @@ struct backend_task {
 #define HOST_SCRATCH_BYTES (8 * 4096)
 int host_run(void *scratch, const struct backend_task *t);
 int host_pair(struct group *g, struct op *snd, struct op *rcv);
+/* The engine's turn for backends that slice their work (backend_ops.turn). */
+#define BACKEND_TURN_NS 50000
 
 /* Completions for the engine to route (backends/tcp_group.c, nccl_group.c). */
 struct net_task;

@@ -611,6 +611,13 @@ int engine_run(struct engine *eng)
             last_work = now_ns();
             work = 1;
         }
+        for (int i = 0; i < eng->ngroups; i++) { /* a slice of each large local op */
+            struct group *g = &eng->groups[i];
+            if (g->be && g->be->turn && g->be->turn(g, now_ns() + BACKEND_TURN_NS)) {
+                last_work = now_ns();
+                work = 1;
+            }
+        }
         now = now_ns();
         if (now >= next_timer || now >= next_deadline) {
             next_deadline = check_deadlines(eng, now);
