@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #define CONFIG_NAME_MAX 64
+#define CONFIG_POD_MAX 254 /* node.name: a pod's name, a DNS subdomain of up to 253 */
 #define CONFIG_PATH_MAX 108 /* sun_path */
 #define CONFIG_MAX_IDS 32
 #define CONFIG_MAX_GROUPS 64
@@ -56,7 +57,7 @@ struct config {
     } agent;
     struct {
         int index; /* CONFIG_INDEX_AUTO until identity_resolve */
-        char name[CONFIG_NAME_MAX];
+        char name[CONFIG_POD_MAX];
         char uid[CONFIG_NAME_MAX];         /* the pod's UID (downward API), "" if unknown */
         char labels_file[CONFIG_PATH_MAX]; /* the pod's labels (downward API) */
         int pods_per_job;                  /* JobSet: pods of each child Job */
@@ -75,7 +76,9 @@ struct config {
     } discovery;
     struct {
         char keys[CONFIG_PATH_MAX]; /* directory of the CURVE key files; "": none */
-        int require_keys;           /* 1: refuse to start without them */
+        char seed[CONFIG_PATH_MAX]; /* a file the keys derive from (sec_seed_keys); "": none */
+        int require_keys;           /* 1: refuse to start without keys */
+        int insecure;               /* 1: may listen beyond loopback without keys (development) */
         int data; /* the data connections' records (seal.h: SEAL_NONE, _MAC, _ENCRYPT) */
     } security;
     struct {

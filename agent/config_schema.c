@@ -62,7 +62,7 @@ static const struct field agent_fields[] = {
 static const struct field node_fields[] = {
     {"index", T_INT, offsetof(struct config, node.index), 0, 0, 65535, index_words, "auto", NULL, 0,
      0, 0},
-    {"name", T_STR, offsetof(struct config, node.name), CONFIG_NAME_MAX, 0, 0, NULL,
+    {"name", T_STR, offsetof(struct config, node.name), CONFIG_POD_MAX, 0, 0, NULL,
      "${HOSTNAME:-localhost}", NULL, 0, 0, 0},
     {"address", T_STR, offsetof(struct config, node.address), CONFIG_ADDR_MAX, 0, 0, NULL,
      "${POD_IP:-127.0.0.1}", NULL, 0, 0, 0},
@@ -105,8 +105,12 @@ static const struct field discovery_fields[] = {
 static const struct field security_fields[] = {
     {"keys", T_STR, offsetof(struct config, security.keys), CONFIG_PATH_MAX, 0, 0, NULL,
      "${COLL_KEYS_DIR:-}", NULL, 0, 0, 0},
+    {"seed", T_STR, offsetof(struct config, security.seed), CONFIG_PATH_MAX, 0, 0, NULL,
+     "${COLL_SEED_FILE:-}", NULL, 0, 0, 0},
     {"require_keys", T_ENUM, offsetof(struct config, security.require_keys), 0, 0, 0, bool_names,
      "false", NULL, 0, 0, 0},
+    {"insecure", T_ENUM, offsetof(struct config, security.insecure), 0, 0, 0, bool_names, "false",
+     NULL, 0, 0, 0},
     {"data", T_ENUM, offsetof(struct config, security.data), 0, 0, 0, seal_names, "none", NULL, 0,
      0, 0},
     {0},

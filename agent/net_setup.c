@@ -3,6 +3,7 @@
  * keys, the discovery watch and the NCCL id thread, then the loop (net_main, net.c);
  * and taking it all down again.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +39,13 @@ static int sodium_ready(char *why, size_t whylen)
  * every container of one kernel reads alike, and the CPUs the agent may run on, which
  * stand for the pod's (its application's spins run there or on CPUs of their own).
  * What cannot be read is left 0: not known, which the coordinator takes as shared. */
+/* Whether a = "127.x.y.z": only this host reaches what listens there. */
+static int loopback(const char *a)
+{
+    struct in_addr in;
+    return inet_pton(AF_INET, a, &in) == 1 && (ntohl(in.s_addr) >> 24) == 127;
+}
+
 static void net_place(struct rdv_place *p)
 {
     memset(p, 0, sizeof(*p));
@@ -97,6 +105,43 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         snprintf(why, whylen, "setting up the net thread: %s", strerror(errno));
         goto free_net;
     }
+    /* the keys first: an agent that must not listen without them never does */
+    if (sodium_ready(why, whylen) < 0) goto free_net;
+    n->seal_ciphers = seal_ciphers();
+    if (cfg->security.data != SEAL_NONE && !n->seal_ciphers) {
+        snprintf(why, whylen, "security.data: libsodium offers no cipher here");
+        goto free_net;
+    }
+    if (cfg->security.keys[0] && cfg->security.seed[0]) {
+        snprintf(why, whylen, "security.keys and security.seed are both set: name one");
+        goto free_net;
+    }
+    if (cfg->security.keys[0]) {
+        if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto free_net;
+    } else if (cfg->security.seed[0]) {
+        if (sec_seed_keys(cfg->security.seed, &n->keys, why, whylen) < 0) goto free_net;
+    } else if (cfg->security.require_keys) {
+        snprintf(why, whylen,
+                 "security.require_keys is true but neither security.keys nor security.seed "
+                 "is set");
+        goto free_net;
+    } else if (!loopback(cfg->node.address) && !cfg->security.insecure) {
+        /* protected mode: listening where other hosts reach it, without keys, only when
+         * told so */
+        snprintf(why, whylen,
+                 "node.address %s is reachable from other hosts and no CURVE keys are set "
+                 "(security.keys or security.seed): anyone who reaches its ports could join "
+                 "the group and read and write its data. Give the deployment's keys, or set "
+                 "security.insecure: true to run without them",
+                 cfg->node.address);
+        goto free_net;
+    } else {
+        log_msg(cfg->security.insecure ? LOG_ERROR : LOG_WARN, "security.unauthenticated",
+                "address=%s insecure=%d detail=\"no CURVE keys (security.keys, security.seed): "
+                "anyone who reaches the rendezvous port can join, and COMMIT with each epoch's "
+                "data-plane secret travels in clear; for development only\"",
+                cfg->node.address, cfg->security.insecure);
+    }
     if (dataconn_bind(n, why, whylen) < 0) goto free_net;
     for (int i = 0; i < cfg->ngroups; i++) {
         const struct group_config *gc = &cfg->groups[i];
@@ -136,25 +181,6 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         n->groups[i] = g;
         if (!n->uid[0]) snprintf(n->uid, sizeof(n->uid), "%s", uid_buf);
         net_epoch_group_init(n, g);
-    }
-    if (sodium_ready(why, whylen) < 0) goto free_net;
-    n->seal_ciphers = seal_ciphers();
-    if (cfg->security.data != SEAL_NONE && !n->seal_ciphers) {
-        snprintf(why, whylen, "security.data: libsodium offers no cipher here");
-        goto free_net;
-    }
-    if (cfg->security.keys[0]) {
-        if (sec_load_keys(cfg->security.keys, &n->keys, why, whylen) < 0) goto free_net;
-    } else if (cfg->security.require_keys) {
-        snprintf(why, whylen,
-                 "security.require_keys is true but security.keys names no key "
-                 "directory");
-        goto free_net;
-    } else {
-        log_msg(LOG_WARN, "security.unauthenticated",
-                "detail=\"no CURVE keys (security.keys): anyone who reaches the rendezvous port "
-                "can join, and COMMIT with each epoch's data-plane secret travels in clear; "
-                "for development only\"");
     }
     if (net_epoch_open(n, why, whylen) < 0) goto free_net;
     /* the coordinator of a GPU group across pods: its ids come from a thread of their own */

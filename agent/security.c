@@ -94,6 +94,59 @@ int sec_load_keys(const char *dir, struct sec_keys *k, char *why, size_t whylen)
     return 0;
 }
 
+int sec_seed_keys(const char *path, struct sec_keys *k, char *why, size_t whylen)
+{
+    memset(k, 0, sizeof(*k));
+    uint8_t seed[4096];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whylen, "security.seed %s: %s", path, strerror(errno));
+        return -1;
+    }
+    ssize_t n = read(fd, seed, sizeof(seed));
+    int err = errno;
+    close(fd);
+    if (n < 0) {
+        snprintf(why, whylen, "security.seed %s: %s", path, strerror(err));
+        return -1;
+    }
+    while (n > 0 && (seed[n - 1] == '\n' || seed[n - 1] == '\r' || seed[n - 1] == ' ' ||
+                     seed[n - 1] == '\t'))
+        n--;
+    if (n < SEC_SEED_MIN || n == (ssize_t)sizeof(seed)) {
+        snprintf(why, whylen,
+                 "security.seed %s: %zd bytes; a seed is %d to %zu bytes of randomness "
+                 "(head -c 48 /dev/urandom | base64)",
+                 path, n, SEC_SEED_MIN, sizeof(seed) - 1);
+        sodium_memzero(seed, sizeof(seed));
+        return -1;
+    }
+    static const char *const labels[2] = {"coll curve server 1", "coll curve client 1"};
+    char *out[2][2] = {{k->server_public, k->server_secret}, {k->client_public, k->client_secret}};
+    for (int r = 0; r < 2; r++) {
+        uint8_t h[crypto_box_SEEDBYTES], pk[crypto_box_PUBLICKEYBYTES],
+            sk[crypto_box_SECRETKEYBYTES];
+        crypto_generichash_state st;
+        crypto_generichash_init(&st, NULL, 0, sizeof(h));
+        crypto_generichash_update(&st, (const uint8_t *)labels[r], strlen(labels[r]) + 1);
+        crypto_generichash_update(&st, seed, (size_t)n);
+        crypto_generichash_final(&st, h, sizeof(h));
+        crypto_box_seed_keypair(pk, sk, h);
+        int ok =
+            zmq_z85_encode(out[r][0], pk, sizeof(pk)) && zmq_z85_encode(out[r][1], sk, sizeof(sk));
+        sodium_memzero(h, sizeof(h));
+        sodium_memzero(sk, sizeof(sk));
+        if (!ok) {
+            sodium_memzero(seed, sizeof(seed));
+            snprintf(why, whylen, "security.seed: Z85 encoding failed");
+            return -1;
+        }
+    }
+    sodium_memzero(seed, sizeof(seed));
+    k->loaded = 1;
+    return 0;
+}
+
 int sec_curve_server(void *zsock, const struct sec_keys *k, char *why, size_t whylen)
 {
     int one = 1;

@@ -33,6 +33,15 @@ int sec_keygen(const char *dir, char *why, size_t whylen);
 /* Read dir/{server,client}.{pub,key}. 0, or -1 with why (which file, what is wrong). */
 int sec_load_keys(const char *dir, struct sec_keys *k, char *why, size_t whylen);
 
+/* The deployment's keys derived from a seed file (security.seed; in Kubernetes a Secret
+ * the chart makes once per release): its bytes, trailing white space dropped, at least
+ * SEC_SEED_MIN of them, hashed (BLAKE2b) with a label per role into the seed of a
+ * Curve25519 key pair (libsodium's crypto_box_seed_keypair), the server's and the
+ * client's, written as Z85 as the key files hold them. Every pod with the same seed
+ * derives the same four keys. 0, or -1 with why. */
+#define SEC_SEED_MIN 32
+int sec_seed_keys(const char *path, struct sec_keys *k, char *why, size_t whylen);
+
 /* Apply the keys to a ROUTER that serves the rendezvous / a DEALER that joins it. */
 int sec_curve_server(void *zsock, const struct sec_keys *k, char *why, size_t whylen);
 int sec_curve_client(void *zsock, const struct sec_keys *k, char *why, size_t whylen);

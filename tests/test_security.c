@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "harness.h"
 #include "rdv_wire.h"
 #include "security.h"
@@ -97,11 +99,58 @@ static void hello_proofs_do_not_replay(void **state)
     assert_int_equal(data_welcome_check(&w, &h, 0, why, sizeof(why)), -1);
 }
 
+static void write_seed(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The chart's default: a seed per release, from which every agent derives the same four
+ * keys; another seed, other keys; a short seed refused, saying how to make one. */
+static void seed_keys_are_the_deployments_own(void **state)
+{
+    (void)state;
+    char path[256], why[256];
+    tmp_path(path, sizeof(path), "seed", 0);
+    struct sec_keys a, b, c;
+    write_seed(path, "Zq8x0kV3m1T9wYb7Lr2Nc5Hd4Gf6Js8Ap0Ee1Ii2Oo3Uu4Yy5\n");
+    assert_int_equal(sec_seed_keys(path, &a, why, sizeof(why)), 0);
+    write_seed(path, "Zq8x0kV3m1T9wYb7Lr2Nc5Hd4Gf6Js8Ap0Ee1Ii2Oo3Uu4Yy5"); /* no newline */
+    assert_int_equal(sec_seed_keys(path, &b, why, sizeof(why)), 0);
+    assert_true(a.loaded && b.loaded);
+    assert_memory_equal(&a, &b, sizeof(a));
+    /* each pair is a CURVE pair: the public key is the secret key's */
+    char pub[41];
+    assert_int_equal(zmq_curve_public(pub, a.server_secret), 0);
+    assert_string_equal(pub, a.server_public);
+    assert_int_equal(zmq_curve_public(pub, a.client_secret), 0);
+    assert_string_equal(pub, a.client_public);
+    assert_string_not_equal(a.server_public, a.client_public);
+    write_seed(path, "Zq8x0kV3m1T9wYb7Lr2Nc5Hd4Gf6Js8Ap0Ee1Ii2Oo3Uu4Yy6\n");
+    assert_int_equal(sec_seed_keys(path, &c, why, sizeof(why)), 0);
+    assert_string_not_equal(a.server_secret, c.server_secret);
+    assert_string_not_equal(a.client_public, c.client_public);
+    /* too short to be a seed; empty (the example manifests' placeholder); missing */
+    write_seed(path, "changeme\n");
+    assert_int_equal(sec_seed_keys(path, &c, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "8 bytes"));
+    assert_non_null(strstr(why, "/dev/urandom"));
+    assert_false(c.loaded);
+    write_seed(path, "");
+    assert_int_equal(sec_seed_keys(path, &c, why, sizeof(why)), -1);
+    unlink(path);
+    assert_int_equal(sec_seed_keys(path, &c, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "No such file"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(keys_round_trip),
         cmocka_unit_test(hello_proofs_do_not_replay),
+        cmocka_unit_test(seed_keys_are_the_deployments_own),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
