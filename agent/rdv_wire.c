@@ -204,7 +204,7 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
     memcpy(out, buf, n);
     switch (h.type) {
     case RDV_JOIN:
-        if (!terminated(out->join.pod, RDV_NAME_MAX) ||
+        if (!terminated(out->join.pod, RDV_POD_MAX) ||
             !terminated(out->join.data_addr, RDV_ADDR_MAX) ||
             !terminated(out->join.uid, RDV_NAME_MAX))
             goto unterminated;

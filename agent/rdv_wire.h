@@ -14,6 +14,7 @@
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
 #define RDV_VERSION 8
 #define RDV_NAME_MAX 64
+#define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64
 #define RDV_MAX_NODES 4096 /* pods in a group; members is bounded by config */
 #define RDV_MSG_MAX 192
@@ -78,7 +79,7 @@ struct rdv_join {
     uint32_t node_index;
     uint32_t local_slots;
     uint32_t last_epoch; /* the last epoch this member committed (of h.inc), 0 if none */
-    char pod[RDV_NAME_MAX];
+    char pod[RDV_POD_MAX];
     char data_addr[RDV_ADDR_MAX]; /* "ip:port" of its data-plane listener */
     char uid[RDV_NAME_MAX];       /* the pod's UID, else a random id per agent process */
     struct rdv_place place;

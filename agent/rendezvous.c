@@ -313,7 +313,7 @@ static void coord_on_join(struct rendezvous *s, const unsigned char *id, size_t 
     }
     if (s->committed) {
         char why[160];
-        snprintf(why, sizeof(why), "node %u (%s) joined again%s", j->node_index, j->pod,
+        snprintf(why, sizeof(why), "node %u (%.80s) joined again%s", j->node_index, j->pod,
                  p->present && !same_pod ? " as a new pod" : "");
         rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, 1);
     }

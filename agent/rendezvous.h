@@ -75,7 +75,7 @@ struct rdv_peer {
 
 struct rendezvous {
     /* settings */
-    char group[RDV_NAME_MAX], pod[RDV_NAME_MAX], data_addr[RDV_ADDR_MAX], uid[RDV_NAME_MAX];
+    char group[RDV_NAME_MAX], pod[RDV_POD_MAX], data_addr[RDV_ADDR_MAX], uid[RDV_NAME_MAX];
     int nodes, me, nlocal, gpu;
     uint64_t config_hash;
     struct rdv_settings settings;
