@@ -22,28 +22,48 @@ trap 'rm -rf "$tmp"' EXIT
 "$helm" lint --strict "$chart" >"$tmp/lint" 2>&1 || { cat "$tmp/lint"; fail "helm lint --strict"; }
 models=$("$src/tests/chart/models.sh" "$build")
 case $? in 0) ;; 77) skip "$models" ;; *) fail "$models" ;; esac
-for values in "$chart"/ci/*.yaml; do
-    name=$(basename "$values" -values.yaml)
-    "$helm" template train "$chart" -n ml -f "$values" \
+# the cases: every ci/ values file as release "train" in namespace "ml"; then values that
+# set every standard pod setting (tests/chart/everything-values.yaml), for each workload
+# kind and GPU mode, at Helm's longest release name (53) in a 20-character namespace
+long=r$(printf 'x%.0s' $(seq 52)) longns=n$(printf 'y%.0s' $(seq 19))
+cases=()
+for values in "$chart"/ci/*.yaml; do cases+=("$(basename "$values" -values.yaml)|train|ml|-f $values"); done
+for kind in StatefulSet IndexedJob JobSet LeaderWorkerSet PyTorchJob; do
+    for gpu in none devicePlugin dra; do
+        cases+=("long-$kind-$gpu|$long|$longns|-f $src/tests/chart/everything-values.yaml --set workload.kind=$kind --set gpu.mode=$gpu")
+    done
+done
+for case in "${cases[@]}"; do
+    IFS='|' read -r name release ns args <<<"$case"
+    # shellcheck disable=SC2086
+    "$helm" template "$release" "$chart" -n "$ns" $args \
         --api-versions resource.k8s.io/v1 --api-versions monitoring.coreos.com/v1 \
         >"$tmp/$name.yaml" 2>"$tmp/$name.err" || { cat "$tmp/$name.err"; fail "helm template $name"; }
     # what every object and every pod template must have; then, for the agent's own
     # check, the env and labels the pod of node index 2 would have in this workload
-    /usr/bin/python3 - "$tmp" "$name" <<'PY' || fail "rendered objects of $name"
-import json, sys, yaml
-tmp, name = sys.argv[1], sys.argv[2]
+    /usr/bin/python3 - "$tmp" "$name" "$ns" <<'PY' || fail "rendered objects of $name"
+import base64, json, re, sys, yaml
+tmp, name, ns = sys.argv[1], sys.argv[2], sys.argv[3]
+label = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+def dns_label(h):
+    assert label.match(h), "not a DNS label of 63 characters at most: %r (%d)" % (h, len(h))
 docs = [d for d in yaml.safe_load_all(open("%s/%s.yaml" % (tmp, name))) if d]
 json.dump(docs, open("%s/%s.json" % (tmp, name), "w"))
 kinds = {d["kind"]: d for d in docs}
 for d in docs:  # every object has what Kubernetes needs of any object
     assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), d
-    assert d["metadata"]["labels"]["app.kubernetes.io/name"] == "coll-agent", d["kind"]
+    assert d["metadata"]["labels"]["app.kubernetes.io/name"] == (
+        "coll" if name.startswith("long-") else "coll-agent"), d["kind"]  # nameOverride
 cfg = yaml.safe_load(kinds["ConfigMap"]["data"]["agent.yaml"])
 wl = [d for d in docs if d["kind"] in
       ("StatefulSet", "Job", "JobSet", "LeaderWorkerSet", "PyTorchJob")]
 assert len(wl) == 1, [d["kind"] for d in docs]
 wl = wl[0]
 kind, spec = wl["kind"], wl["spec"]
+full = wl["metadata"]["name"]
+svcname = full
+fqdn = "%s.%s.svc.cluster.local." % (full, ns)
+n = cfg["groups"][0]["members"]
 if kind == "LeaderWorkerSet":  # LWS makes the headless service itself
     assert "Service" not in kinds
 else:
@@ -57,46 +77,55 @@ labels = {}
 if kind == "StatefulSet":
     assert spec["podManagementPolicy"] == "Parallel"
     pods = [spec["template"]]
-    env["POD_NAME"] = "train-2"
+    env["POD_NAME"] = "%s-2" % full
     labels["apps.kubernetes.io/pod-index"] = "2"
-    want = ("label apps.kubernetes.io/pod-index", "train-0.train.ml.svc.cluster.local.:7100")
+    want = ("label apps.kubernetes.io/pod-index", "%s-0.%s:7100" % (full, fqdn))
+    dns_label("%s-%d" % (full, n - 1))
+    dns_label("%s-%s" % (full, "7c9b5f8d4d"))  # its controller-revision-hash label
 elif kind == "Job":
     assert spec["completionMode"] == "Indexed" and spec["completions"] == cfg["groups"][0]["members"]
     pods = [spec["template"]]
-    assert pods[0]["spec"]["subdomain"] == "train"
-    env.update(POD_NAME="train-2-x7k2p", JOB_COMPLETION_INDEX="2")
+    assert pods[0]["spec"]["subdomain"] == svcname
+    env.update(POD_NAME="%s-2-x7k2p" % full, JOB_COMPLETION_INDEX="2")
     labels["batch.kubernetes.io/job-completion-index"] = "2"
-    want = ("JOB_COMPLETION_INDEX=2", "train-0.train.ml.svc.cluster.local.:7100")
+    want = ("JOB_COMPLETION_INDEX=2", "%s-0.%s:7100" % (full, fqdn))
+    dns_label("%s-%d" % (full, n - 1))
 elif kind == "JobSet":
     rj = spec["replicatedJobs"][0]
     per = rj["template"]["spec"]["completions"]
     assert cfg["node"]["pods_per_job"] == per
     assert rj["replicas"] * per == cfg["groups"][0]["members"]
-    assert spec["network"]["subdomain"] == "train"
+    assert spec["network"]["subdomain"] == svcname
     pods = [rj["template"]["spec"]["template"]]
     j, c = divmod(2, per)
-    env.update(POD_NAME="train-workers-%d-%d-q8v2z" % (j, c), JOB_COMPLETION_INDEX=str(c))
+    env.update(POD_NAME="%s-workers-%d-%d-q8v2z" % (full, j, c), JOB_COMPLETION_INDEX=str(c))
     labels["jobset.sigs.k8s.io/job-global-index"] = str(j)
     labels["batch.kubernetes.io/job-completion-index"] = str(c)
     want = ("JobSet: job-global-index %d x pods_per_job %d" % (j, per),
-            "train-workers-0-0.train.ml.svc.cluster.local.:7100")
+            "%s-workers-0-0.%s:7100" % (full, fqdn))
+    dns_label("%s-workers-%d-%d" % (full, rj["replicas"] - 1, per - 1))
 elif kind == "LeaderWorkerSet":
     assert spec["leaderWorkerTemplate"]["size"] == cfg["groups"][0]["members"]
     pods = [spec["leaderWorkerTemplate"]["workerTemplate"]]
-    env.update(POD_NAME="train-0-2", LWS_WORKER_INDEX="2", LWS_LEADER_ADDRESS="train-0.train.ml")
+    env.update(POD_NAME="%s-0-2" % full, LWS_WORKER_INDEX="2",
+               LWS_LEADER_ADDRESS="%s-0.%s.%s" % (full, full, ns))
     labels["leaderworkerset.sigs.k8s.io/worker-index"] = "2"
-    want = ("LWS_WORKER_INDEX=2", "train-0.train.ml:7100")
+    want = ("LWS_WORKER_INDEX=2", "%s-0.%s.%s:7100" % (full, full, ns))
+    dns_label("%s-0-%d" % (full, n - 1))
+    dns_label("%s-0-7c9b5f8d4d" % full)  # the workers' StatefulSet's revision label
 elif kind == "PyTorchJob":
     rs = spec["pytorchReplicaSpecs"]
     assert rs["Master"]["replicas"] == 1
     assert 1 + rs["Worker"]["replicas"] == cfg["groups"][0]["members"]
     pods = [rs["Master"]["template"], rs["Worker"]["template"]]
-    assert pods[0]["spec"]["hostname"] == "train-coordinator"
+    assert pods[0]["spec"]["hostname"] == "%s-coordinator" % full
+    dns_label(pods[0]["spec"]["hostname"])
+    dns_label("%s-worker-%d" % (full, n - 2))
     assert all(p["spec"]["containers"][0]["name"] == "pytorch" for p in pods)
-    env["POD_NAME"] = "train-worker-1"
+    env["POD_NAME"] = "%s-worker-1" % full
     labels["training.kubeflow.org/replica-type"] = "worker"
     labels["training.kubeflow.org/replica-index"] = "1"
-    want = ("PyTorchJob: worker replica 1", "train-coordinator.train.ml.svc.cluster.local.:7100")
+    want = ("PyTorchJob: worker replica 1", "%s-coordinator.%s:7100" % (full, fqdn))
 for tpl in pods:
     pod = tpl["spec"]
     if kind in ("Job", "JobSet"):  # a Job's pods end; the Job replaces a failed one
@@ -125,6 +154,54 @@ for tpl in pods:
         for k in ("PodDisruptionBudget", "NetworkPolicy", "PodMonitor"):
             assert k in kinds, k
         assert vols["coll-keys"]["secret"]["secretName"] == "coll-keys"
+        assert "Secret" not in kinds and cfg["security"]["keys"] == "/etc/coll/keys"
+    else:  # secure with no step of the user's: keys derived from the release's seed
+        seed = base64.b64decode(kinds["Secret"]["data"]["seed"])
+        assert len(seed) >= 32, len(seed)
+        assert kinds["Secret"]["metadata"]["name"] == vols["coll-seed"]["secret"]["secretName"]
+        assert cfg["security"]["seed"] == "/etc/coll/seed/seed"
+        assert cfg["security"]["require_keys"] is True and "insecure" not in cfg["security"]
+        assert {"name": "coll-seed", "mountPath": "/etc/coll/seed", "readOnly": True} in side["volumeMounts"]
+        assert all("coll-seed" not in (m["name"]) for m in app["volumeMounts"]), "the app never sees it"
+    # the policy, on by default: rendezvous and data from the release's pods only, and no
+    # rule that lets other pods reach the HTTP port unless httpFrom names them
+    np = kinds["NetworkPolicy"]["spec"]
+    rules = np["ingress"]
+    assert rules[0]["from"] == [{"podSelector": {"matchLabels": np["podSelector"]["matchLabels"]}}]
+    assert {p["port"] for p in rules[0]["ports"]} == {cfg["node"]["data_port"], int(coord.rsplit(":", 1)[1])}
+    assert all("from" in r for r in rules), "a rule without from would admit every pod"
+if name.startswith("long-"):  # every standard pod setting, where Kubernetes takes it
+    for tpl in pods:
+        pod, meta = tpl["spec"], tpl["metadata"]
+        assert meta["labels"]["team"] == "ml-platform"
+        assert meta["labels"]["app.kubernetes.io/name"] == "coll", "the chart's label wins"
+        assert meta["annotations"]["prometheus.io/scrape"] == "true"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert "podAntiAffinity" in pod["affinity"]
+        assert pod["topologySpreadConstraints"][0]["maxSkew"] == 1
+        assert pod["priorityClassName"] == "training-high"
+        assert pod["imagePullSecrets"] == [{"name": "private-registry"}]
+        assert pod["serviceAccountName"] == "trainer"
+        assert pod["automountServiceAccountToken"] is False
+        vols = {v["name"] for v in pod["volumes"]}
+        assert "datasets" in vols and "coll-socket" in vols
+        app, side = pod["containers"][0], pod["initContainers"][0]
+        assert app["image"] == "registry.example.com/ml/trainer:2026.12"
+        assert {"name": "NCCL_DEBUG", "value": "WARN"} in app["env"]
+        assert {"name": "datasets", "mountPath": "/data", "readOnly": True} in app["volumeMounts"]
+        res = app["resources"]
+        assert res["requests"] == {"cpu": "8", "memory": "64Gi"}, res
+        gpu = name.rsplit("-", 1)[1]
+        if gpu == "devicePlugin":
+            assert res["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 1}, res
+        elif gpu == "dra":
+            assert res["claims"] == [{"name": "gpu"}] and side["resources"]["claims"] == [{"name": "gpu"}]
+        assert side["resources"]["requests"] == {"cpu": "500m", "memory": "256Mi"}
+        assert {"name": "COLL_EXTRA", "value": "1"} in side["env"]
+    for d in docs:
+        dns_label(d["metadata"]["name"]) if d["kind"] in ("Service", "StatefulSet") else None
+        assert len(d["metadata"]["name"]) <= 253
 # the labels file where the test writes it, not where the downward API mounts it
 text = kinds["ConfigMap"]["data"]["agent.yaml"]
 assert cfg["node"]["labels_file"] == "/etc/podinfo/labels"
@@ -194,6 +271,29 @@ done
 "$helm" template train "$chart" -f "$chart/ci/hardened-values.yaml" >"$tmp/bare.yaml" ||
     fail "template without the optional APIs"
 grep -q "kind: PodMonitor" "$tmp/bare.yaml" && fail "rendered a PodMonitor without its CRD"
+# opting out says so and renders what it says: no seed and an agent told it is insecure;
+# no policy; the HTTP port opened to the peers named
+"$helm" template train "$chart" --set security.insecure=true --set networkPolicy.enabled=false \
+    >"$tmp/optout.yaml" || fail "template with the opt-outs"
+grep -q "kind: Secret" "$tmp/optout.yaml" && fail "security.insecure still rendered a seed"
+grep -q "kind: NetworkPolicy" "$tmp/optout.yaml" && fail "networkPolicy.enabled=false still rendered one"
+grep -qE "^ +insecure: true" "$tmp/optout.yaml" || fail "the agent is not told it runs without keys"
+"$helm" template train "$chart" \
+    --set-json 'networkPolicy.httpFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]' \
+    >"$tmp/httpfrom.yaml" || fail "template with networkPolicy.httpFrom"
+/usr/bin/python3 - "$tmp/httpfrom.yaml" <<'PY' || fail "networkPolicy.httpFrom"
+import sys, yaml
+np = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "NetworkPolicy"][0]
+r = np["spec"]["ingress"][1]
+assert r["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+assert r["ports"] == [{"port": 8080, "protocol": "TCP"}], r
+PY
+# two renders draw two seeds (an upgrade finds the first one again through lookup,
+# which needs a cluster)
+a=$("$helm" template train "$chart" | grep -E "^  seed: ")
+b=$("$helm" template train "$chart" | grep -E "^  seed: ")
+[ -n "$a" ] && [ "$a" != "$b" ] || fail "the seed is not drawn at random ($a, $b)"
+echo "opt-outs, httpFrom and a fresh seed per release render as they should"
 # the example manifests in config/examples/kubernetes are what the chart renders
 HELM=$helm "$src/tools/render-examples.sh" --check || fail "stale example manifests"
 echo "chart test passed"

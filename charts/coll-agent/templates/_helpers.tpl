@@ -1,6 +1,22 @@
-{{/* Names and labels. */}}
+{{/*
+Names and labels. The workload's name is the release's (fullnameOverride instead), cut so
+that every name Kubernetes derives from it stays a valid DNS label of 63 characters at
+most, up to 4096 pods: a StatefulSet's pods and revision label (52), a JobSet's
+<name>-workers-<job>-<index> hostnames (45), a LeaderWorkerSet's <name>-<group> worker
+StatefulSets (47), a PyTorchJob's <name>-coordinator hostname and <name>-worker-<i>
+pods (51).
+*/}}
 {{- define "coll.fullname" -}}
-{{- printf "%s" .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- $max := get (dict "StatefulSet" 52 "IndexedJob" 52 "JobSet" 45 "LeaderWorkerSet" 47 "PyTorchJob" 51) .Values.workload.kind | default 45 -}}
+{{- .Values.fullnameOverride | default .Release.Name | trunc (int $max) | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "coll.name" -}}
+{{- .Values.nameOverride | default "coll-agent" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "coll.seedSecret" -}}
+{{- printf "%s-seed" (include "coll.fullname" .) -}}
 {{- end -}}
 
 {{- define "coll.service" -}}
@@ -8,16 +24,16 @@
 {{- end -}}
 
 {{- define "coll.labels" -}}
-app.kubernetes.io/name: coll-agent
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "coll.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "coll.selector" -}}
-app.kubernetes.io/name: coll-agent
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "coll.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
 {{/* The headless service's FQDN, with the trailing dot (no search-list walk). */}}
@@ -76,6 +92,11 @@ security:
 {{- if .Values.security.curveKeysSecret }}
   keys: /etc/coll/keys
   require_keys: true
+{{- else if .Values.security.insecure }}
+  insecure: true
+{{- else }}
+  seed: /etc/coll/seed/seed
+  require_keys: true
 {{- end }}
 groups:
 {{- range .Values.groups }}
@@ -108,6 +129,9 @@ application's container.
     - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
     - {name: POD_UID, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}
     - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+    {{- with .Values.agent.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   ports:
     - {name: rendezvous, containerPort: {{ .Values.agent.ports.rendezvous }}, protocol: TCP}
     - {name: data, containerPort: {{ .Values.agent.ports.data }}, protocol: TCP}
@@ -130,12 +154,12 @@ application's container.
     allowPrivilegeEscalation: false
     capabilities: {drop: [ALL]}
     seccompProfile: {type: RuntimeDefault}
-  {{- with .Values.agent.resources }}
-  resources: {{ toJson . }}
-  {{- end }}
+  {{- $res := deepCopy (.Values.agent.resources | default dict) }}
   {{- if eq .Values.gpu.mode "dra" }}
-  resources:
-    claims: [{name: gpu}]
+  {{- $_ := set $res "claims" (list (dict "name" "gpu")) }}
+  {{- end }}
+  {{- with $res }}
+  resources: {{ toJson . }}
   {{- end }}
   volumeMounts:
     - {name: coll-socket, mountPath: /run/coll}
@@ -144,6 +168,11 @@ application's container.
     - {name: dshm, mountPath: /dev/shm}
     {{- if .Values.security.curveKeysSecret }}
     - {name: coll-keys, mountPath: /etc/coll/keys, readOnly: true}
+    {{- else if not .Values.security.insecure }}
+    - {name: coll-seed, mountPath: /etc/coll/seed, readOnly: true}
+    {{- end }}
+    {{- with .Values.agent.volumeMounts }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end -}}
 
@@ -161,6 +190,12 @@ application's container.
 {{- if .Values.security.curveKeysSecret }}
 - name: coll-keys
   secret: {secretName: {{ .Values.security.curveKeysSecret }}, defaultMode: 0440}
+{{- else if not .Values.security.insecure }}
+- name: coll-seed
+  secret: {secretName: {{ include "coll.seedSecret" . }}, defaultMode: 0440}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
@@ -195,12 +230,37 @@ the application, the volumes. Context: (dict "ctx" $ "extra" "<more spec fields>
 {{- define "coll.podTemplate" -}}
 {{- $ := .ctx -}}
 metadata:
-  labels: {{- include "coll.labels" $ | nindent 4 }}
+  {{- /* the chart's own labels win over podLabels: the selector depends on them */}}
+  labels: {{- merge (fromYaml (include "coll.labels" $)) ($.Values.podLabels | default dict) | toYaml | nindent 4 }}
   annotations:
     checksum/config: {{ include "coll.agentConfig" $ | sha256sum }}
+    {{- with $.Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 spec:
   {{- with .extra }}
   {{- . | nindent 2 }}
+  {{- end }}
+  {{- with $.Values.serviceAccount.name }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with $.Values.imagePullSecrets }}
+  imagePullSecrets: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $.Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $.Values.nodeSelector }}
+  nodeSelector: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $.Values.tolerations }}
+  tolerations: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $.Values.affinity }}
+  affinity: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $.Values.topologySpreadConstraints }}
+  topologySpreadConstraints: {{- toYaml . | nindent 4 }}
   {{- end }}
   terminationGracePeriodSeconds: {{ $.Values.workload.terminationGracePeriodSeconds }}
   automountServiceAccountToken: false # neither container talks to the API server
@@ -222,6 +282,9 @@ spec:
       command: {{ include "coll.appCommand" $ }}
       env:
 {{ include "coll.appEnv" $ | indent 8 }}
+        {{- with $.Values.workload.app.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       securityContext:
         runAsNonRoot: true
         runAsUser: {{ $.Values.security.appRunAsUser }}
@@ -229,19 +292,23 @@ spec:
         readOnlyRootFilesystem: true
         allowPrivilegeEscalation: false
         capabilities: {drop: [ALL]}
+      {{- /* the application's own resources, with the GPUs the mode adds */}}
+      {{- $res := deepCopy ($.Values.workload.app.resources | default dict) }}
       {{- if eq $.Values.gpu.mode "devicePlugin" }}
-      resources:
-        limits: {nvidia.com/gpu: {{ $.Values.gpu.count }}}
+      {{- $lim := $res.limits | default dict }}
+      {{- $_ := set $lim "nvidia.com/gpu" $.Values.gpu.count }}
+      {{- $_ := set $res "limits" $lim }}
       {{- else if eq $.Values.gpu.mode "dra" }}
-      resources:
-        claims: [{name: gpu}]
-      {{- else }}
-      {{- with $.Values.workload.app.resources }}
-      resources: {{ toJson . }}
+      {{- $_ := set $res "claims" (list (dict "name" "gpu")) }}
       {{- end }}
+      {{- with $res }}
+      resources: {{ toJson . }}
       {{- end }}
       volumeMounts:
 {{ include "coll.appMounts" $ | indent 8 }}
+        {{- with $.Values.workload.app.volumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
   volumes:
 {{ include "coll.volumes" $ | indent 4 }}
 {{- end -}}
