@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #define CONFIG_NAME_MAX 64
-#define CONFIG_POD_MAX 254 /* node.name: a pod's name, a DNS subdomain of up to 253 */
+#define CONFIG_POD_MAX 254  /* node.name: a pod's name, a DNS subdomain of up to 253 */
 #define CONFIG_PATH_MAX 108 /* sun_path */
 #define CONFIG_MAX_IDS 32
 #define CONFIG_MAX_GROUPS 64
