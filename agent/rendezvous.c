@@ -355,7 +355,7 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
                             m->abort.silent ? RDV_DRAIN_SILENT : RDV_DRAIN);
         if (m->h.type == RDV_LEAVE) {
             char why[160];
-            snprintf(why, sizeof(why), "node %d (%s) left", from, s->peers[from].join.pod);
+            snprintf(why, sizeof(why), "node %d (%.80s) left", from, s->peers[from].join.pod);
             log_msg(LOG_INFO, "rendezvous.leave", "group=%s node=%d pod=\"%s\"", s->group, from,
                     LOG_Q(s->peers[from].join.pod));
             s->peers[from].present = 0;
@@ -444,7 +444,7 @@ int rendezvous_silent(const struct rendezvous *s, int64_t now, char *why, size_t
     }
     for (int i = 1; i < s->nodes; i++)
         if (s->peers[i].present && now - s->peers[i].last_heard >= 3 * s->hb_ns) {
-            snprintf(why, whylen, "node %d (%s) silent for %lld ms", i, s->peers[i].join.pod,
+            snprintf(why, whylen, "node %d (%.80s) silent for %lld ms", i, s->peers[i].join.pod,
                      (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
             return 1;
         }
@@ -467,8 +467,8 @@ void rendezvous_tick(struct rendezvous *s, int64_t now)
         for (int i = 1; i < s->nodes; i++) {
             if (!s->peers[i].present || now - s->peers[i].last_heard < 3 * s->hb_ns) continue;
             char why[160];
-            snprintf(why, sizeof(why), "node %d (%s) silent for %lld ms", i, s->peers[i].join.pod,
-                     (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
+            snprintf(why, sizeof(why), "node %d (%.80s) silent for %lld ms", i,
+                     s->peers[i].join.pod, (long long)((now - s->peers[i].last_heard) / NS_PER_MS));
             s->peers[i].present = 0;
             rendezvous_fail(s, COLL_ERR_PEER_LOST, why, 1, RDV_DRAIN_SILENT);
         }
