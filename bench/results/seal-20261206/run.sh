@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of security.data at 8 B, 2 MiB, 64 MiB between two pods (same build both sides)
-cd /work/main
+cd "$(dirname "$0")/../../.."
 B=build-test
 for load in 0 1; do
 for mode in mac encrypt; do
