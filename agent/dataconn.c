@@ -10,7 +10,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,57 +19,6 @@
 #include "coll/coll.h"
 #include "net_priv.h"
 #include "seal.h"
-
-ssize_t dataconn_seal_send(void *ctx, int peer, int fd, const struct iovec *v, int nv)
-{
-    struct ngroup *g = ctx;
-    if (!g->seal_tx[peer]) {
-        errno = EPROTO; /* never: the seal comes up with its connection */
-        return -1;
-    }
-    return seal_send(g->seal_tx[peer], fd, v, nv);
-}
-
-ssize_t dataconn_seal_recv(void *ctx, int peer, int fd, const struct iovec *v, int nv)
-{
-    struct ngroup *g = ctx;
-    if (!g->seal_rx[peer]) {
-        errno = EPROTO;
-        return -1;
-    }
-    return seal_recv(g->seal_rx[peer], fd, v, nv);
-}
-
-ssize_t dataconn_p2p_send(struct ngroup *g, int peer, const struct iovec *v, int nv)
-{
-    if (!g->seal_mode) return writev(g->pfds[peer], v, nv);
-    if (!g->pseal_tx[peer]) {
-        errno = EPROTO;
-        return -1;
-    }
-    return seal_send(g->pseal_tx[peer], g->pfds[peer], v, nv);
-}
-
-ssize_t dataconn_p2p_recv(struct ngroup *g, int peer, void *buf, size_t len)
-{
-    if (!g->seal_mode) return read(g->pfds[peer], buf, len);
-    if (!g->pseal_rx[peer]) {
-        errno = EPROTO;
-        return -1;
-    }
-    struct iovec v = {buf, len};
-    return seal_recv(g->pseal_rx[peer], g->pfds[peer], &v, 1);
-}
-
-/* The seals of the connections with node i, with them. */
-static void seals_free(struct ngroup *g, int i)
-{
-    struct seal **s[4] = {&g->seal_tx[i], &g->seal_rx[i], &g->pseal_tx[i], &g->pseal_rx[i]};
-    for (int k = 0; k < 4; k++) {
-        seal_free(*s[k]);
-        *s[k] = NULL;
-    }
-}
 
 void dataconn_close_grave(struct ngroup *g)
 {
@@ -98,7 +46,7 @@ void dataconn_bury(struct ngroup *g)
                 g->grave[g->ngrave++] = *f[k];
                 *f[k] = -1;
             }
-        if (g->seal_mode) seals_free(g, i); /* no lease in that mode: nobody reads on */
+        if (g->seal_mode) dataconn_seals_free(g, i); /* no lease in that mode: nobody reads on */
     }
     g->grave_until = now_ns() + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
 }
@@ -114,7 +62,7 @@ void dataconn_close(struct ngroup *g)
         if (g->rfds[i] >= 0) close(g->rfds[i]);
         if (g->pfds[i] >= 0) close(g->pfds[i]);
         g->fds[i] = g->rfds[i] = g->pfds[i] = -1;
-        if (g->seal_mode) seals_free(g, i);
+        if (g->seal_mode) dataconn_seals_free(g, i);
     }
 }
 
@@ -199,33 +147,6 @@ static int *conn_slot(struct ngroup *g, int ch, int peer, int opener)
 {
     if (ch == DATA_CH_P2P) return &g->pfds[peer];
     return (ch == DATA_CH_COLL) == opener ? &g->fds[peer] : &g->rfds[peer];
-}
-
-/* With security.data, the seals of a connection that has just come up: ours as the
- * opener or not, with the cipher its welcome named and both nonces of its handshake.
- * COLL carries the opener's bytes only, COLL_BACK the acceptor's, P2P both ways. 0, or
- * -1 when out of memory. */
-static int seal_up(struct ngroup *g, int ch, int peer, int opener, int cipher,
-                   const uint8_t chal[SEC_NONCE_BYTES], const uint8_t hello[SEC_NONCE_BYTES])
-{
-    if (!g->seal_mode) return 0;
-    int tx = ch == DATA_CH_P2P || (ch == DATA_CH_COLL) == opener;
-    int rx = ch == DATA_CH_P2P || !tx;
-    struct seal **ts = ch == DATA_CH_P2P ? &g->pseal_tx[peer] : &g->seal_tx[peer];
-    struct seal **rs = ch == DATA_CH_P2P ? &g->pseal_rx[peer] : &g->seal_rx[peer];
-    uint8_t k[32];
-    if (tx) { /* our bytes: dir 0 for the opener's, 1 for the acceptor's */
-        seal_derive(k, g->secret, chal, hello, ch, !opener, g->seal_mode, cipher);
-        seal_free(*ts);
-        *ts = seal_new(g->seal_mode, cipher, k);
-    }
-    if (rx) {
-        seal_derive(k, g->secret, chal, hello, ch, opener, g->seal_mode, cipher);
-        seal_free(*rs);
-        *rs = seal_new(g->seal_mode, cipher, k);
-    }
-    sodium_memzero(k, sizeof(k));
-    return (tx && !*ts) || (rx && !*rs) ? -1 : 0;
 }
 
 static int pair_up(const struct ngroup *g, int p)
@@ -412,7 +333,7 @@ static int og_step(struct net *n, struct ngroup *g, struct outgoing *o, const ch
         *err = EPROTO;
         return OG_FAIL;
     }
-    if (seal_up(g, o->ch, o->peer, 1, o->in.wel.cipher, o->chal_nonce, o->nonce) < 0) {
+    if (dataconn_seal_up(g, o->ch, o->peer, 1, o->in.wel.cipher, o->chal_nonce, o->nonce) < 0) {
         *step = "sealing its records";
         *err = ENOMEM;
         return OG_FAIL;
@@ -630,7 +551,7 @@ static int judge_hello(struct net *n, int i, int fresh)
                                                 : "it runs none of our ciphers");
         return HELLO_DROP;
     }
-    if (seal_up(g, p->hello.channel, from, 0, cipher, p->nonce, p->hello.nonce) < 0) {
+    if (dataconn_seal_up(g, p->hello.channel, from, 0, cipher, p->nonce, p->hello.nonce) < 0) {
         bad_hello(n, p, "no memory to seal its records");
         return HELLO_DROP;
     }

@@ -303,6 +303,11 @@ ssize_t dataconn_seal_send(void *g, int peer, int fd, const struct iovec *v, int
 ssize_t dataconn_seal_recv(void *g, int peer, int fd, const struct iovec *v, int nv);
 ssize_t dataconn_p2p_send(struct ngroup *g, int peer, const struct iovec *v, int nv);
 ssize_t dataconn_p2p_recv(struct ngroup *g, int peer, void *buf, size_t len);
+/* The seals of a connection just up (ours as opener or not, its cipher, both nonces of
+ * its handshake): 0, or -1 out of memory; and those of node i's connections, freed. */
+int dataconn_seal_up(struct ngroup *g, int ch, int peer, int opener, int cipher,
+                     const uint8_t chal[SEC_NONCE_BYTES], const uint8_t hello[SEC_NONCE_BYTES]);
+void dataconn_seals_free(struct ngroup *g, int i);
 void dataconn_close(struct ngroup *g);
 void dataconn_bury(struct ngroup *g); /* dataconn_close, a heartbeat later */
 void dataconn_close_grave(struct ngroup *g);
