@@ -216,6 +216,11 @@ int agent_start(struct agent *a, const char *agent_extra, const char *body)
     fprintf(f, "agent:\n  socket: %s\n  socket_mode: 0666\n%s%s", a->sock,
             agent_extra ? agent_extra : "", body ? body : "");
     fclose(f);
+    return agent_spawn(a, NULL);
+}
+
+int agent_spawn(struct agent *a, char *const argv[])
+{
     a->pid = fork();
     if (a->pid < 0) return -1;
     if (a->pid == 0) {
@@ -225,19 +230,36 @@ int agent_start(struct agent *a, const char *agent_extra, const char *body)
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        execl(COLL_AGENT_PATH, "coll-agent", "--config", a->cfg, (char *)NULL);
+        if (argv)
+            execv(argv[0], argv);
+        else
+            execl(COLL_AGENT_PATH, "coll-agent", "--config", a->cfg, (char *)NULL);
         _exit(127);
     }
     track(a->pid, 0);
-    double deadline = now_ms() + 10000;
+    /* generous: a loaded 2-core machine under a sanitizer starts an agent in well under
+     * a second, and an agent that exits is seen at once */
+    double deadline = now_ms() + 30000;
+    const char *why = "its socket did not accept within 30 s";
     while (now_ms() < deadline) {
         if (can_connect(a->sock)) return 0;
         int st;
         if (waitpid(a->pid, &st, WNOHANG) == a->pid) {
+            track(0, a->pid);
             a->pid = 0;
-            return -1;
+            why = "it exited";
+            break;
         }
         usleep(2000);
+    }
+    /* say why, with the agent's own words */
+    fprintf(stderr, "agent on %s did not start: %s; its log:\n", a->sock, why);
+    FILE *f = fopen(a->log, "r");
+    if (f) {
+        char line[1024];
+        for (int n = 0; n < 40 && fgets(line, sizeof(line), f); n++)
+            fprintf(stderr, "  %s", line);
+        fclose(f);
     }
     return -1;
 }

@@ -25,6 +25,10 @@ struct agent {
  * plus agent_extra lines; then body, e.g. a groups list) and start coll-agent on it.
  * Waits until the socket accepts (10 s at most). Returns 0 or -1. */
 int agent_start(struct agent *a, const char *agent_extra, const char *body);
+/* Start an agent with argv (NULL: --config a->cfg) on a->sock, logging to a->log, and
+ * wait until its socket accepts (30 s at most; at once if it exits). On failure prints
+ * why and the log's first lines, and returns -1. */
+int agent_spawn(struct agent *a, char *const argv[]);
 /* A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous address). */
 int free_port(void);
 /* A config body's lines that serve the endpoints on 127.0.0.1 at a free port other than

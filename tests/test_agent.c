@@ -103,12 +103,12 @@ static void check_config_prints_the_effective_config(void **state)
 static void default_config_serves_the_demo_group(void **state)
 {
     (void)state;
-    char sock[108], log[128];
-    tmp_path(sock, sizeof(sock), "sock", 0);
-    tmp_path(log, sizeof(log), "log", 0);
-    setenv("COLL_AGENT_SOCKET", sock, 1);
+    struct agent ag = {0};
+    tmp_path(ag.sock, sizeof(ag.sock), "sock", 0);
+    tmp_path(ag.log, sizeof(ag.log), "log", 0);
+    setenv("COLL_AGENT_SOCKET", ag.sock, 1);
     char port[16];
-    snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+    snprintf(port, sizeof(port), "%d", free_port()); /* checked free, below the ephemeral range */
     setenv("COLL_RDV_PORT", port, 1);
     /* no index source anywhere: refused at start (never a silent second node 0), with
      * what it looked for */
@@ -123,17 +123,10 @@ static void default_config_serves_the_demo_group(void **state)
     assert_int_equal(run_capture(bare, out0, sizeof(out0)), 2);
     assert_non_null(strstr(out0, "node.index: auto found no source"));
     setenv("COLL_NODE_INDEX", "0", 1);
-    pid_t pid = fork();
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stderr);
-        (void)f;
-        execl(COLL_AGENT_PATH, "coll-agent", (char *)NULL);
-        _exit(127);
-    }
+    char *plain[] = {COLL_AGENT_PATH, NULL};
+    assert_int_equal(agent_spawn(&ag, plain), 0);
     coll_conn *c = NULL;
-    for (int i = 0; i < 500 && coll_connect(&c, NULL, 1000) != COLL_OK; i++)
-        usleep(10000);
-    assert_non_null(c);
+    assert_int_equal(coll_connect(&c, NULL, 5000), COLL_OK);
     coll_group *g;
     assert_int_equal(coll_group_open(&g, c, "demo", COLL_SLOT_ANY), COLL_OK);
     coll_group_info info;
@@ -148,13 +141,12 @@ static void default_config_serves_the_demo_group(void **state)
     assert_int_equal(run_capture(a, out, sizeof(out)), 1);
     assert_non_null(strstr(out, "another agent is serving it"));
     coll_disconnect(&c);
-    kill(pid, SIGTERM);
-    assert_int_equal(child_wait(pid, 10000), 0);
+    assert_int_equal(agent_stop(&ag), 0);
     struct stat st;
-    assert_int_equal(stat(sock, &st), -1);
+    assert_int_equal(stat(ag.sock, &st), -1);
     unsetenv("COLL_AGENT_SOCKET");
     unsetenv("COLL_NODE_INDEX");
-    unlink(log);
+    unlink(ag.log);
 }
 
 static void stale_socket_is_replaced(void **state)
@@ -167,21 +159,11 @@ static void stale_socket_is_replaced(void **state)
     struct stat st;
     assert_int_equal(stat(a.sock, &st), 0);
     struct agent b = a;
-    pid_t pid = fork();
-    if (pid == 0) {
-        FILE *f = freopen(b.log, "w", stderr);
-        (void)f;
-        execl(COLL_AGENT_PATH, "coll-agent", "--config", b.cfg, (char *)NULL);
-        _exit(127);
-    }
+    assert_int_equal(agent_spawn(&b, NULL), 0);
     coll_conn *c = NULL;
-    for (int i = 0; i < 500 && coll_connect(&c, b.sock, 1000) != COLL_OK; i++)
-        usleep(10000);
-    assert_non_null(c);
+    assert_int_equal(coll_connect(&c, b.sock, 5000), COLL_OK);
     coll_disconnect(&c);
-    kill(pid, SIGTERM);
-    assert_int_equal(child_wait(pid, 10000), 0);
-    unlink(a.cfg);
+    assert_int_equal(agent_stop(&b), 0);
 }
 
 static void json_logs_are_one_object_per_line(void **state)
