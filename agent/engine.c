@@ -342,9 +342,9 @@ static void publish(struct engine *eng)
                             .gpu_imports = imports,
                             .up_s = (double)(now_ns() - eng->started_ns) / 1e9};
     size_t ml = metrics_render(&in, eng->metrics_buf, METRICS_CAP / 2);
-    int ready = 0;
-    size_t rl = metrics_readyz(&in, eng->metrics_buf + METRICS_CAP / 2, METRICS_CAP / 2, &ready);
-    http_publish(eng->http, eng->metrics_buf, ml, eng->metrics_buf + METRICS_CAP / 2, rl, ready);
+    unsigned failing = 0;
+    size_t rl = metrics_readyz(&in, eng->metrics_buf + METRICS_CAP / 2, METRICS_CAP / 2, &failing);
+    http_publish(eng->http, eng->metrics_buf, ml, eng->metrics_buf + METRICS_CAP / 2, rl, failing);
     eng->next_publish = now_ns() + PUBLISH_NS;
 }
 
@@ -357,13 +357,27 @@ static unsigned inflight(const struct engine *eng)
     return n;
 }
 
-/* Draining: stop once nothing is in flight, or at the drain deadline. */
+/* Groups lent to clients that have direct ops under way (recalled when the drain
+ * began: they give the lease back once those are done). */
+static unsigned leases_busy(const struct engine *eng)
+{
+    unsigned n = 0;
+    for (int i = 0; i < eng->ngroups; i++) {
+        const struct group *g = &eng->groups[i];
+        n += g->lent_to && session_lease_busy(g->lent_to, g->lent_handle);
+    }
+    return n;
+}
+
+/* Draining: stop once nothing is in flight (ours, and the direct ops of clients that
+ * hold leases), or at the drain deadline. */
 static void check_drain(struct engine *eng, int64_t now)
 {
     if (!eng->draining || eng->stop) return;
-    unsigned left = inflight(eng);
-    if (left && now < eng->drain_deadline) return;
-    log_msg(left ? LOG_WARN : LOG_INFO, "agent.drained", "ops_in_flight=%u waited_ms=%lld", left,
+    unsigned left = inflight(eng), direct = leases_busy(eng);
+    if ((left || direct) && now < eng->drain_deadline) return;
+    log_msg(left || direct ? LOG_WARN : LOG_INFO, "agent.drained",
+            "ops_in_flight=%u leases_busy=%u waited_ms=%lld", left, direct,
             (long long)((now - (eng->drain_deadline - eng->cfg->agent.drain_ms * NS_PER_MS)) /
                         NS_PER_MS));
     eng->stop = 1;
@@ -374,6 +388,9 @@ static int64_t check_deadlines(struct engine *eng, int64_t now)
     int64_t next = INT64_MAX;
     check_drain(eng, now);
     if (eng->draining && eng->drain_deadline < next) next = eng->drain_deadline;
+    /* a client's busy word rings no bell: look again in a millisecond */
+    if (eng->draining && !eng->stop && leases_busy(eng) && now + NS_PER_MS < next)
+        next = now + NS_PER_MS;
     for (int i = 0; i < eng->ngroups; i++) {
         if (!eng->groups[i].be) continue;
         int64_t d = group_check_timeouts(&eng->groups[i], now);
@@ -489,6 +506,9 @@ static int handle_events(struct engine *eng, struct epoll_event *evs, int n)
                 /* the first: not ready, no new sessions or ops; what is in flight
                  * finishes until drain_ms; then the goodbye to the peers */
                 eng->draining = eng->senv.draining = 1;
+                for (int k = 0; k < eng->ngroups; k++) /* direct ops: back when done */
+                    if (eng->groups[k].lent_to)
+                        session_lease_recall(eng->groups[k].lent_to, eng->groups[k].lent_handle);
                 publish(eng); /* not ready, at once */
                 eng->drain_deadline = now_ns() + eng->cfg->agent.drain_ms * NS_PER_MS;
                 log_msg(LOG_INFO, "agent.signal",

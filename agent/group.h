@@ -101,6 +101,7 @@ struct group {
      * and the lease's id; NULL when nobody does */
     struct session *lent_to;
     uint64_t lease_id;               /* ... and the lease's id */
+    uint32_t lent_handle;            /* ... and its handle there (the region's lease_q) */
     uint64_t leases, direct_ops;     /* lent, and the ops its clients ran on them */
     uint64_t stash_lent, stash_back; /* bytes read ahead that went with leases, each way */
     /* the client whose direct ops' counts (its region's direct[handle]) go into m, and

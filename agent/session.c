@@ -322,6 +322,19 @@ void session_lease_void(struct session *s, uint64_t lease_id, int code, const ch
     atomic_fetch_add_explicit(&s->shm->lease_void, 1, memory_order_release);
 }
 
+void session_lease_recall(struct session *s, uint32_t handle)
+{
+    /* bump drain, then look at busy (session_lease_busy); the client stores busy, then
+     * looks at drain: the handshake of an epoch that ends for a pod that left
+     * (net_epoch.c) */
+    atomic_fetch_add_explicit(&s->shm->lease_q[handle].drain, 1, memory_order_seq_cst);
+}
+
+int session_lease_busy(const struct session *s, uint32_t handle)
+{
+    return atomic_load_explicit(&s->shm->lease_q[handle].busy, memory_order_seq_cst) != 0;
+}
+
 static int on_lease(struct session *s, const struct wire_lease *q)
 {
     if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
@@ -335,6 +348,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
                       "across pods with one slot per pod, among a session's first %d, "
                       "agent.direct_ops)",
                       g->cfg->name, WIRE_DIRECT_HANDLES);
+    if (s->env->draining) /* what it would run goes through us, and is refused */
+        return refuse(s, q->h.req_id, COLL_ERR_SHUTDOWN, "the agent is stopping");
     if (h->epoch != g->epoch || !g->net_formed || g->lent_to || !group_idle(g))
         return refuse(s, q->h.req_id, COLL_ERR_BUSY,
                       "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);
@@ -367,6 +382,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     }
     g->lent_to = s;
     g->lease_id = l.id;
+    g->lent_handle = q->handle;
     g->leases++;
     for (int p = 0; p < WIRE_STASH_NODES; p++)
         g->stash_lent += l.stash_len[p];

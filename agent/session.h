@@ -102,6 +102,11 @@ void session_complete(struct op *op, int status, const char *why);
 /* Lease lease_id of this session's ended on the agent's side with code (why): say so
  * in its region. */
 void session_lease_void(struct session *s, uint64_t lease_id, int code, const char *why);
+/* The agent stops: ask s's client to give the lease of handle back once its direct ops
+ * under way are done (wire.h: lease_q's drain)... */
+void session_lease_recall(struct session *s, uint32_t handle);
+/* ... and whether it has some under way (its busy word, read after the recall). */
+int session_lease_busy(const struct session *s, uint32_t handle);
 /* Tell the client why it is being dropped (best effort, never blocks). */
 void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
 

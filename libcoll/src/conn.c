@@ -124,6 +124,35 @@ static void release_streams(coll_conn *c)
     }
 }
 
+coll_err lc_goodbye(coll_conn *c)
+{
+    /* a reset is reported once, ahead of what is still queued (the agent hung up with
+     * a request of ours unread): look past it */
+    for (int i = 0; i < 4; i++) {
+        char buf[WIRE_MAX_MSG], err[160];
+        union wire_msg m;
+        ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) continue; /* the reset */
+        if (n <= 0) return COLL_OK;
+        if (wire_decode(buf, (size_t)n, &m, NULL, err, sizeof(err)) == 0 &&
+            m.h.type == WIRE_ERROR && m.error.code != COLL_OK &&
+            coll_strerror((coll_err)m.error.code)) {
+            coll_err code = (coll_err)m.error.code;
+            lc_mark_lost(c, code == COLL_ERR_SHUTDOWN ? COLL_ERR_SHUTDOWN : COLL_ERR_AGENT_LOST,
+                         m.error.msg);
+            return code;
+        }
+    }
+    return COLL_OK;
+}
+
+coll_err lc_fail_lost(const coll_conn *c)
+{
+    if (c->lost == COLL_ERR_SHUTDOWN) return lc_fail(c->lost, "the agent stopped: %s", c->lost_msg);
+    return lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+}
+
 void lc_mark_lost(coll_conn *c, coll_err why, const char *msg)
 {
     if (c->lost) return;
@@ -160,18 +189,13 @@ coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_typ
     }
     int maxfds = *nfds;
     *nfds = 0;
-    if (c->lost) return lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+    if (c->lost) return lc_fail_lost(c);
     m->h.req_id = ++c->rpc_id;
     if (send_msg(c->fd, m, pass_fd) < 0) {
         /* an agent that refuses us (credentials, limits) says why, then hangs up */
         int e = errno;
-        char buf[WIRE_MAX_MSG], err[160];
-        ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n > 0 && wire_decode(buf, (size_t)n, reply, NULL, err, sizeof(err)) == 0 &&
-            reply->h.type == WIRE_ERROR && coll_strerror((coll_err)reply->error.code)) {
-            lc_mark_lost(c, COLL_ERR_AGENT_LOST, reply->error.msg);
-            return lc_fail((coll_err)reply->error.code, "agent: %s", reply->error.msg);
-        }
+        coll_err code = lc_goodbye(c);
+        if (code != COLL_OK) return lc_fail(code, "agent: %s", c->lost_msg);
         errno = e;
         lc_mark_lost(c, COLL_ERR_AGENT_LOST, "send to agent failed");
         return lc_fail(COLL_ERR_AGENT_LOST, "sending to the agent: %s", strerror(errno));
@@ -181,6 +205,7 @@ coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_typ
     ssize_t n = recv_msg(c->fd, buf, sizeof(buf), fds, maxfds, nfds, deadline);
     if (n <= 0) {
         int e = errno;
+        if (e != ETIMEDOUT && lc_goodbye(c) != COLL_OK) return lc_fail_lost(c);
         lc_mark_lost(c, COLL_ERR_AGENT_LOST, n == 0 ? "agent closed the connection" : strerror(e));
         if (n < 0 && e == ETIMEDOUT)
             return lc_fail(COLL_ERR_TIMEOUT, "no reply from the agent within %d ms", c->timeout_ms);
@@ -198,6 +223,9 @@ coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_typ
         *nfds = 0;
         coll_err code = (coll_err)reply->error.code;
         if (code == COLL_OK || !coll_strerror(code)) code = COLL_ERR_PROTOCOL;
+        if (reply->h.req_id == 0) /* not an answer: the agent's goodbye before it hangs up */
+            lc_mark_lost(c, code == COLL_ERR_SHUTDOWN ? COLL_ERR_SHUTDOWN : COLL_ERR_AGENT_LOST,
+                         reply->error.msg);
         return lc_fail(code, "agent: %s", reply->error.msg);
     }
     if (reply->h.type != reply_type || reply->h.req_id != m->h.req_id) {

@@ -127,6 +127,13 @@ coll_err lc_rpc(coll_conn *c, union wire_msg *m, int pass_fd, unsigned reply_typ
 /* The agent is gone (why): every pending request completes with why; caller holds the
  * lock. */
 void lc_mark_lost(coll_conn *c, coll_err why, const char *msg);
+/* A call on a connection marked lost: fails with its code and a reason that says
+ * whether the agent stopped (SHUTDOWN: it said goodbye) or was lost. */
+coll_err lc_fail_lost(const coll_conn *c);
+/* The connection failed (hung up, reset): read what the agent said last, where that is
+ * a goodbye (WIRE_ERROR): the connection is marked lost with it (SHUTDOWN where the agent
+ * stops) and its code returned; else COLL_OK (nothing marked). Caller holds the lock. */
+coll_err lc_goodbye(coll_conn *c);
 int lc_env_int(const char *name, int def);
 
 /* buffers.c */

@@ -104,7 +104,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     pthread_mutex_lock(&c->lock);
     coll_err rc;
     if (c->lost) {
-        rc = lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+        rc = lc_fail_lost(c);
         goto out;
     }
     if (c->stream_err) {
@@ -125,7 +125,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
             lc_reap(c);
         }
         if (c->lost) {
-            rc = lc_fail(c->lost, "agent connection lost: %s", c->lost_msg);
+            rc = lc_fail_lost(c);
             goto out;
         }
     }

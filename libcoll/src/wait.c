@@ -86,8 +86,8 @@ static coll_err consume(coll_conn *c, struct req *r)
         if (r->agent_failed) lc_agent_why(c, (uint32_t)(r - c->reqs), why);
         if (r->direct && r->why[0])
             lc_fail(st, "the op failed (%s): %s", coll_strerror(st), r->why);
-        else if (st == COLL_ERR_AGENT_LOST || st == COLL_ERR_PROTOCOL)
-            lc_fail(st, "agent connection lost: %s", c->lost_msg);
+        else if (st == c->lost) /* failed when the connection was marked lost */
+            lc_fail_lost(c);
         else if (why[0])
             lc_fail(st, "the agent failed the op (%s): %s", coll_strerror(st), why);
         else
@@ -181,7 +181,8 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
             ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
                 lc_reap(c);
-                lc_mark_lost(c, COLL_ERR_AGENT_LOST, "agent closed the connection");
+                if (lc_goodbye(c) == COLL_OK) /* no goodbye after all: lost */
+                    lc_mark_lost(c, COLL_ERR_AGENT_LOST, "agent closed the connection");
             } else if (n > 0) {
                 char err[128];
                 lc_reap(c);

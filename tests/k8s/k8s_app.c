@@ -7,7 +7,7 @@
  *
  *   <ms> formed epoch=E rank=R size=N
  *   <ms> ok n=K epoch=E            (every 5th success, and the first after a re-form)
- *   <ms> retryable err="..." after_ok=K
+ *   <ms> retryable code=C err="..." after_ok=K   (C: the coll_err)
  *   <ms> fatal err="..."
  *   <ms> done ok=K retried=M
  *
@@ -68,7 +68,7 @@ int main(int argc, char **argv)
             e = coll_group_open(&g, c, name, COLL_SLOT_ANY);
             if (e == COLL_OK) e = coll_group_wait(g, 60000);
             if (e != COLL_OK && coll_err_retryable(e)) { /* the agent stops, or restarts */
-                SAY("retryable err=\"%s\" after_ok=%ld", coll_last_error(), ok);
+                SAY("retryable code=%d err=\"%s\" after_ok=%ld", (int)e, coll_last_error(), ok);
                 retried++;
                 coll_group_close(&g);
                 coll_mem_release(&b);
@@ -105,7 +105,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (coll_err_retryable(e)) {
-            SAY("retryable err=\"%s\" after_ok=%ld", coll_last_error(), ok);
+            SAY("retryable code=%d err=\"%s\" after_ok=%ld", (int)e, coll_last_error(), ok);
             retried++;
             coll_group_close(&g);
             if (e == COLL_ERR_AGENT_LOST) {
