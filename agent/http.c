@@ -48,7 +48,7 @@ struct http_server {
     pthread_mutex_t lock; /* the published texts: held for a copy only */
     char *metrics, *readyz;
     size_t mlen, rlen;
-    int ready;
+    unsigned failing; /* READYZ_ bits */
 };
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
@@ -64,11 +64,23 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return rc;
 }
 
+struct query {
+    int verbose;
+    unsigned exclude; /* READYZ_ bits */
+    const char *unknown;
+};
+
 static enum MHD_Result has_key(void *cls, enum MHD_ValueKind kind, const char *key,
                                const char *value)
 {
-    (void)kind, (void)value;
-    if (strcmp(key, "verbose") == 0) *(int *)cls = 1;
+    (void)kind;
+    struct query *q = cls;
+    if (strcmp(key, "verbose") == 0)
+        q->verbose = 1;
+    else if (strcmp(key, "exclude") == 0 && value && strcmp(value, "formed") == 0)
+        q->exclude |= READYZ_FORMED;
+    else if (strcmp(key, "exclude") == 0)
+        q->unknown = "exclude: the one check that can be left out is \"formed\"\n";
     return MHD_YES;
 }
 
@@ -175,21 +187,26 @@ static enum MHD_Result route(struct http_server *h, struct MHD_Connection *c, co
         return reply(c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text, body, (size_t)len);
     }
     if (strcmp(url, "/readyz") == 0 || strcmp(url, "/metrics") == 0) {
-        int verbose = 0, metrics = url[1] == 'm';
-        MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, has_key, &verbose);
+        int metrics = url[1] == 'm';
+        struct query q = {0};
+        MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, has_key, &q);
+        if (q.unknown && !metrics)
+            return reply(c, MHD_HTTP_BAD_REQUEST, text, q.unknown, strlen(q.unknown));
         pthread_mutex_lock(&h->lock);
         size_t len = metrics ? h->mlen : h->rlen;
-        char *copy = malloc(len ? len : 1);
+        char *copy = malloc(len + 64); /* room for the verdict */
         if (copy && len) memcpy(copy, metrics ? h->metrics : h->readyz, len);
-        int ready = h->ready;
+        int ready = !(h->failing & ~q.exclude);
         pthread_mutex_unlock(&h->lock);
         if (!copy) return reply(c, MHD_HTTP_INTERNAL_SERVER_ERROR, text, "no memory\n", 10);
         enum MHD_Result rc;
         if (metrics)
             rc = reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", copy, len);
-        else if (verbose)
+        else if (q.verbose) {
+            len += (size_t)snprintf(copy + len, 64, "%s%s\n", ready ? "ready" : "not ready",
+                                    q.exclude ? " (formed excluded)" : "");
             rc = reply(c, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text, copy, len);
-        else
+        } else
             rc = reply(c, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, text,
                        ready ? "ready\n" : "not ready\n", ready ? 6 : 10);
         free(copy);
@@ -267,7 +284,7 @@ void http_stop(struct http_server **hp)
 }
 
 void http_publish(struct http_server *h, const char *metrics, size_t mlen, const char *readyz,
-                  size_t rlen, int ready)
+                  size_t rlen, unsigned failing)
 {
     char *m = malloc(mlen ? mlen : 1), *r = malloc(rlen ? rlen : 1);
     if (!m || !r) { /* keep serving the last ones */
@@ -283,7 +300,7 @@ void http_publish(struct http_server *h, const char *metrics, size_t mlen, const
     h->mlen = mlen;
     h->readyz = r;
     h->rlen = rlen;
-    h->ready = ready;
+    h->failing = failing;
     pthread_mutex_unlock(&h->lock);
     free(om);
     free(orr);

@@ -7,8 +7,11 @@
  * probes are answered while others hold connections.
  *
  *   /livez    200 while the engine and the net thread have turned within 5 s
- *   /readyz   200 when every group is formed and the agent is not stopping, else 503;
- *             ?verbose lists each check and why it fails
+ *   /readyz   200 when every check passes, else 503: the agent is not stopping, every
+ *             group can run here (READYZ_POD) and every group is formed (READYZ_FORMED);
+ *             ?verbose lists each check and why it fails; ?exclude=formed leaves out the
+ *             one check that depends on peers (the chart's readiness probe: a rollout
+ *             must not wait for a group that re-forms only once the rollout is over)
  *   /metrics  Prometheus text format
  */
 #ifndef AGENT_HTTP_H
@@ -25,9 +28,12 @@ struct http_server;
 struct http_server *http_start(const char *address, int port, const _Atomic int64_t *engine_alive,
                                const _Atomic int64_t *net_alive, char *why, size_t whylen);
 void http_stop(struct http_server **h);
-/* Engine thread: the texts to serve from now on (copied). */
+/* /readyz's checks, as bits of what fails */
+enum { READYZ_POD = 1, READYZ_FORMED = 2 };
+
+/* Engine thread: the texts to serve from now on (copied); failing: READYZ_ bits. */
 void http_publish(struct http_server *h, const char *metrics, size_t mlen, const char *readyz,
-                  size_t rlen, int ready);
+                  size_t rlen, unsigned failing);
 /* The port it listens on (the one asked for, or the one the kernel picked for 0... never
  * 0 here: port 0 means off). */
 int http_port(const struct http_server *h);

@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "coll/coll.h"
 #include "group.h"
+#include "http.h"
 #include "net.h"
 #include "wire.h"
 
@@ -237,10 +238,10 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
     return o.len;
 }
 
-size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, int *ready)
+size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, unsigned *failing)
 {
     struct out o = {.p = buf, .cap = cap};
-    *ready = !in->draining;
+    *failing = in->draining ? READYZ_POD : 0;
     put(&o, "[%s] agent: %s\n", in->draining ? "-" : "+",
         in->draining ? "stopping (SIGTERM): finishing what is in flight" : "serving");
     for (int i = 0; i < in->ngroups; i++) {
@@ -250,14 +251,13 @@ size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, int *r
         char detail[WIRE_ERRMSG_MAX] = "";
         if (!g->be) {
             put(&o, "[-] group %s: cannot run here: %s\n", g->cfg->name, g->backend_why);
-            *ready = 0;
+            *failing |= READYZ_POD;
             continue;
         }
         group_state(g, &formed, &epoch, detail, sizeof(detail));
-        if (!formed) *ready = 0;
+        if (!formed) *failing |= READYZ_FORMED;
         put(&o, "[%s] group %s: %s%s%s\n", formed ? "+" : "-", g->cfg->name,
             formed ? "formed" : "not formed", detail[0] ? ": " : "", detail);
     }
-    put(&o, "%s\n", *ready ? "ready" : "not ready");
     return o.len;
 }

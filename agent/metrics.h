@@ -25,8 +25,9 @@ struct metrics_in {
 /* The Prometheus text (format 0.0.4) into buf; returns its length (cut at cap). */
 size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap);
 /* /readyz?verbose: one line per check ("[+] group g: formed", "[-] group train: not
- * formed: waiting for node indexes 2,3; DNS shows 3 of 4 pods"), then "ready" or "not
- * ready"; *ready: every group formed and the agent not stopping. */
-size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, int *ready);
+ * formed: waiting for node indexes 2,3; DNS shows 3 of 4 pods"; the server adds the
+ * verdict); *failing: the checks that fail, READYZ_POD (stopping, or a group that
+ * cannot run here) and READYZ_FORMED (a group not formed). */
+size_t metrics_readyz(const struct metrics_in *in, char *buf, size_t cap, unsigned *failing);
 
 #endif
