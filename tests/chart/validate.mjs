@@ -32,6 +32,7 @@ const SCHEMAS = {
     "v1/ConfigMap": () => core("IoK8sApiCoreV1ConfigMap"),
     "v1/Service": () => core("IoK8sApiCoreV1Service"),
     "v1/Secret": () => core("IoK8sApiCoreV1Secret"),
+    "v1/Pod": () => core("IoK8sApiCoreV1Pod"),
     "apps/v1/StatefulSet": () => core("IoK8sApiAppsV1StatefulSet"),
     "batch/v1/Job": () => core("IoK8sApiBatchV1Job"),
     "policy/v1/PodDisruptionBudget": () => core("IoK8sApiPolicyV1PodDisruptionBudget"),

@@ -7,7 +7,7 @@
 # runs checked allreduces. Each scenario prints its timings.
 #
 # Usage: e2e.sh AGENT APP [SCENARIO...]   (as root; exit 77 where namespaces cannot be made)
-# Scenarios: form late restart coordinator cutoff duplicate noindex chart soak (default;
+# Scenarios: form late restart coordinator cutoff duplicate noindex chart upgrade soak (default;
 # soak only without a sanitizer, where it would add minutes to each sanitizer's build
 # while the other scenarios cover its paths there; bench/soak.sh runs it in any build).
 # soak: COLL_E2E_SOAK failures (default 10; bench/soak.sh runs 100), written to
@@ -18,7 +18,7 @@ AGENT=$1 APP=$2
 shift 2
 SANITIZED=
 for v in ASAN_OPTIONS TSAN_OPTIONS; do [ -n "${!v:-}" ] && SANITIZED=1; done
-DEFAULT="form late restart coordinator cutoff duplicate noindex chart"
+DEFAULT="form late restart coordinator cutoff duplicate noindex chart upgrade"
 [ -n "$SANITIZED" ] || DEFAULT="$DEFAULT soak"
 SCENARIOS=${*:-$DEFAULT}
 LATE_S=${COLL_E2E_LATE_S:-20}
@@ -405,41 +405,61 @@ scenario_noindex() {
     del_ns "$ns"
 }
 
-# The chart's own config and pod env (helm template), probes over HTTP, and SIGTERM:
-# the stopping pod drains and its peers are in a new epoch within one heartbeat.
-scenario_chart() {
-    log "== the Helm chart's rendered config and probes; SIGTERM to one pod"
-    local src helm rc
+# Render the chart with VALUES (a file) as `helm template` would install it: the agent's
+# config into $DIR/NAME-agent.yaml with this harness' paths, the seed from the Secret
+# into $DIR/NAME-seed (the first render's, where SEED names it: an upgrade finds the
+# Secret again through lookup), and the readiness probe's path and the pod template's
+# config checksum into $DIR/NAME-probe and $DIR/NAME-checksum.
+render_chart() { # NAME VALUES [SEED]
+    local name=$1 values=$2 seed=${3:-} src helm rc
     src=$(cd "$(dirname "$0")/../.." && pwd)
     helm=$("$src/tests/chart/helm.sh" "$(dirname "$AGENT")")
     rc=$?
-    if [ "$rc" != 0 ]; then log "skipped: $helm"; return; fi
-    printf 'groups:\n  - name: train\n    backend: host\n    timeouts: {opMs: 10000, heartbeatMs: %d, joinMs: 5000}\nagent:\n  drainMs: 5000\n  logLevel: debug\n' \
-        "$HB_MS" >"$DIR/values.yaml"
-    "$helm" template train "$src/charts/coll-agent" -n ns -f "$DIR/values.yaml" >"$DIR/chart.yaml" ||
-        { fail "helm template"; return; }
-    /usr/bin/python3 - "$DIR/chart.yaml" "$DIR/chart-agent.yaml" "$DIR/chart-seed" <<'PY' || { fail "no ConfigMap"; return; }
+    if [ "$rc" != 0 ]; then echo "$helm"; return 77; fi
+    "$helm" template train "$src/charts/coll-agent" -n ns -f "$values" >"$DIR/$name.yaml" ||
+        { echo "helm template failed"; return 1; }
+    /usr/bin/python3 - "$DIR/$name.yaml" "$DIR/$name" "$seed" <<'PY' || { echo "rendered objects"; return 1; }
 import base64, os, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+out, seed = sys.argv[2], sys.argv[3]
 cm = [d for d in docs if d["kind"] == "ConfigMap"][0]
 text = cm["data"]["agent.yaml"]
 # the pod's volumes are per pod; here every pod shares one filesystem
 text = text.replace("/run/coll/agent.sock", "${COLL_AGENT_SOCKET}")
 text = text.replace("/etc/podinfo/labels", "${COLL_LABELS_FILE}")
 # the seed the default install makes (its Secret), where the Secret's volume would put it
-secret = [d for d in docs if d["kind"] == "Secret"][0]
-open(sys.argv[3], "wb").write(base64.b64decode(secret["data"]["seed"]))
-os.chmod(sys.argv[3], 0o644)
+if not seed:
+    secret = [d for d in docs if d["kind"] == "Secret"][0]
+    seed = out + "-seed"
+    open(seed, "wb").write(base64.b64decode(secret["data"]["seed"]))
+    os.chmod(seed, 0o644)
 assert "seed: /etc/coll/seed/seed" in text
-text = text.replace("/etc/coll/seed/seed", sys.argv[3])
-env = [e["name"] for e in [d for d in docs if d["kind"] == "StatefulSet"][0]
-       ["spec"]["template"]["spec"]["initContainers"][0]["env"]]
+text = text.replace("/etc/coll/seed/seed", seed)
+sts = [d for d in docs if d["kind"] == "StatefulSet"][0]
+pod = sts["spec"]["template"]
+agent = pod["spec"]["initContainers"][0]
+env = [e["name"] for e in agent["env"]]
 assert env == ["POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"], env
-app = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]
+app = pod["spec"]["containers"][0]
 appenv = {e["name"]: e["value"] for e in app["env"]}
 assert appenv == {"COLL_AGENT_UIDS": "65532"}, appenv
-open(sys.argv[2], "w").write(text)
+open(out + "-agent.yaml", "w").write(text)
+open(out + "-probe", "w").write(agent["readinessProbe"]["httpGet"]["path"])
+open(out + "-checksum", "w").write(pod["metadata"]["annotations"]["checksum/config"])
 PY
+}
+
+# The chart's own config and pod env (helm template), probes over HTTP, and SIGTERM:
+# the stopping pod drains and its peers are in a new epoch within one heartbeat.
+scenario_chart() {
+    log "== the Helm chart's rendered config and probes; SIGTERM to one pod"
+    local why rc
+    printf 'groups:\n  - name: train\n    backend: host\n    timeouts: {opMs: 10000, heartbeatMs: %d, joinMs: 5000}\nagent:\n  drainMs: 5000\n  logLevel: debug\n' \
+        "$HB_MS" >"$DIR/values.yaml"
+    why=$(render_chart chart "$DIR/values.yaml")
+    rc=$?
+    [ "$rc" = 77 ] && { log "skipped: $why"; return; }
+    [ "$rc" = 0 ] || { fail "the chart: $why"; return; }
     local i p code
     for i in 0 1 2 3; do
         labels "train-$i" "$i"
@@ -497,6 +517,15 @@ PY
     ms=$(awk -v a="$t_end" -v b="$t_drained" 'BEGIN{printf "%.0f", (a-b)*1000}')
     log "SIGTERM: train-3 drained ($(grep -o 'ops_in_flight=[0-9]*' "$DIR/train-3.agent.log" | tail -1)), exited 0; the coordinator ended the epoch ${ms} ms later (heartbeat ${HB_MS} ms): $(grep 'event=rendezvous.abort' "$DIR/train-0.agent.log" | sed -n "$((aborts + 1))p" | grep -o 'reason=.*')"
     [ "$ms" -le "$HB_MS" ] || fail "peers moved on ${ms} ms after the drain (> one heartbeat)"
+    # the sidecar stopped first (its application runs on): what the application's ops got
+    # from the SIGTERM on is SHUTDOWN, as docs section 7 says, never a lost agent
+    sleep 0.5
+    log "train-3's application after its agent's SIGTERM: $(grep -c retryable "$DIR/train-3.app.log") retryable errors, first: $(grep -m1 retryable "$DIR/train-3.app.log")"
+    # (14: COLL_ERR_SHUTDOWN; 13, AGENT_LOST, would say it crashed)
+    grep -q 'retryable code=14 ' "$DIR/train-3.app.log" ||
+        fail "train-3's application was not told that its agent stops: $(grep -m3 retryable "$DIR/train-3.app.log")"
+    grep 'retryable' "$DIR/train-3.app.log" | grep -v 'retryable code=14 ' &&
+        fail "train-3's application saw another error than SHUTDOWN when its agent stopped"
     # /readyz says why: the texts are at most a second old, the DNS view two
     local tries
     for tries in $(seq 50); do
@@ -511,6 +540,93 @@ PY
     log "train-0 /readyz (503): $(grep 'group train' "$DIR/readyz")"
     touch "$DIR/train-3.stop"
     stop_all chart
+}
+
+# A pod deleted as the kubelet does it: SIGTERM to both containers, SIGKILL after the
+# grace period (GRACE_S), then its address goes.
+delete_pod() { # POD
+    local pod=$1 t
+    kill -TERM "${AGENT_PID[$pod]}" "${APP_PID[$pod]}" 2>/dev/null
+    for t in $(seq $((GRACE_S * 20))); do
+        kill -0 "${AGENT_PID[$pod]}" 2>/dev/null || kill -0 "${APP_PID[$pod]}" 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -9 "${AGENT_PID[$pod]}" "${APP_PID[$pod]}" 2>/dev/null
+    wait "${AGENT_PID[$pod]}" "${APP_PID[$pod]}" 2>/dev/null
+    del_ns "${NS_OF[$pod]}"
+    IP_OF[$pod]=
+    publish
+}
+GRACE_S=30
+
+# `helm upgrade` that changes a group setting (op_ms): the pod template's config checksum
+# changes, and the StatefulSet controller replaces the pods from the highest ordinal
+# down, each once the one before is Ready by the chart's own readiness probe. The new
+# pods are refused by the old coordinator until it is replaced last (and say why); the
+# rollout must not stall on them, and ends with the group formed on the new settings.
+scenario_upgrade() {
+    log "== helm upgrade changing a group setting: pods replaced in the StatefulSet's order"
+    local why rc i p code t0 t tc before
+    printf 'groups:\n  - name: train\n    backend: host\n    timeouts: {opMs: %d, heartbeatMs: %d, joinMs: 5000}\nagent:\n  drainMs: 5000\n' \
+        10000 "$HB_MS" >"$DIR/v1.yaml"
+    printf 'groups:\n  - name: train\n    backend: host\n    timeouts: {opMs: %d, heartbeatMs: %d, joinMs: 5000}\nagent:\n  drainMs: 5000\n' \
+        12000 "$HB_MS" >"$DIR/v2.yaml"
+    why=$(render_chart up1 "$DIR/v1.yaml")
+    rc=$?
+    [ "$rc" = 77 ] && { log "skipped: $why"; return; }
+    [ "$rc" = 0 ] || { fail "the chart: $why"; return; }
+    why=$(render_chart up2 "$DIR/v2.yaml" "$DIR/up1-seed") || { fail "the chart: $why"; return; }
+    [ "$(cat "$DIR/up1-checksum")" != "$(cat "$DIR/up2-checksum")" ] ||
+        fail "the pod template does not change with the group settings: no rollout would start"
+    local probe
+    probe=$(cat "$DIR/up2-probe")
+    for i in 0 1 2 3; do
+        labels "train-$i" "$i"
+        POD_USERS=1 APP_GROUP=train POD_CFG="$DIR/up1-agent.yaml" \
+            start_pod "train-$i" "$NET.$((10 + i))" POD_NAMESPACE=ns
+    done
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
+        fail "$p did not form on the first revision"; done
+    progress 3 20000 $PODS || return
+    t0=$(now_ms)
+    for i in 3 2 1 0; do
+        p=train-$i
+        if [ "$i" = 0 ]; then
+            tc=$(now_ms)
+            before=$(grep -c 'event=group.formed' "$DIR/train-1.agent.log")
+        fi
+        delete_pod "$p"
+        POD_USERS=1 APP_GROUP=train POD_CFG="$DIR/up2-agent.yaml" \
+            start_pod "$p" "$NET.$((40 + i))" POD_NAMESPACE=ns
+        # the controller goes on once this pod is Ready (the chart's probe, every 2 s)
+        code=
+        for t in $(seq 150); do
+            code=$(ip netns exec "${NS_OF[$p]}" curl -s -o "$DIR/ready" -w '%{http_code}' \
+                "http://$NET.$((40 + i)):8080$probe")
+            [ "$code" = 200 ] && break
+            sleep 0.1
+        done
+        [ "$code" = 200 ] || { fail "the rollout stalls at $p: $probe answers $code ($(cat "$DIR/ready"))"; break; }
+        [ "$i" = 0 ] && continue
+        # refused by the old coordinator, and it says whose settings and which key
+        for t in $(seq 100); do
+            ip netns exec "${NS_OF[$p]}" curl -s -o "$DIR/verbose" \
+                "http://$NET.$((40 + i)):8080/readyz?verbose"
+            grep -q "settings differ.*op_ms 12000, not 10000" "$DIR/verbose" && break
+            sleep 0.1
+        done
+        grep -q "settings differ.*op_ms 12000, not 10000" "$DIR/verbose" ||
+            fail "$p's /readyz?verbose does not say why it waits: $(cat "$DIR/verbose")"
+        grep -q 'settings differ.*op_ms 12000, not 10000' "$DIR/$p.agent.log" ||
+            fail "$p's log does not say why it is refused"
+    done
+    log "rollout: 4 pods replaced in $(( $(now_ms) - t0 )) ms; train-1's /readyz?verbose while the old coordinator ran: $(grep 'group train' "$DIR/verbose" 2>/dev/null | cut -c1-200)"
+    # (a new pod's log follows its predecessor's: count from before the last replacement)
+    wait_for "$DIR/train-1.agent.log" "event=group.formed" $((before + 1)) 15000 >/dev/null ||
+        { fail "the group did not form on the new settings"; stop_all upgrade; return; }
+    log "the group formed on the new settings $(( $(now_ms) - tc )) ms after the coordinator's deletion began"
+    progress 5 20000 $PODS && log "upgrade: every application runs on the new revision"
+    stop_all upgrade
 }
 
 # The group always comes back (issue 40): failures of the coordinator and of members in

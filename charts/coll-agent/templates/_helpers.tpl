@@ -6,6 +6,21 @@ most, up to 4096 pods: a StatefulSet's pods and revision label (52), a JobSet's
 StatefulSets (47), a PyTorchJob's <name>-coordinator hostname and <name>-worker-<i>
 pods (51).
 */}}
+{{/*
+The named templates a parent chart calls for its own pods (coll.sidecar, coll.volumes,
+coll.appEnv, coll.appMounts; docs/kubernetes.md section 4) need this chart's scope: its
+values, release and chart. Given the parent's own (`.`), they take this chart's from
+.Subcharts; the parent may also pass it: (index .Subcharts "coll-agent"), or the alias
+it gave the dependency. "true" where . is this chart's scope already.
+*/}}
+{{- define "coll.scopeCheck" -}}
+{{- if hasKey .Values "agent" -}}true
+{{- else if hasKey (.Subcharts | default dict) "coll-agent" -}}
+{{- else -}}
+{{- fail "the coll-agent templates need the chart's scope: include \"coll.sidecar\" (index .Subcharts \"<the dependency's name or alias>\")" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "coll.fullname" -}}
 {{- $max := get (dict "StatefulSet" 52 "IndexedJob" 52 "JobSet" 45 "LeaderWorkerSet" 47 "PyTorchJob" 51) .Values.workload.kind | default 45 -}}
 {{- .Values.fullnameOverride | default .Release.Name | trunc (int $max) | trimSuffix "-" -}}
@@ -119,6 +134,10 @@ with coll.volumes in its volumes, and coll.appMounts and coll.appEnv in the
 application's container.
 */}}
 {{- define "coll.sidecar" -}}
+{{- include "coll.sidecarIn" (ternary . (index (.Subcharts | default dict) "coll-agent") (eq (include "coll.scopeCheck" .) "true")) -}}
+{{- end -}}
+
+{{- define "coll.sidecarIn" -}}
 - name: coll-agent
   image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -143,8 +162,10 @@ application's container.
   livenessProbe:
     httpGet: {path: /livez, port: http}
     periodSeconds: 10
+  # ready: this pod serves (its group's formation, which waits on peers, left out: a
+  # rollout that changes group settings re-forms the group only once it is over)
   readinessProbe:
-    httpGet: {path: /readyz, port: http}
+    httpGet: {path: "/readyz?exclude=formed", port: http}
     periodSeconds: 2
   securityContext:
     runAsNonRoot: true
@@ -177,6 +198,10 @@ application's container.
 {{- end -}}
 
 {{- define "coll.volumes" -}}
+{{- include "coll.volumesIn" (ternary . (index (.Subcharts | default dict) "coll-agent") (eq (include "coll.scopeCheck" .) "true")) -}}
+{{- end -}}
+
+{{- define "coll.volumesIn" -}}
 - name: coll-socket
   emptyDir: {}
 - name: dshm
@@ -201,10 +226,18 @@ application's container.
 
 {{/* The application's env: libcoll trusts an agent of another uid only when told. */}}
 {{- define "coll.appEnv" -}}
+{{- include "coll.appEnvIn" (ternary . (index (.Subcharts | default dict) "coll-agent") (eq (include "coll.scopeCheck" .) "true")) -}}
+{{- end -}}
+
+{{- define "coll.appEnvIn" -}}
 - {name: COLL_AGENT_UIDS, value: {{ .Values.security.runAsUser | quote }}}
 {{- end -}}
 
 {{- define "coll.appMounts" -}}
+{{- include "coll.appMountsIn" (ternary . (index (.Subcharts | default dict) "coll-agent") (eq (include "coll.scopeCheck" .) "true")) -}}
+{{- end -}}
+
+{{- define "coll.appMountsIn" -}}
 - {name: coll-socket, mountPath: /run/coll}
 - {name: dshm, mountPath: /dev/shm}
 {{- end -}}
