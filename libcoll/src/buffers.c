@@ -268,3 +268,15 @@ coll_buffer *lc_find_buffer(coll_conn *c, const void *p, uint64_t bytes)
     if (off > b->size || bytes > b->size - off) return NULL;
     return b;
 }
+
+coll_err coll_mem_find(coll_conn *c, const void *ptr, coll_buffer **buf, size_t *offset)
+{
+    if (!c || !buf || !offset) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    pthread_mutex_lock(&c->lock);
+    coll_buffer *b = lc_find_buffer(c, ptr, 1); /* one byte: its end is not in it */
+    pthread_mutex_unlock(&c->lock);
+    if (!b) return lc_fail(COLL_ERR_NOT_FOUND, "no buffer of this connection holds %p", ptr);
+    *buf = b;
+    *offset = (size_t)((uintptr_t)ptr - (uintptr_t)b->ptr);
+    return COLL_OK;
+}

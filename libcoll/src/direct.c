@@ -111,6 +111,7 @@ int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t
                     uint64_t bytes)
 {
     if (!g->d || g->d->never || kind == WIRE_OP_SEND || kind == WIRE_OP_RECV) return 0;
+    if (__atomic_load_n(&g->conn->armed, __ATOMIC_RELAXED)) return 0; /* coll_conn_fd */
     if (g->conn->direct_all) return 1; /* a large one runs whole in a wait (run) */
     struct tcp_comm cm = {.nodes = g->info.nodes, .me = g->info.node_index, .nlocal = 1};
     struct net_task t = {.kind = (uint8_t)kind, .dtype = (uint8_t)dtype, .count = count};

@@ -87,7 +87,9 @@ struct coll_conn {
     int poller;        /* a thread sleeps in epoll; guarded by lock */
     int cv_waiters;    /* threads sleeping on cv; guarded by lock */
     int fd, efd_agent, efd_client;
-    int epfd; /* efd_client (edge-triggered: never drained) and the socket */
+    int epfd;  /* efd_client (edge-triggered: never drained) and the socket */
+    int armed; /* coll_conn_fd was called: counted as sleeping for good (the agent rings
+                * every completion), no new direct ops; set once under lock, read atomically */
     struct wire_shm *shm;
     size_t shm_size;
     uint32_t sq_next, cq_head; /* next sq entry to fill, next cq entry to read */
@@ -174,8 +176,9 @@ void lc_direct_fini(coll_group *g, int give_back);
 /* Reap every completion the agent has posted; caller holds the lock. */
 void lc_reap(coll_conn *c);
 /* Sleep until a completion, a word from the agent or the deadline (0: none), unless the
- * wait for req (id 0: a free request slot) is over; caller does not hold the lock. */
-void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req);
+ * wait for one of the n requests (n == 0: for a free request slot) is over; caller does
+ * not hold the lock. */
+void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request *reqs, size_t n);
 /* The agent's reason for failing request slot idx. */
 void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX]);
 

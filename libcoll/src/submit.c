@@ -120,7 +120,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         int64_t deadline = now_ns() + SLOT_WAIT_NS;
         while (c->nfree == 0 && !c->lost && now_ns() < deadline) {
             pthread_mutex_unlock(&c->lock);
-            lc_sleep_for_completion(c, deadline, (coll_request){0});
+            lc_sleep_for_completion(c, deadline, NULL, 0);
             pthread_mutex_lock(&c->lock);
             lc_reap(c);
         }

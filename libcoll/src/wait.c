@@ -8,6 +8,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lc.h"
 
@@ -96,6 +97,50 @@ static coll_err consume(coll_conn *c, struct req *r)
     return st;
 }
 
+/* What the agent said on the socket, unprompted: it only speaks so when it drops us
+ * (a goodbye, or nothing: hung up). Lock held. */
+static void socket_said(coll_conn *c)
+{
+    char buf[WIRE_MAX_MSG];
+    union wire_msg m;
+    ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        lc_reap(c);
+        if (lc_goodbye(c) == COLL_OK) /* no goodbye after all: lost */
+            lc_mark_lost(c, COLL_ERR_AGENT_LOST, "agent closed the connection");
+    } else if (n > 0) {
+        char err[128];
+        lc_reap(c);
+        if (wire_decode(buf, (size_t)n, &m, NULL, err, sizeof(err)) == 0 && m.h.type == WIRE_ERROR)
+            lc_mark_lost(
+                c, m.error.code == COLL_ERR_SHUTDOWN ? COLL_ERR_SHUTDOWN : COLL_ERR_AGENT_LOST,
+                m.error.msg);
+        else
+            lc_mark_lost(c, COLL_ERR_PROTOCOL, "unexpected message from the agent");
+    }
+}
+
+/* An armed connection (coll_conn_fd): take what made its descriptor readable, so that
+ * it turns readable again only for what comes next; a doorbell taken from under a
+ * thread asleep on it is rung again for that thread. Lock held. */
+static void harvest(coll_conn *c)
+{
+    if (!c->armed || c->lost) return;
+    struct epoll_event evs[2];
+    int n = epoll_wait(c->epfd, evs, 2, 0);
+    int bell = 0, sock = 0;
+    for (int i = 0; i < n; i++) {
+        bell |= evs[i].data.fd == c->efd_client;
+        sock |= evs[i].data.fd == c->fd;
+    }
+    if (sock) socket_said(c);
+    if (bell && c->poller) {
+        uint64_t one = 1;
+        if (write(c->efd_client, &one, sizeof(one)) < 0) { /* a full counter rings anyway */
+        }
+    }
+}
+
 /* Non-blocking look: 1 and *st if done (consumed), 0 if pending, -1 if unknown. */
 /* ... and when pending as a direct op (direct.c), its group in *dg (dg may be NULL). */
 static int try_complete(coll_conn *c, coll_request req, coll_err *st, coll_group **dg)
@@ -106,6 +151,7 @@ static int try_complete(coll_conn *c, coll_request req, coll_err *st, coll_group
         pthread_mutex_unlock(&c->lock);
         return -1;
     }
+    harvest(c); /* before the look: what completes after it rings again */
     if (r->state == REQ_PENDING && !c->lost) lc_reap(c);
     int done = r->state == REQ_DONE;
     if (done) *st = consume(c, r);
@@ -128,13 +174,17 @@ static void follow(coll_conn *c, int64_t deadline)
     c->cv_waiters--;
 }
 
-/* Whether a wait for req (id 0: for a free request slot) is over; caller holds the lock. */
-static int wait_over(coll_conn *c, coll_request req)
+/* Whether a wait for one of the n requests (n == 0: for a free request slot) is over;
+ * caller holds the lock. */
+static int wait_over(coll_conn *c, const coll_request *reqs, size_t n)
 {
     if (c->lost) return 1;
-    if (req.id == 0) return c->nfree > 0;
-    struct req *r = lookup(c, req);
-    return !r || r->state != REQ_PENDING;
+    if (n == 0) return c->nfree > 0;
+    for (size_t i = 0; i < n; i++) {
+        struct req *r = lookup(c, reqs[i]);
+        if (!r || r->state != REQ_PENDING) return 1;
+    }
+    return 0;
 }
 
 /* Sleep until the agent posts a completion, the socket says something, or the
@@ -143,10 +193,10 @@ static int wait_over(coll_conn *c, coll_request req)
  * the others follow it (see struct coll_conn). Every check of req is made under the
  * lock that reaping holds, after this thread is counted as sleeping: a completion
  * reaped by another thread is seen, and one not yet posted rings the doorbell. */
-void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
+void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request *reqs, size_t n)
 {
     pthread_mutex_lock(&c->lock);
-    if (wait_over(c, req)) {
+    if (wait_over(c, reqs, n)) {
         pthread_mutex_unlock(&c->lock);
         return;
     }
@@ -160,7 +210,8 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
     atomic_fetch_add(&c->shm->client_sleeping.v, 1);
     ring_full_fence();
     pthread_mutex_lock(&c->lock);
-    int skip = wait_over(c, req) || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
+    int skip =
+        wait_over(c, reqs, n) || ring_ready(&c->shm->cq[c->cq_head & RING_MASK].seq, c->cq_head);
     pthread_mutex_unlock(&c->lock);
     if (!skip) {
         int ms = -1;
@@ -174,27 +225,8 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, coll_request req)
         for (int i = 0; i < r; i++)
             sock |= evs[i].data.fd == c->fd;
         if (sock) {
-            /* the agent only speaks unprompted when it drops us */
-            char buf[WIRE_MAX_MSG];
-            union wire_msg m;
             pthread_mutex_lock(&c->lock);
-            ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                lc_reap(c);
-                if (lc_goodbye(c) == COLL_OK) /* no goodbye after all: lost */
-                    lc_mark_lost(c, COLL_ERR_AGENT_LOST, "agent closed the connection");
-            } else if (n > 0) {
-                char err[128];
-                lc_reap(c);
-                if (wire_decode(buf, (size_t)n, &m, NULL, err, sizeof(err)) == 0 &&
-                    m.h.type == WIRE_ERROR)
-                    lc_mark_lost(c,
-                                 m.error.code == COLL_ERR_SHUTDOWN ? COLL_ERR_SHUTDOWN
-                                                                   : COLL_ERR_AGENT_LOST,
-                                 m.error.msg);
-                else
-                    lc_mark_lost(c, COLL_ERR_PROTOCOL, "unexpected message from the agent");
-            }
+            socket_said(c);
             pthread_mutex_unlock(&c->lock);
         }
     }
@@ -244,7 +276,7 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
              * batch job included, until the scheduler's next tick */
             ring_cpu_relax();
         } else {
-            lc_sleep_for_completion(c, deadline, req);
+            lc_sleep_for_completion(c, deadline, &req, 1);
             slept = 1;
         }
         r = try_complete(c, req, &st, NULL);
@@ -318,4 +350,55 @@ coll_err coll_wait_all(coll_conn *c, coll_request *reqs, size_t n, int timeout_m
     }
     if (first != COLL_OK) lc_fail(first, "at least one op failed: %s", coll_strerror(first));
     return first;
+}
+
+coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t *index,
+                       int timeout_ms)
+{
+    if (!c || !reqs || !index) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    if (n == 0) return lc_fail(COLL_ERR_INVALID, "no requests to wait for");
+    int64_t deadline = timeout_ms > 0 ? now_ns() + (int64_t)timeout_ms * 1000000 : 0;
+    for (;;) {
+        int direct = 0;
+        for (size_t i = 0; i < n; i++) {
+            coll_err st = COLL_OK;
+            coll_group *dg;
+            int r = try_complete(c, reqs[i], &st, &dg);
+            if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
+                lc_direct_progress(dg, (uint32_t)(reqs[i].id & 0xffffffffu) - 1, 0, 1);
+                r = try_complete(c, reqs[i], &st, &dg);
+                direct |= r == 0 && dg;
+            }
+            if (r < 0)
+                return lc_fail(COLL_ERR_INVALID, "request %zu: unknown or already completed", i);
+            if (r > 0) {
+                *index = i;
+                return st;
+            }
+        }
+        int64_t now = now_ns();
+        if (timeout_ms == 0 || (deadline && now >= deadline))
+            return lc_fail(COLL_ERR_TIMEOUT, "none of %zu requests completed within %d ms", n,
+                           timeout_ms);
+        /* direct ops move only when this thread moves them: a millisecond at most */
+        int64_t until = deadline;
+        if (direct && (!until || until > now + 1000000)) until = now + 1000000;
+        lc_sleep_for_completion(c, until, reqs, n);
+    }
+}
+
+int coll_conn_fd(coll_conn *c)
+{
+    if (!c) {
+        lc_fail(COLL_ERR_INVALID, "NULL connection");
+        return -1;
+    }
+    pthread_mutex_lock(&c->lock);
+    if (!c->armed) {
+        /* asleep for good, as far as the agent is concerned: it rings every completion */
+        atomic_fetch_add(&c->shm->client_sleeping.v, 1);
+        __atomic_store_n(&c->armed, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return c->epfd;
 }

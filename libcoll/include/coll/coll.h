@@ -50,7 +50,7 @@ extern "C" {
     X(COLL_ERR_CONNECT, 4, 1, "cannot connect to the agent")                                       \
     X(COLL_ERR_PROTOCOL, 5, 0, "protocol error between libcoll and the agent")                     \
     X(COLL_ERR_DENIED, 6, 0, "permission denied by the agent")                                     \
-    X(COLL_ERR_NOT_FOUND, 7, 0, "no such group")                                                   \
+    X(COLL_ERR_NOT_FOUND, 7, 0, "not found (no such group or buffer)")                             \
     X(COLL_ERR_BUSY, 8, 0, "resource busy")                                                        \
     X(COLL_ERR_TIMEOUT, 9, 1, "timed out")                                                         \
     X(COLL_ERR_MISMATCH, 10, 1, "participants disagree on the operation")                          \
@@ -209,6 +209,13 @@ COLL_API size_t coll_mem_size(const coll_buffer *buf);
 /* Unshare and unmap the buffer; sets *buf to NULL. Returns BUSY (and keeps the buffer)
  * while an op that uses it is in flight. Blocks for one round trip. */
 COLL_API coll_err coll_mem_release(coll_buffer **buf);
+/* The buffer shared through conn that holds ptr (a host or device address), and ptr's
+ * offset in it: for bindings handed a pointer (a tensor's data) that must know whether
+ * an op on it can run in place or must stage through coll memory. The buffer stays the
+ * connection's (not a new reference). Does not block; thread-safe.
+ * Errors: NOT_FOUND (no buffer of this connection holds ptr), INVALID (NULL argument). */
+COLL_API coll_err coll_mem_find(coll_conn *conn, const void *ptr, coll_buffer **buf,
+                                size_t *offset);
 
 /* ---- operations ------------------------------------------------------------- */
 /*
@@ -283,6 +290,24 @@ COLL_API coll_err coll_wait_stream(coll_conn *conn, coll_request req, void *stre
  * completed request is consumed, even after a failure; on TIMEOUT the others stay
  * pending. */
 COLL_API coll_err coll_wait_all(coll_conn *conn, coll_request *reqs, size_t n, int timeout_ms);
+/* Wait until one of the n requests completes, at most timeout_ms (0: look once and
+ * return; < 0: no limit, as coll_wait). *index says which (the lowest index among
+ * those done); that one is consumed and its result returned, the others stay pending.
+ * Direct ops among them are moved on by this call (it then wakes at least every
+ * millisecond to move them). Errors: TIMEOUT (none completed; none consumed, *index
+ * untouched), INVALID (n == 0, a NULL argument, or a request that is unknown or
+ * already completed: the message names its index). */
+COLL_API coll_err coll_wait_any(coll_conn *conn, const coll_request *reqs, size_t n, size_t *index,
+                                int timeout_ms);
+/* A descriptor for event loops (asyncio, libuv, epoll): it turns readable when an op
+ * of this connection completes or the agent goes away; then call coll_test or
+ * coll_wait_any(..., 0) on the requests you hold. Those calls clear it, so it is
+ * readable again only for what comes after them (it stays readable once the
+ * connection is lost). From the first call on, every op of the connection goes
+ * through the agent (no direct ops: their progress needs a caller) and the agent
+ * signals each completion (a system call each). The descriptor is the connection's:
+ * never read or close it. Errors: -1 with INVALID (NULL connection). */
+COLL_API int coll_conn_fd(coll_conn *conn);
 
 #ifdef __cplusplus
 }

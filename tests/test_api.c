@@ -1,0 +1,189 @@
+/*
+ * test_api.c: what frameworks drive libcoll with, against a real agent: coll_wait_any,
+ * the connection's descriptor for event loops (coll_conn_fd), and coll_mem_find.
+ *
+ * Each test holds two connections to one agent, slots 0 and 1 of a local group: an op
+ * completes only once both slots have submitted it, so a test decides when a
+ * completion can exist by when it submits the second half, whatever the scheduler does.
+ */
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "harness.h"
+
+struct pair {
+    struct agent a;
+    coll_conn *c[2];
+    coll_group *g[2];
+    coll_buffer *b[2];
+    float *x[2];
+};
+
+static void pair_open(struct pair *p)
+{
+    memset(p, 0, sizeof(*p));
+    assert_int_equal(agent_start(&p->a, "  drain_ms: 300\n",
+                                 "groups:\n  - name: g\n    local_slots: 2\n    members: 1\n"),
+                     0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(coll_connect(&p->c[i], p->a.sock, 5000), COLL_OK);
+        assert_int_equal(coll_group_open(&p->g[i], p->c[i], "g", i), COLL_OK);
+        assert_int_equal(coll_mem_alloc(&p->b[i], p->c[i], 4096, COLL_DEVICE_HOST), COLL_OK);
+        p->x[i] = coll_mem_ptr(p->b[i]);
+    }
+}
+
+static void pair_close(struct pair *p)
+{
+    for (int i = 0; i < 2; i++)
+        coll_disconnect(&p->c[i]);
+    assert_int_equal(agent_stop(&p->a), 0);
+}
+
+/* slot i's allreduce of 16 floats at element offset off (in place), each element i+1 */
+static coll_request submit(struct pair *p, int i, size_t off)
+{
+    coll_request r;
+    for (int k = 0; k < 16; k++)
+        p->x[i][off + (size_t)k] = (float)(i + 1);
+    assert_int_equal(
+        coll_allreduce(p->g[i], p->x[i] + off, p->x[i] + off, 16, COLL_FLOAT32, COLL_SUM, NULL, &r),
+        COLL_OK);
+    return r;
+}
+
+static int readable(int fd, int ms)
+{
+    struct pollfd q = {.fd = fd, .events = POLLIN};
+    return poll(&q, 1, ms) == 1 && (q.revents & POLLIN);
+}
+
+static void wait_any_returns_the_one_that_completed(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    /* slot 0 has two ops in flight; slot 1 submits only the first: the second cannot
+     * complete, the first must */
+    coll_request mine[2];
+    mine[0] = submit(&p, 0, 0);
+    mine[1] = submit(&p, 0, 64);
+    coll_request theirs = submit(&p, 1, 0);
+    coll_request order[2] = {mine[1], mine[0]};
+    size_t idx = 99;
+    assert_int_equal(coll_wait_any(p.c[0], order, 2, &idx, 10000), COLL_OK);
+    assert_int_equal(idx, 1);
+    for (int k = 0; k < 16; k++)
+        assert_true(p.x[0][k] == 3.0f);
+    /* the other stays pending: a look, and a bounded wait, both say TIMEOUT */
+    idx = 99;
+    assert_int_equal(coll_wait_any(p.c[0], order, 1, &idx, 0), COLL_ERR_TIMEOUT);
+    assert_int_equal(coll_wait_any(p.c[0], order, 1, &idx, 50), COLL_ERR_TIMEOUT);
+    assert_int_equal(idx, 99);
+    /* the consumed one is unknown now; its index is named */
+    assert_int_equal(coll_wait_any(p.c[0], (coll_request[]){mine[1], mine[0]}, 2, &idx, 0),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "request 1"));
+    assert_int_equal(coll_wait_any(p.c[0], order, 0, &idx, 0), COLL_ERR_INVALID);
+    assert_int_equal(coll_wait_any(p.c[0], NULL, 1, &idx, 0), COLL_ERR_INVALID);
+    /* slot 1 submits the second; the wait that had nothing now has it */
+    coll_request theirs2 = submit(&p, 1, 64);
+    assert_int_equal(coll_wait_any(p.c[0], order, 1, &idx, 10000), COLL_OK);
+    assert_int_equal(idx, 0);
+    assert_int_equal(coll_wait(p.c[1], theirs, 10000), COLL_OK);
+    assert_int_equal(coll_wait(p.c[1], theirs2, 10000), COLL_OK);
+    pair_close(&p);
+}
+
+static void the_descriptor_turns_readable_on_completion_only(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    assert_int_equal(coll_conn_fd(NULL), -1);
+    int fd = coll_conn_fd(p.c[0]);
+    assert_true(fd >= 0);
+    assert_int_equal(coll_conn_fd(p.c[0]), fd); /* the connection's, every time */
+    for (int round = 0; round < 3; round++) {
+        coll_request r0 = submit(&p, 0, 0);
+        /* nothing can complete before slot 1 submits: not readable */
+        assert_false(readable(fd, 100));
+        int done = 1;
+        assert_int_equal(coll_test(p.c[0], r0, &done), COLL_OK);
+        assert_int_equal(done, 0);
+        coll_request r1 = submit(&p, 1, 0);
+        assert_true(readable(fd, 10000));
+        assert_int_equal(coll_test(p.c[0], r0, &done), COLL_OK);
+        assert_int_equal(done, 1);
+        for (int k = 0; k < 16; k++)
+            assert_true(p.x[0][k] == 3.0f);
+        /* the look cleared it: quiet until the next completion */
+        assert_false(readable(fd, 0));
+        assert_int_equal(coll_wait(p.c[1], r1, 10000), COLL_OK);
+    }
+    /* coll_wait, which may sleep on the same doorbell, leaves it quiet too */
+    coll_request r0 = submit(&p, 0, 0), r1 = submit(&p, 1, 0);
+    assert_int_equal(coll_wait(p.c[0], r0, 10000), COLL_OK);
+    assert_int_equal(coll_wait(p.c[1], r1, 10000), COLL_OK);
+    size_t idx;
+    coll_request none = submit(&p, 0, 64);
+    assert_int_equal(coll_wait_any(p.c[0], &none, 1, &idx, 0), COLL_ERR_TIMEOUT);
+    assert_false(readable(fd, 0));
+    /* the agent stops (its drain gives up on the op slot 1 never joins): readable, and
+     * the op says why */
+    kill(p.a.pid, SIGTERM);
+    assert_true(readable(fd, 10000));
+    assert_int_equal(coll_wait_any(p.c[0], &none, 1, &idx, 10000), COLL_ERR_SHUTDOWN);
+    assert_int_equal(child_wait(p.a.pid, 10000), 0);
+    p.a.pid = 0;
+    for (int i = 0; i < 2; i++)
+        coll_disconnect(&p.c[i]);
+    unlink(p.a.cfg);
+}
+
+static void mem_find_names_the_buffer_and_offset(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    coll_buffer *second;
+    assert_int_equal(coll_mem_alloc(&second, p.c[0], 8192, COLL_DEVICE_HOST), COLL_OK);
+    char *base = coll_mem_ptr(second);
+    coll_buffer *b = NULL;
+    size_t off = 99;
+    assert_int_equal(coll_mem_find(p.c[0], base + 100, &b, &off), COLL_OK);
+    assert_ptr_equal(b, second);
+    assert_int_equal(off, 100);
+    assert_int_equal(coll_mem_find(p.c[0], base, &b, &off), COLL_OK);
+    assert_int_equal(off, 0);
+    assert_int_equal(coll_mem_find(p.c[0], base + 8191, &b, &off), COLL_OK);
+    assert_int_equal(off, 8191);
+    assert_int_equal(coll_mem_find(p.c[0], p.x[0] + 3, &b, &off), COLL_OK);
+    assert_ptr_equal(b, p.b[0]);
+    assert_int_equal(off, 12);
+    /* one past the end, memory of its own, another connection's buffer */
+    int mine = 0;
+    assert_int_equal(coll_mem_find(p.c[0], base + 8192, &b, &off), COLL_ERR_NOT_FOUND);
+    assert_int_equal(coll_mem_find(p.c[0], &mine, &b, &off), COLL_ERR_NOT_FOUND);
+    assert_int_equal(coll_mem_find(p.c[0], p.x[1], &b, &off), COLL_ERR_NOT_FOUND);
+    assert_non_null(strstr(coll_last_error(), "no buffer of this connection holds"));
+    assert_int_equal(coll_mem_find(NULL, base, &b, &off), COLL_ERR_INVALID);
+    assert_int_equal(coll_mem_find(p.c[0], base, NULL, &off), COLL_ERR_INVALID);
+    /* released: gone */
+    assert_int_equal(coll_mem_release(&second), COLL_OK);
+    assert_int_equal(coll_mem_find(p.c[0], base + 100, &b, &off), COLL_ERR_NOT_FOUND);
+    pair_close(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(wait_any_returns_the_one_that_completed),
+        cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
+        cmocka_unit_test(mem_find_names_the_buffer_and_offset),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
