@@ -134,7 +134,7 @@ static void count_op(struct group *g, const struct op *op, int status)
     m->ops[kind][st]++;
     if (status == COLL_OK && op->sqe.dtype < COLL_DTYPE_COUNT)
         m->bytes[kind] += op->sqe.count * coll_dtype_size((coll_dtype)op->sqe.dtype);
-    int64_t submitted = op->deadline_ns - (int64_t)g->cfg->op_timeout_ms * NS_PER_MS;
+    int64_t submitted = op->deadline_ns - (int64_t)op->timeout_ms * NS_PER_MS;
     double s = (double)(now_ns() - submitted) / 1e9;
     if (s < 0) s = 0;
     int b = 0;
@@ -374,6 +374,7 @@ static void submit_collective(struct group *g, int slot, struct op *op)
         r->status = COLL_OK;
         r->why[0] = '\0';
         r->deadline_ns = op->deadline_ns;
+        r->timeout_ms = op->timeout_ms;
     } else if (r->seq != seq || r->present[slot]) {
         /* cannot happen while sessions respect the in-flight limit the agent enforces */
         log_msg(LOG_ERROR, "group.window", "group=%s slot=%d seq=%llu busy_with=%llu", g->cfg->name,
@@ -465,8 +466,7 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     if (r->arrived && r->deadline_ns <= now) {
         char why[160];
         snprintf(why, sizeof(why), "op %llu waited %d ms for %d of %d participants",
-                 (unsigned long long)r->seq, g->cfg->op_timeout_ms, g->nslots - r->arrived,
-                 g->nslots);
+                 (unsigned long long)r->seq, r->timeout_ms, g->nslots - r->arrived, g->nslots);
         group_break(g, COLL_ERR_TIMEOUT, why);
     } else if (held <= now) {
         char why[160];
@@ -477,7 +477,7 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
         char why[160];
         snprintf(why, sizeof(why), "%s from rank %d to rank %d found no partner in %d ms",
                  wire_kind_name(g->p2p_head->sqe.kind), g->p2p_head->rank, g->p2p_head->sqe.peer,
-                 g->cfg->op_timeout_ms);
+                 g->p2p_head->timeout_ms);
         group_break(g, COLL_ERR_TIMEOUT, why);
     }
     int64_t next = INT64_MAX;

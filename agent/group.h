@@ -29,6 +29,7 @@ struct op {
     struct buffer *sync;    /* GPU ops: the session region (stream-order words) */
     void *send, *recv;      /* resolved addresses (NULL if unused) */
     int rank;
+    int timeout_ms; /* its handle's op timeout */
     int64_t deadline_ns;
     struct op *next; /* p2p queue */
 };
@@ -49,7 +50,8 @@ struct round {
     int arrived;
     int status;
     char why[WIRE_WHY_MAX]; /* with status: the disagreement */
-    int64_t deadline_ns;
+    int64_t deadline_ns;    /* the first arrival's, and its op timeout */
+    int timeout_ms;
     struct op *ops;   /* [nslots] */
     uint8_t *present; /* [nslots] */
 };

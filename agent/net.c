@@ -179,14 +179,13 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
     rendezvous_tick(&g->rdv, t);
     char why[160];
     if (p2p_oldest_deadline(g) <= t) {
-        snprintf(why, sizeof(why), "a send or receive found no partner in %d ms",
-                 g->cfg->op_timeout_ms);
+        snprintf(why, sizeof(why), "a send or receive found no partner within its op timeout");
         net_epoch_end(n, g, COLL_ERR_TIMEOUT, why, 0, g->rdv.committed);
         return;
     }
     if (g->q_head && g->q_head->deadline_ns <= t) {
-        snprintf(why, sizeof(why), "op %llu waited %d ms for the group to form",
-                 (unsigned long long)g->q_head->seq, g->cfg->op_timeout_ms);
+        snprintf(why, sizeof(why), "op %llu waited its op timeout for the group to form",
+                 (unsigned long long)g->q_head->seq);
         net_epoch_end(n, g, COLL_ERR_TIMEOUT, why, 0, g->rdv.committed);
     }
 }

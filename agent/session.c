@@ -255,6 +255,9 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
     if (h == SESSION_MAX_HANDLES)
         return refuse(s, o->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
                       SESSION_MAX_HANDLES);
+    if (o->op_ms > WIRE_OP_MS_MAX)
+        return refuse(s, o->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u", o->op_ms,
+                      WIRE_OP_MS_MAX);
     if (o->slot < -1 || o->slot >= g->nslots)
         return refuse(s, o->h.req_id, COLL_ERR_INVALID, "slot %d: group '%s' has slots 0..%d",
                       o->slot, o->name, g->nslots - 1);
@@ -262,7 +265,11 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
     if (slot < 0)
         return refuse(s, o->h.req_id, -slot, "group '%s': %s", o->name,
                       o->slot < 0 ? "every slot is taken" : "slot is taken");
-    s->handles[h] = (struct session_handle){.g = g, .slot = slot, .epoch = g->epoch};
+    s->handles[h] =
+        (struct session_handle){.g = g,
+                                .slot = slot,
+                                .epoch = g->epoch,
+                                .op_ms = o->op_ms ? (int)o->op_ms : g->cfg->op_timeout_ms};
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_OPEN_OK, o->h.req_id);
     m.group_open_ok.handle = (uint32_t)h;
@@ -362,7 +369,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     wire_init(&m, WIRE_LEASE_OK, q->h.req_id);
     m.lease_ok.lease_id = l.id;
     m.lease_ok.seq = l.seq;
-    m.lease_ok.op_ms = (uint32_t)g->cfg->op_timeout_ms;
+    m.lease_ok.op_ms = (uint32_t)h->op_ms;
     m.lease_ok.nodes = (uint32_t)l.nodes;
     m.lease_ok.me = (uint32_t)l.me;
     m.lease_ok.nfds = (uint32_t)l.nfds;
@@ -770,7 +777,8 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         op.rb = buffer_ref(rv.b);
         op.recv = (char *)rv.b->map + rv.off;
     }
-    op.deadline_ns = now_ns() + g->cfg->op_timeout_ms * NS_PER_MS;
+    op.timeout_ms = h->op_ms;
+    op.deadline_ns = now_ns() + (int64_t)h->op_ms * NS_PER_MS;
     if (g->lent_to == s && q->kind != WIRE_OP_SEND && q->kind != WIRE_OP_RECV) {
         session_complete(&op, COLL_ERR_INVALID,
                          "the group's connections are lent to this client (direct ops): give "

@@ -47,6 +47,7 @@ struct session_handle {
     struct group *g; /* NULL: free */
     int slot;
     uint32_t epoch;
+    int op_ms; /* its ops' timeout: the client's (coll_group_opts) or the group's */
 };
 
 struct session {

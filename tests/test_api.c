@@ -1,12 +1,14 @@
 /*
  * test_api.c: what frameworks drive libcoll with, against a real agent: coll_wait_any,
- * the connection's descriptor for event loops (coll_conn_fd), and coll_mem_find.
+ * the connection's descriptor for event loops (coll_conn_fd), coll_mem_find, and a
+ * handle's own op timeout (coll_group_open_opts).
  *
  * Each test holds two connections to one agent, slots 0 and 1 of a local group: an op
  * completes only once both slots have submitted it, so a test decides when a
  * completion can exist by when it submits the second half, whatever the scheduler does.
  */
 #include <poll.h>
+#include <stddef.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -178,12 +180,60 @@ static void mem_find_names_the_buffer_and_offset(void **state)
     pair_close(&p);
 }
 
+static void a_handle_s_op_timeout_is_its_own(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(agent_start(&a, NULL,
+                                 "groups:\n  - name: g\n    local_slots: 2\n"
+                                 "    timeouts: {op_ms: 60000}\n"),
+                     0);
+    coll_conn *c;
+    coll_group *g = NULL;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    coll_group_opts o = COLL_GROUP_OPTS_INIT;
+    /* refused before anything is sent: a size no header had, timeouts out of range */
+    o.size = 0;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "coll_group_opts.size 0"));
+    o = (coll_group_opts)COLL_GROUP_OPTS_INIT;
+    o.op_timeout_ms = -1;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    o.op_timeout_ms = 86400001;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    assert_int_equal(coll_group_open_opts(&g, c, "g", NULL), COLL_ERR_INVALID);
+    assert_null(g);
+    /* an older header's struct (no op_timeout_ms): its fields read, the rest defaults */
+    o = (coll_group_opts)COLL_GROUP_OPTS_INIT;
+    o.size = offsetof(coll_group_opts, op_timeout_ms);
+    o.slot = 1;
+    o.op_timeout_ms = 5; /* beyond its size: never read */
+    coll_group *g1;
+    assert_int_equal(coll_group_open_opts(&g1, c, "g", &o), COLL_OK);
+    coll_group_info info;
+    coll_group_info_get(g1, &info);
+    assert_int_equal(info.local_slot, 1);
+    /* slot 0 with 300 ms: its op, which slot 1 never joins, fails then, not in 60 s */
+    o = (coll_group_opts)COLL_GROUP_OPTS_INIT;
+    o.op_timeout_ms = 300;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_OK);
+    coll_request r;
+    assert_int_equal(coll_barrier(g, NULL, &r), COLL_OK);
+    assert_int_equal(coll_wait(c, r, 30000), COLL_ERR_TIMEOUT);
+    assert_non_null(strstr(coll_last_error(), "waited 300 ms for 1 of 2 participants"));
+    coll_group_close(&g);
+    coll_group_close(&g1);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(wait_any_returns_the_one_that_completed),
         cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
+        cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1478,9 +1478,13 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
     member_agent = NULL;
     fprintf(stderr, "rank 0's CPU time over %d waits: apart %ld us, on one CPU %ld us\n",
             PLACED_OPS, cpu_us[1], cpu_us[0]);
-    /* apart, over what the same waits cost on one CPU (their calls): at least half of
-     * 40 held spins (a learnt spin is at zero after the 10 warm-up waits) ... */
-    assert_true(cpu_us[1] - cpu_us[0] >= PLACED_OPS * (TCP_SPIN_HOLD_NS / 1000) / 2);
+    /* apart, over what the same waits cost on one CPU (their calls): at least a quarter
+     * of 40 held spins (a learnt spin is at zero after the 10 warm-up waits, so without
+     * the hold the two differ by the calls alone, about 1 ms). A held spin is timed by
+     * the clock, and the CPU time it gets is the scheduler's share: half next to one
+     * busy loop per CPU, a third with a second suite running beside this one (which
+     * once failed a bound of one half); a quarter keeps the margin whatever the load */
+    assert_true(cpu_us[1] - cpu_us[0] >= PLACED_OPS * (TCP_SPIN_HOLD_NS / 1000) / 4);
     /* ... and the hold ends: each wait then sleeps out the rest of rank 1's delay */
     assert_true(cpu_us[1] < PLACED_OPS * PLACED_LATE_US * 9 / 10);
 }

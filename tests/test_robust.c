@@ -334,6 +334,16 @@ static void out_of_bounds_op_is_dropped(void **state)
     assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
     assert_int_equal(m.h.type, WIRE_ERROR);
     assert_int_equal(m.error.code, COLL_ERR_BUSY);
+    /* an op timeout past a day: refused, the session lives on */
+    wire_init(&m, WIRE_GROUP_OPEN, 3);
+    snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
+    m.group_open.slot = -1;
+    m.group_open.op_ms = 0xffffffffu;
+    raw_send(r.fd, &m, m.h.len, -1);
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_ERROR);
+    assert_int_equal(m.error.code, COLL_ERR_INVALID);
+    assert_non_null(strstr(m.error.msg, "op timeout 4294967295 ms"));
     wire_init(&m, WIRE_GROUP_OPEN, 3);
     snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
     m.group_open.slot = -1;

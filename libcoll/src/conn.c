@@ -425,16 +425,38 @@ static coll_err query_state(coll_group *g, int *formed, char *detail, size_t cap
 
 coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int slot)
 {
-    if (!out || !c || !name) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    coll_group_opts o = COLL_GROUP_OPTS_INIT;
+    o.slot = slot;
+    return coll_group_open_opts(out, c, name, &o);
+}
+
+coll_err coll_group_open_opts(coll_group **out, coll_conn *c, const char *name,
+                              const coll_group_opts *opts)
+{
+    if (!out || !c || !name || !opts) return lc_fail(COLL_ERR_INVALID, "NULL argument");
     *out = NULL;
+    /* the fields the caller's header had (opts->size), defaults for the rest */
+    coll_group_opts op = COLL_GROUP_OPTS_INIT;
+    if (opts->size < offsetof(coll_group_opts, slot) + sizeof(int))
+        return lc_fail(COLL_ERR_INVALID,
+                       "coll_group_opts.size %zu: set it to sizeof "
+                       "(COLL_GROUP_OPTS_INIT does)",
+                       opts->size);
+    memcpy(&op, opts, opts->size < sizeof(op) ? opts->size : sizeof(op));
+    op.size = sizeof(op);
+    int slot = op.slot;
     if (strlen(name) == 0 || strlen(name) >= WIRE_NAME_MAX)
         return lc_fail(COLL_ERR_INVALID, "group name must be 1 to %d bytes", WIRE_NAME_MAX - 1);
     if (slot < COLL_SLOT_ANY) return lc_fail(COLL_ERR_INVALID, "slot %d is negative", slot);
+    if (op.op_timeout_ms < 0 || (unsigned)op.op_timeout_ms > WIRE_OP_MS_MAX)
+        return lc_fail(COLL_ERR_INVALID, "op_timeout_ms %d: 0 (the group's) or 1 to %u",
+                       op.op_timeout_ms, WIRE_OP_MS_MAX);
     coll_group *g = calloc(1, sizeof(*g));
     if (!g) return lc_fail(COLL_ERR_NOMEM, "allocating the group");
     union wire_msg m, r;
     wire_init(&m, WIRE_GROUP_OPEN, 0);
     m.group_open.slot = slot;
+    m.group_open.op_ms = (uint32_t)op.op_timeout_ms;
     strcpy(m.group_open.name, name);
     pthread_mutex_lock(&c->lock);
     coll_err rc = lc_rpc(c, &m, -1, WIRE_GROUP_OPEN_OK, &r, NULL, NULL);

@@ -86,10 +86,11 @@ struct wire_error {
     char msg[WIRE_ERRMSG_MAX];
 };
 
+#define WIRE_OP_MS_MAX 86400000u /* a handle's op timeout: a day at most */
 struct wire_group_open {
     struct wire_hdr h;
-    int32_t slot; /* -1: any */
-    uint32_t pad;
+    int32_t slot;   /* -1: any */
+    uint32_t op_ms; /* this handle's ops' timeout (1..WIRE_OP_MS_MAX); 0: the group's */
     char name[WIRE_NAME_MAX];
 };
 

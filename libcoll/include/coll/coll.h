@@ -160,6 +160,26 @@ typedef struct coll_group_info {
  * success *out is a new group handle owned by the caller.
  * Errors: NOT_FOUND, BUSY (slot taken or none free), INVALID, AGENT_LOST. */
 COLL_API coll_err coll_group_open(coll_group **out, coll_conn *conn, const char *name, int slot);
+/* Options of coll_group_open_opts. The struct grows at its end and never changes what
+ * is there: set size to sizeof(coll_group_opts) as your header has it
+ * (COLL_GROUP_OPTS_INIT does); libcoll reads the fields that size covers, and the ones
+ * a newer libcoll has beyond it take their defaults. */
+typedef struct coll_group_opts {
+    size_t size;       /* sizeof(coll_group_opts) */
+    int slot;          /* COLL_SLOT_ANY (the default) or the slot to take */
+    int op_timeout_ms; /* this handle's ops fail with TIMEOUT after this long (1 ms to a
+                        * day; torch's and Ray's per-group timeout); 0 (the default): the
+                        * group's timeouts.op_ms. Other pods keep their own. */
+} coll_group_opts;
+#define COLL_GROUP_OPTS_INIT                                                                       \
+    {                                                                                              \
+        sizeof(coll_group_opts), COLL_SLOT_ANY, 0                                                  \
+    }
+/* coll_group_open with options (above). Blocks as coll_group_open does.
+ * Errors: as coll_group_open; INVALID also for a size too small or a timeout out of
+ * range. */
+COLL_API coll_err coll_group_open_opts(coll_group **out, coll_conn *conn, const char *name,
+                                       const coll_group_opts *opts);
 /* Copy the group's description into *out. Does not block. */
 COLL_API coll_err coll_group_info_get(const coll_group *group, coll_group_info *out);
 /* Wait until the group stands on every one of its pods (always at once for a group of
