@@ -632,8 +632,7 @@ int engine_run(struct engine *eng)
             work = 1;
         }
         for (int i = 0; i < eng->ngroups; i++) { /* a slice of each large local op */
-            struct group *g = &eng->groups[i];
-            if (g->be && g->be->turn && g->be->turn(g, now_ns() + BACKEND_TURN_NS)) {
+            if (group_turn(&eng->groups[i], now_ns() + BACKEND_TURN_NS)) {
                 last_work = now_ns();
                 work = 1;
             }

@@ -74,6 +74,7 @@ fail_memory:
 void group_fini(struct group *g)
 {
     if (!g->cfg) return; /* zeroed or finished already */
+    group_children_free(g);
     if (g->be) g->be->fini(g);
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
@@ -122,6 +123,7 @@ void group_detach(struct group *g, int slot)
     log_msg(LOG_INFO, "group.detach", "group=%s slot=%d epoch=%u attached=%d/%d", g->cfg->name,
             slot, e, g->attached, g->nslots);
     if (e == g->epoch) group_break(g, COLL_ERR_PEER_LOST, "a participant left");
+    group_child_release(g); /* a child nobody holds goes (g with it: touch it no more) */
 }
 
 const double group_hist_bounds[GROUP_HIST_BUCKETS] = WIRE_HIST_BOUNDS;
@@ -218,6 +220,8 @@ void group_forget_session(struct group *g, const struct session *s)
         g->dc_s = NULL;
     }
     if (g->be) g->be->forget_session(g, s);
+    for (struct group *c = g->children; c; c = c->next_child)
+        group_forget_session(c, s);
 }
 
 /* What w grew by since *seen (0 if it did not: a client only raises its counts). */
@@ -327,6 +331,7 @@ static void break_local(struct group *g, int err, const char *why)
     log_msg(failed && err != COLL_ERR_SHUTDOWN ? LOG_WARN : LOG_INFO, "group.epoch",
             "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"",
             g->cfg->name, old, g->epoch, coll_strerror(err), failed, LOG_Q(why));
+    group_children_orphan(g, why); /* they lived in the epoch that ended */
 }
 
 static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
@@ -486,7 +491,19 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
     if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
     held = g->be && g->be->held_deadline ? g->be->held_deadline(g) : INT64_MAX;
     if (held < next) next = held;
+    for (struct group *c = g->children; c; c = c->next_child) {
+        int64_t d = group_check_timeouts(c, now);
+        if (d < next) next = d;
+    }
     return next;
+}
+
+int group_turn(struct group *g, int64_t until)
+{
+    int moved = g->be && g->be->turn && g->be->turn(g, until);
+    for (struct group *c = g->children; c; c = c->next_child)
+        moved |= group_turn(c, until);
+    return moved;
 }
 
 void group_state(const struct group *g, int *formed, uint32_t *epoch, char *detail, size_t cap)

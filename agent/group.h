@@ -110,6 +110,16 @@ struct group {
      * what of them m has already (group_direct_fold) */
     struct session *dc_s;
     uint32_t dc_handle;
+    /* children made at run time (group_child.c): this group's, and, for a child, its
+     * parent, its ranks there (by child rank = slot), which slots were ever taken (the
+     * k-th coll_group_create of a list by each member meets the others' k-th) and
+     * whether its parent's epoch it lived in has ended */
+    struct group *parent, *children, *next_child;
+    int nchildren;
+    int *parent_ranks;
+    uint8_t *taken;
+    uint32_t parent_epoch;
+    int orphan;
     struct {
         uint64_t ops[WIRE_OP_KIND_COUNT][GROUP_STATUS_MAX];
         uint64_t bytes[WIRE_OP_KIND_COUNT];
@@ -167,7 +177,27 @@ void group_void_lease(struct group *g, int err, const char *why);
 void group_direct_follow(struct group *g, struct session *s, uint32_t handle);
 void group_direct_fold(struct group *g);
 
-/* Fail what is past its deadline; returns the next deadline (INT64_MAX: none). */
+/* Fail what is past its deadline, children included; returns the next deadline
+ * (INT64_MAX: none). */
 int64_t group_check_timeouts(struct group *g, int64_t now_ns);
+/* A slice of each large local op of g and of its children (backend turn); whether any
+ * moved. */
+int group_turn(struct group *g, int64_t until_ns);
+
+/* Children (coll_group_create), group_child.c. A child holds n ranks of its parent,
+ * all on this pod (for now), its rank i being ranks[i]; it lives in the parent's epoch.
+ * At most GROUP_CHILDREN_MAX live under one group. */
+#define GROUP_CHILDREN_MAX 64
+/* s, holding rank my_rank of parent (in its current epoch), joins the child of ranks[n]:
+ * the one it has not joined yet among those made in this epoch with the same list, or
+ * a new one. Returns the child (and *slot), or NULL with a coll_err in *err and why. */
+struct group *group_child_join(struct group *parent, const uint32_t *ranks, int n, int my_rank,
+                               struct session *s, int *slot, int *err, char *why, size_t whylen);
+/* The parent's epoch ended: its children end for good (their ops fail with EPOCH). */
+void group_children_orphan(struct group *g, const char *why);
+/* After a detach: a child nobody holds any more goes. */
+void group_child_release(struct group *child);
+/* The parent goes: so do its children. */
+void group_children_free(struct group *g);
 
 #endif

@@ -242,6 +242,8 @@ static int on_hello(struct session *s, const struct wire_hello *h)
 
 /* ---- requests ------------------------------------------------------------------- */
 
+static int reply_opened(struct session *s, uint32_t req_id, int h);
+
 static int on_group_open(struct session *s, const struct wire_group_open *o)
 {
     struct group *g = group_find(s->env->groups, s->env->ngroups, o->name);
@@ -270,8 +272,16 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
                                 .slot = slot,
                                 .epoch = g->epoch,
                                 .op_ms = o->op_ms ? (int)o->op_ms : g->cfg->op_timeout_ms};
+    return reply_opened(s, o->h.req_id, h);
+}
+
+/* The reply to an open or a create: the handle and what the client shows of it. */
+static int reply_opened(struct session *s, uint32_t req_id, int h)
+{
+    const struct group *g = s->handles[h].g;
+    int slot = s->handles[h].slot;
     union wire_msg m;
-    wire_init(&m, WIRE_GROUP_OPEN_OK, o->h.req_id);
+    wire_init(&m, WIRE_GROUP_OPEN_OK, req_id);
     m.group_open_ok.handle = (uint32_t)h;
     m.group_open_ok.epoch = g->epoch; /* the agent's own: ring entries carry it */
     m.group_open_ok.rank = (uint32_t)(g->node_index * g->nslots + slot);
@@ -282,6 +292,36 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
     m.group_open_ok.nodes = (uint32_t)g->nodes;
     snprintf(m.group_open_ok.backend, sizeof(m.group_open_ok.backend), "%s", g->be->name);
     return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+}
+
+/* coll_group_create: a child of the group open on handle parent (group_child.c). */
+static int on_group_create(struct session *s, const struct wire_group_create *q)
+{
+    if (q->parent >= SESSION_MAX_HANDLES || !s->handles[q->parent].g)
+        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->parent);
+    struct session_handle *ph = &s->handles[q->parent];
+    struct group *p = ph->g;
+    if (ph->epoch != p->epoch)
+        return refuse(s, q->h.req_id, COLL_ERR_EPOCH,
+                      "group '%s' was re-formed since this handle was opened: reopen it",
+                      p->cfg->name);
+    if (q->op_ms > WIRE_OP_MS_MAX)
+        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u", q->op_ms,
+                      WIRE_OP_MS_MAX);
+    int h = 0;
+    while (h < SESSION_MAX_HANDLES && s->handles[h].g)
+        h++;
+    if (h == SESSION_MAX_HANDLES)
+        return refuse(s, q->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
+                      SESSION_MAX_HANDLES);
+    int slot = 0, err = 0;
+    char why[WIRE_ERRMSG_MAX - 32];
+    struct group *c = group_child_join(p, q->ranks, (int)q->n, p->node_index * p->nslots + ph->slot,
+                                       s, &slot, &err, why, sizeof(why));
+    if (!c) return refuse(s, q->h.req_id, err, "a child of group '%s': %s", p->cfg->name, why);
+    s->handles[h] = (struct session_handle){
+        .g = c, .slot = slot, .epoch = c->epoch, .op_ms = q->op_ms ? (int)q->op_ms : ph->op_ms};
+    return reply_opened(s, q->h.req_id, h);
 }
 
 static int on_group_close(struct session *s, const struct wire_group_close *c)
@@ -592,6 +632,9 @@ int session_on_message(struct session *s)
             break;
         case WIRE_GROUP_CLOSE:
             rc = on_group_close(s, &m.group_close);
+            break;
+        case WIRE_GROUP_CREATE:
+            rc = on_group_create(s, &m.group_create);
             break;
         case WIRE_GROUP_STATE:
             rc = on_group_state(s, &m.group_state);

@@ -36,6 +36,7 @@ static void every_type_round_trips(void **state)
             m.lease_ok.nodes = 2;
             m.lease_ok.nfds = 2;
         }
+        if (t == WIRE_GROUP_CREATE) m.group_create.n = 1; /* a child of no ranks is refused */
         assert_int_equal(m.h.len, wire_size(t));
         char err[160];
         assert_int_equal(decode(&m, m.h.len, &out, err), 0);
@@ -100,6 +101,22 @@ static void unterminated_strings_are_refused(void **state)
     memset(m.group_open.name, 'a', sizeof(m.group_open.name));
     assert_int_equal(decode(&m, m.h.len, &out, err), -1);
     assert_non_null(strstr(err, "NUL-terminated"));
+}
+
+/* A child's size is checked before the agent reads its ranks: 1..WIRE_CHILD_MAX. */
+static void child_sizes_are_checked(void **state)
+{
+    (void)state;
+    union wire_msg m, out;
+    char err[160];
+    const uint32_t sizes[] = {0, 1, WIRE_CHILD_MAX, WIRE_CHILD_MAX + 1, 0xffffffffu};
+    const int ok[] = {0, 1, 1, 0, 0};
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        wire_init(&m, WIRE_GROUP_CREATE, 1);
+        m.group_create.n = sizes[k];
+        assert_int_equal(decode(&m, m.h.len, &out, err), ok[k] ? 0 : -1);
+        if (!ok[k]) assert_non_null(strstr(err, "a child of"));
+    }
 }
 
 /* A lease's shape is checked before libcoll uses it: 2..16 pods, this one among them,
@@ -574,6 +591,7 @@ int main(void)
         cmocka_unit_test(bad_magic_type_and_length_are_refused),
         cmocka_unit_test(other_versions_are_named),
         cmocka_unit_test(unterminated_strings_are_refused),
+        cmocka_unit_test(child_sizes_are_checked),
         cmocka_unit_test(lease_shapes_are_checked),
         cmocka_unit_test(sqe_fields_are_range_checked),
         cmocka_unit_test(extents_follow_the_op_and_catch_overflow),

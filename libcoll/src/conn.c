@@ -397,6 +397,7 @@ void coll_disconnect(coll_conn **conn)
         coll_group *g = c->groups;
         c->groups = g->next;
         lc_direct_fini(g, 0); /* the session's end ends the epoch of a lent group */
+        free(g->parent_ranks);
         free(g);
     }
     pthread_mutex_destroy(&c->lock);
@@ -422,6 +423,9 @@ static coll_err query_state(coll_group *g, int *formed, char *detail, size_t cap
     if (*formed) g->info.epoch = r.group_state_ok.epoch;
     return COLL_OK;
 }
+
+static coll_err open_with(coll_conn *c, union wire_msg *m, const char *name, const int *ranks,
+                          int n, coll_group **out);
 
 coll_err coll_group_open(coll_group **out, coll_conn *c, const char *name, int slot)
 {
@@ -451,21 +455,39 @@ coll_err coll_group_open_opts(coll_group **out, coll_conn *c, const char *name,
     if (op.op_timeout_ms < 0 || (unsigned)op.op_timeout_ms > WIRE_OP_MS_MAX)
         return lc_fail(COLL_ERR_INVALID, "op_timeout_ms %d: 0 (the group's) or 1 to %u",
                        op.op_timeout_ms, WIRE_OP_MS_MAX);
-    coll_group *g = calloc(1, sizeof(*g));
-    if (!g) return lc_fail(COLL_ERR_NOMEM, "allocating the group");
-    union wire_msg m, r;
+    union wire_msg m;
     wire_init(&m, WIRE_GROUP_OPEN, 0);
     m.group_open.slot = slot;
     m.group_open.op_ms = (uint32_t)op.op_timeout_ms;
     strcpy(m.group_open.name, name);
+    return open_with(c, &m, name, NULL, 0, out);
+}
+
+/* Send m (an open or a create) and make the handle of its answer into *out: named
+ * name, a child's ranks in its parent (n of them; 0: none). */
+static coll_err open_with(coll_conn *c, union wire_msg *m, const char *name, const int *ranks,
+                          int n, coll_group **out)
+{
+    coll_group *g = calloc(1, sizeof(*g));
+    int *pr = n ? malloc((size_t)n * sizeof(int)) : NULL;
+    if (!g || (n && !pr)) {
+        free(g);
+        free(pr);
+        return lc_fail(COLL_ERR_NOMEM, "allocating the group");
+    }
+    if (n) memcpy(pr, ranks, (size_t)n * sizeof(int));
+    g->parent_ranks = pr;
+    g->nparent_ranks = n;
+    union wire_msg r;
     pthread_mutex_lock(&c->lock);
-    coll_err rc = lc_rpc(c, &m, -1, WIRE_GROUP_OPEN_OK, &r, NULL, NULL);
+    coll_err rc = lc_rpc(c, m, -1, WIRE_GROUP_OPEN_OK, &r, NULL, NULL);
     if (rc == COLL_OK) {
         g->next = c->groups;
         c->groups = g;
     }
     pthread_mutex_unlock(&c->lock);
     if (rc != COLL_OK) {
+        free(g->parent_ranks);
         free(g);
         return rc;
     }
@@ -504,6 +526,109 @@ coll_err coll_group_open_opts(coll_group **out, coll_conn *c, const char *name,
     }
     *out = g;
     return COLL_OK;
+}
+
+coll_err coll_group_create(coll_group *parent, const int *ranks, int n, coll_group **child)
+{
+    if (!parent || !ranks || !child) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    *child = NULL;
+    if (n < 1 || n > WIRE_CHILD_MAX || n > parent->info.size)
+        return lc_fail(COLL_ERR_INVALID, "a child of %d ranks: 1 to %d (and the parent's size, %d)",
+                       n, WIRE_CHILD_MAX, parent->info.size);
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= parent->info.size)
+            return lc_fail(COLL_ERR_INVALID, "ranks[%d] = %d: the parent has ranks 0..%d", i,
+                           ranks[i], parent->info.size - 1);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return lc_fail(COLL_ERR_INVALID, "rank %d listed twice", ranks[i]);
+        if (ranks[i] == parent->info.rank) me = i;
+    }
+    if (me < 0)
+        return lc_fail(COLL_ERR_INVALID,
+                       "this rank (%d) is not in the list: only the members call create",
+                       parent->info.rank);
+    union wire_msg m;
+    wire_init(&m, WIRE_GROUP_CREATE, 0);
+    m.group_create.parent = parent->handle;
+    m.group_create.n = (uint32_t)n;
+    for (int i = 0; i < n; i++)
+        m.group_create.ranks[i] = (uint32_t)ranks[i];
+    char name[WIRE_NAME_MAX];
+    snprintf(name, sizeof(name), "%.40s/%d+%d", parent->info.name, ranks[0], n - 1);
+    return open_with(parent->conn, &m, name, ranks, n, child);
+}
+
+/* (color, key, parent rank) of one rank, ordered as a split orders a child */
+struct split_entry {
+    int32_t color, key, rank;
+};
+
+static int split_order(const void *a, const void *b)
+{
+    const struct split_entry *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+coll_err coll_group_split(coll_group *parent, int color, int key, coll_group **child)
+{
+    if (!parent || !child) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    *child = NULL;
+    if (color < 0 && color != COLL_SPLIT_NOCOLOR)
+        return lc_fail(COLL_ERR_INVALID, "color %d: 0 or more, or COLL_SPLIT_NOCOLOR", color);
+    if (parent->gpu)
+        return lc_fail(COLL_ERR_UNSUPPORTED, "splitting a GPU (NCCL) group is not supported yet");
+    /* every rank's (color, key), gathered through the parent: the n-th op of every rank,
+     * so a rank that does something else instead gets MISMATCH on every rank */
+    int size = parent->info.size;
+    coll_buffer *b;
+    coll_err rc =
+        coll_mem_alloc(&b, parent->conn, (size_t)size * 2 * sizeof(int32_t), COLL_DEVICE_HOST);
+    if (rc != COLL_OK) return rc;
+    int32_t *all = coll_mem_ptr(b);
+    all[2 * parent->info.rank] = color;
+    all[2 * parent->info.rank + 1] = key;
+    coll_request r;
+    rc = coll_allgather(parent, all + 2 * parent->info.rank, all, 2, COLL_INT32, NULL, &r);
+    if (rc == COLL_OK) rc = coll_wait(parent->conn, r, -1);
+    struct split_entry *e = NULL;
+    int n = 0;
+    if (rc == COLL_OK && color != COLL_SPLIT_NOCOLOR) {
+        e = malloc((size_t)size * sizeof(*e));
+        if (!e) rc = lc_fail(COLL_ERR_NOMEM, "splitting");
+        for (int i = 0; e && i < size; i++)
+            if (all[2 * i] == color) e[n++] = (struct split_entry){color, all[2 * i + 1], i};
+    }
+    coll_mem_release(&b);
+    if (rc != COLL_OK || color == COLL_SPLIT_NOCOLOR) {
+        free(e);
+        return rc;
+    }
+    qsort(e, (size_t)n, sizeof(*e), split_order);
+    int *ranks = malloc((size_t)n * sizeof(int));
+    if (!ranks) {
+        free(e);
+        return lc_fail(COLL_ERR_NOMEM, "splitting");
+    }
+    for (int i = 0; i < n; i++)
+        ranks[i] = e[i].rank;
+    free(e);
+    rc = coll_group_create(parent, ranks, n, child);
+    free(ranks);
+    return rc;
+}
+
+int coll_group_parent_ranks(const coll_group *g, int *out, int cap)
+{
+    if (!g || (cap > 0 && !out)) {
+        lc_fail(COLL_ERR_INVALID, "NULL argument");
+        return -1;
+    }
+    for (int i = 0; i < g->nparent_ranks && i < cap; i++)
+        out[i] = g->parent_ranks[i];
+    return g->nparent_ranks;
 }
 
 coll_err coll_group_info_get(const coll_group *g, coll_group_info *out)
@@ -557,5 +682,6 @@ void coll_group_close(coll_group **group)
         }
     }
     pthread_mutex_unlock(&c->lock);
+    free(g->parent_ranks);
     free(g);
 }

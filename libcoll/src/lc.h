@@ -74,6 +74,8 @@ struct coll_group {
     uint32_t epoch; /* the agent's own epoch of the group when opened: ring entries carry it */
     coll_group_info info;
     struct lc_direct *d; /* direct ops' state (direct.c); NULL: the group never runs them */
+    int *parent_ranks;   /* a child's ranks in its parent (coll_group_create) */
+    int nparent_ranks;
     coll_group *next;
 };
 

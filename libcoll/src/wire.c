@@ -35,6 +35,7 @@ static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_LEASE_OK] = sizeof(struct wire_lease_ok),
     [WIRE_LEASE_BACK] = sizeof(struct wire_lease_back),
     [WIRE_LEASE_BACK_OK] = sizeof(struct wire_lease_back_ok),
+    [WIRE_GROUP_CREATE] = sizeof(struct wire_group_create),
 };
 
 size_t wire_size(unsigned t)
@@ -123,6 +124,13 @@ int wire_decode(const void *buf, size_t n, union wire_msg *out, unsigned *versio
         break;
     case WIRE_GROUP_OPEN:
         if (!terminated(out->group_open.name, sizeof(out->group_open.name))) goto unterminated;
+        break;
+    case WIRE_GROUP_CREATE:
+        if (out->group_create.n == 0 || out->group_create.n > WIRE_CHILD_MAX) {
+            snprintf(err, errlen, "a child of %u ranks (1..%d)", out->group_create.n,
+                     WIRE_CHILD_MAX);
+            return -1;
+        }
         break;
     case WIRE_GROUP_OPEN_OK:
         if (!terminated(out->group_open_ok.backend, sizeof(out->group_open_ok.backend)))

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
-#define WIRE_VERSION 4
+#define WIRE_VERSION 5
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_WHY_MAX 160       /* the reason of a failed op, in the shared region */
@@ -49,6 +49,7 @@ enum wire_type {
     WIRE_LEASE_OK,       /* agent -> client, with the epoch's collective connections */
     WIRE_LEASE_BACK,     /* client -> agent */
     WIRE_LEASE_BACK_OK,  /* agent -> client */
+    WIRE_GROUP_CREATE,   /* client -> agent; answered with WIRE_GROUP_OPEN_OK */
     WIRE_TYPE_END
 };
 
@@ -100,6 +101,18 @@ struct wire_group_open_ok {
     uint32_t epoch;
     uint32_t rank, size, local_slot, local_slots, node_index, nodes;
     char backend[16];
+};
+
+/* A child of the group open on handle parent: the n ranks of the parent listed, in
+ * the child's rank order (coll_group_create). */
+#define WIRE_CHILD_MAX 96
+struct wire_group_create {
+    struct wire_hdr h;
+    uint32_t parent;
+    uint32_t n;
+    uint32_t op_ms; /* as in wire_group_open */
+    uint32_t pad;
+    uint32_t ranks[WIRE_CHILD_MAX];
 };
 
 struct wire_group_close {
@@ -225,6 +238,7 @@ union wire_msg {
     struct wire_group_open group_open;
     struct wire_group_open_ok group_open_ok;
     struct wire_group_close group_close;
+    struct wire_group_create group_create;
     struct wire_group_state group_state;
     struct wire_group_state_ok group_state_ok;
     struct wire_mem_reg mem_reg;

@@ -190,6 +190,45 @@ COLL_API coll_err coll_group_info_get(const coll_group *group, coll_group_info *
  * Errors: TIMEOUT (the message says what formation waits for, e.g. "waiting for node
  * indexes 2,3; DNS shows 3 of 4 pods"), AGENT_LOST, INVALID. */
 COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
+/* ---- groups made at run time ---------------------------------------------------- */
+/*
+ * A child holds some ranks of its parent group and lives inside the parent's epoch:
+ * when the parent moves to a new epoch (a pod re-formed it, a participant left), the
+ * child's ops fail with COLL_ERR_EPOCH for good; close it (and make it again from the
+ * reopened parent). Children nest (a child is a parent like any group) and are closed
+ * with coll_group_close. The child's info: rank (its position in the list), size (the
+ * list's length), name "<parent>/<first rank>+<n - 1>"; coll_group_parent_ranks gives
+ * the list. A child takes one of the session's group handles, and a group has at most
+ * 64 children at once (LIMIT).
+ * Today a child's ranks must all be on this pod (UNSUPPORTED otherwise: children across
+ * pods are not supported yet), and the parent a host group.
+ */
+
+/* Make the child of ranks[0..n) of parent (the child's rank i is parent rank ranks[i]).
+ * Called by the listed ranks only, each with the same list; the k-th create of a list
+ * by each member forms one child with the k-th of the others. Ranks not listed do
+ * nothing and are never waited for. Blocks for one round trip; the child forms once
+ * every member has called (coll_group_wait waits for that; ops submitted before wait
+ * for the others within the op timeout). On success *child is a new handle the caller
+ * owns. Errors: INVALID (a rank out of range or twice, the caller not listed, n out of
+ * 1..min(96, size)), EPOCH (the parent was re-formed since it was opened), UNSUPPORTED,
+ * LIMIT, AGENT_LOST. */
+COLL_API coll_err coll_group_create(coll_group *parent, const int *ranks, int n,
+                                    coll_group **child);
+/* MPI_Comm_split / ncclCommSplit: collective over every rank of parent (it runs one
+ * allgather of the parent, so the n-th op of every rank must be this split). Ranks of
+ * one color (0 or more) form one child, ordered by key, then by parent rank; color
+ * COLL_SPLIT_NOCOLOR takes part and gets no child (*child NULL, COLL_OK). Blocks until
+ * the allgather completes (the parent's op timeout bounds it), then as create. A rank
+ * that submits another op instead makes every rank's split fail with MISMATCH.
+ * Errors: as coll_group_create and as the allgather's; INVALID (a negative color other
+ * than COLL_SPLIT_NOCOLOR). */
+#define COLL_SPLIT_NOCOLOR (-1)
+COLL_API coll_err coll_group_split(coll_group *parent, int color, int key, coll_group **child);
+/* A child's ranks in its parent, in child rank order: copies up to cap into out and
+ * returns how many there are (0 for a group from the config; -1 for a NULL group). */
+COLL_API int coll_group_parent_ranks(const coll_group *group, int *out, int cap);
+
 /* Give the slot back and free the handle; sets *group to NULL. The group's other
  * participants see COLL_ERR_PEER_LOST for ops in flight and must reopen. Blocks for
  * one round trip at most, after the group's direct ops (above) have finished. */
