@@ -3,7 +3,7 @@
  *
  *   coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] [-n ITERS] [-w WARMUP]
  *              [-p PROCS] [-g GROUP] [-s SOCKET[,SOCKET...]] [-G GAP_US] [-c 0|1] [-a] [-i]
- *              [-L SIZE,SIZE...] [-T MIN_MS] [-O PREFIX]
+ *              [-L SIZE,SIZE...] [-T MIN_MS] [-O PREFIX] [-C]
  *
  * With several sockets (one per agent), process i attaches to socket i % count.
  * Forks PROCS application processes (default 1) that open GROUP; rank 0 prints one line
@@ -25,6 +25,10 @@
  * kernel thread's slice moves it by 10%.
  * -O writes every rank's single-op times of each size to PREFIX.BYTES.RANK
  * (bench_dump_ops; mpi_bench -O the same).
+ * -C runs on a child of GROUP made at run time (coll_group_split, one color, key the
+ * rank: the same ranks in the same order) instead of GROUP itself, and rank 0 prints
+ * "# child: split to first op N us" (the split, then one barrier on the child), for the
+ * A/B of a child against the YAML group it equals (bench/children.sh).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -59,6 +63,7 @@ struct opts {
     long gap_us, min_ms;
     const char *group, *sock;
     const char *dump; /* -O: the per-op times' file prefix */
+    int child;        /* -C: run on a child split from the group */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -215,6 +220,26 @@ static int run_rank(const struct opts *o)
     }
     coll_group_info info;
     coll_group_info_get(g, &info);
+    if (o->child) {
+        /* every rank in, then the split and the first op on the child, timed at rank 0 */
+        coll_request q;
+        if (coll_barrier(g, NULL, &q) || coll_wait(c, q, -1)) {
+            fprintf(stderr, "coll-bench: barrier: %s\n", coll_last_error());
+            return 1;
+        }
+        double t0 = now_us();
+        coll_group *k;
+        e = coll_group_split(g, 0, info.rank, &k);
+        if (e == COLL_OK) e = coll_barrier(k, NULL, &q);
+        if (e == COLL_OK) e = coll_wait(c, q, -1);
+        if (e) {
+            fprintf(stderr, "coll-bench: split: %s (%s)\n", coll_strerror(e), coll_last_error());
+            return 1;
+        }
+        if (info.rank == 0) printf("# child: split to first op %.1f us\n", now_us() - t0);
+        g = k; /* the parent stays open: the child lives in its epoch */
+        coll_group_info_get(g, &info);
+    }
     int rank = info.rank, n = info.size;
     size_t es = coll_dtype_size(o->dtype);
     size_t maxc = o->maxb / es ? o->maxb / es : 1;
@@ -352,7 +377,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:h")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:Ch")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -411,6 +436,9 @@ int main(int argc, char **argv)
         case 'T':
             o.min_ms = atol(optarg);
             break;
+        case 'C':
+            o.child = 1;
+            break;
         case 'O':
             o.dump = optarg;
             break;
@@ -434,7 +462,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
                             "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS] "
-                            "[-O PREFIX]\n");
+                            "[-O PREFIX] [-C]\n");
             return 2;
         }
     }
