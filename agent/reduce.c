@@ -84,6 +84,9 @@ uint16_t reduce_float_to_bf16(float f)
 #define OP_PROD(a, b) ((a) * (b))
 #define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
 #define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
+#define OP_BAND(a, b) ((a) & (b))
+#define OP_BOR(a, b) ((a) | (b))
+#define OP_BXOR(a, b) ((a) ^ (b))
 
 /* Min and max of floats as C's fmin and fmax (a NaN gives way to a number; -0 is below
  * +0), and with the same bits whichever operand comes first, so that the two pods of a
@@ -141,6 +144,23 @@ DEF_FMINMAX(double, uint64_t)
         }                                                                                          \
     }
 
+/* The bitwise reductions of an integer type; none for floats (never asked for). */
+#define DEF_BITWISE(T, SUF)                                                                        \
+    DEF_KERNEL(T, band_##SUF, OP_BAND)                                                             \
+    DEF_KERNEL(T, bor_##SUF, OP_BOR)                                                               \
+    DEF_KERNEL(T, bxor_##SUF, OP_BXOR)                                                             \
+    static void bitwise_##SUF(int op, void *dst, const void *const *srcs, int nsrc, size_t n)      \
+    {                                                                                              \
+        if (op == COLL_BAND) band_##SUF(dst, srcs, nsrc, n);                                       \
+        if (op == COLL_BOR) bor_##SUF(dst, srcs, nsrc, n);                                         \
+        if (op == COLL_BXOR) bxor_##SUF(dst, srcs, nsrc, n);                                       \
+    }
+#define DEF_NO_BITWISE(SUF)                                                                        \
+    static void bitwise_##SUF(int op, void *dst, const void *const *srcs, int nsrc, size_t n)      \
+    {                                                                                              \
+        (void)op, (void)dst, (void)srcs, (void)nsrc, (void)n;                                      \
+    }
+
 #define DEF_TYPE(T, SUF, MINOP, MAXOP)                                                             \
     DEF_KERNEL(T, sum_##SUF, OP_SUM)                                                               \
     DEF_KERNEL(T, prod_##SUF, OP_PROD)                                                             \
@@ -171,17 +191,55 @@ DEF_FMINMAX(double, uint64_t)
             sum_##SUF(dst, srcs, nsrc, n);                                                         \
             div_##SUF(dst, n, avg_div);                                                            \
             break;                                                                                 \
+        default: /* bitwise: integers only (wire_redop_fits) */                                    \
+            bitwise_##SUF(op, dst, srcs, nsrc, n);                                                 \
+            break;                                                                                 \
         }                                                                                          \
     }
 
+DEF_BITWISE(int8_t, i8)
+DEF_BITWISE(uint8_t, u8)
+DEF_BITWISE(int16_t, i16)
+DEF_BITWISE(uint16_t, u16)
+DEF_BITWISE(int32_t, i32)
+DEF_BITWISE(uint32_t, u32)
+DEF_BITWISE(int64_t, i64)
+DEF_BITWISE(uint64_t, u64)
+DEF_NO_BITWISE(f32)
+DEF_NO_BITWISE(f64)
 DEF_TYPE(int8_t, i8, OP_MIN, OP_MAX)
 DEF_TYPE(uint8_t, u8, OP_MIN, OP_MAX)
+DEF_TYPE(int16_t, i16, OP_MIN, OP_MAX)
+DEF_TYPE(uint16_t, u16, OP_MIN, OP_MAX)
 DEF_TYPE(int32_t, i32, OP_MIN, OP_MAX)
 DEF_TYPE(uint32_t, u32, OP_MIN, OP_MAX)
 DEF_TYPE(int64_t, i64, OP_MIN, OP_MAX)
 DEF_TYPE(uint64_t, u64, OP_MIN, OP_MAX)
 DEF_TYPE(float, f32, OP_FMIN, OP_FMAX)
 DEF_TYPE(double, f64, OP_DMIN, OP_DMAX)
+
+/* bool: each byte read as its truth; sum and max an or, prod and min an and, and the
+ * bitwise ones the logical ones (as torch reduces bools); results are 0 or 1 */
+static void reduce_bool(int op, void *dst, const void *const *srcs, int nsrc, size_t n)
+{
+    uint8_t *d = dst;
+    int any = op == COLL_SUM || op == COLL_MAX || op == COLL_BOR, x = op == COLL_BXOR;
+    const uint8_t *a = srcs[0];
+    for (size_t i = 0; i < n; i++)
+        d[i] = a[i] != 0;
+    for (int k = 1; k < nsrc; k++) {
+        const uint8_t *restrict s = srcs[k];
+        if (x)
+            for (size_t i = 0; i < n; i++)
+                d[i] ^= s[i] != 0;
+        else if (any)
+            for (size_t i = 0; i < n; i++)
+                d[i] |= s[i] != 0;
+        else
+            for (size_t i = 0; i < n; i++)
+                d[i] &= s[i] != 0;
+    }
+}
 
 /* float16 / bfloat16: widen into a float chunk, reduce there, narrow once. */
 static void reduce_16(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
@@ -221,6 +279,15 @@ void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, s
         break;
     case COLL_UINT8:
         reduce_u8(op, dst, srcs, nsrc, n, avg_div);
+        break;
+    case COLL_INT16:
+        reduce_i16(op, dst, srcs, nsrc, n, avg_div);
+        break;
+    case COLL_UINT16:
+        reduce_u16(op, dst, srcs, nsrc, n, avg_div);
+        break;
+    case COLL_BOOL:
+        reduce_bool(op, dst, srcs, nsrc, n);
         break;
     case COLL_INT32:
         reduce_i32(op, dst, srcs, nsrc, n, avg_div);

@@ -14,7 +14,8 @@
 /*
  * dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < n (n <= REDUCE_CHUNK), with avg
  * dividing the sum by avg_div. dst may equal srcs[0] but no other source. float16 and
- * bfloat16 are reduced in float32 and rounded once. Never fails for valid dtype/op.
+ * bfloat16 are reduced in float32 and rounded once. Never fails for a dtype and op that
+ * fit (wire_redop_fits: no bitwise op of floats, no average of bools).
  */
 void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
               uint32_t avg_div);

@@ -80,7 +80,12 @@ static void fill(void *p, size_t count, int dt, int rank)
         switch (dt) {
         case COLL_INT8:
         case COLL_UINT8:
+        case COLL_BOOL:
             ((uint8_t *)p)[i] = (uint8_t)v;
+            break;
+        case COLL_INT16:
+        case COLL_UINT16:
+            ((uint16_t *)p)[i] = (uint16_t)v;
             break;
         case COLL_INT32:
         case COLL_UINT32:
@@ -116,7 +121,12 @@ static double get(const void *p, size_t i, int dt)
     case COLL_INT8:
         return ((const int8_t *)p)[i];
     case COLL_UINT8:
+    case COLL_BOOL:
         return ((const uint8_t *)p)[i];
+    case COLL_INT16:
+        return ((const int16_t *)p)[i];
+    case COLL_UINT16:
+        return ((const uint16_t *)p)[i];
     case COLL_INT32:
         return ((const int32_t *)p)[i];
     case COLL_UINT32:
@@ -465,6 +475,10 @@ int main(int argc, char **argv)
                             "[-O PREFIX] [-C]\n");
             return 2;
         }
+    }
+    if (o.dtype == COLL_BOOL && o.check) { /* its fill is 0..3 and sums */
+        fprintf(stderr, "coll-bench: bool has no sums to check: give -c 0\n");
+        return 2;
     }
     if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||
         o.factor <= 1 || o.min_ms < 0 || o.min_ms > 600000 ||

@@ -227,6 +227,66 @@ static void a_handle_s_op_timeout_is_its_own(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* the new dtypes and bitwise reductions through a real agent, and what is refused */
+static void bitwise_reductions_and_small_types(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    coll_request r[2];
+    /* int16 bxor, uint16 band, bool bor (and sum: an or) */
+    int16_t *a = (int16_t *)(void *)p.x[0], *b = (int16_t *)(void *)p.x[1];
+    a[0] = 0x0f0f, b[0] = 0x00ff;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(coll_allreduce(p.g[i], (int16_t *)(void *)p.x[i],
+                                        (int16_t *)(void *)p.x[i] + 8, 1, COLL_INT16, COLL_BXOR,
+                                        NULL, &r[i]),
+                         COLL_OK);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(coll_wait(p.c[i], r[i], 10000), COLL_OK);
+    assert_int_equal(a[8], 0x0ff0);
+    assert_int_equal(b[8], 0x0ff0);
+    uint16_t *ua = (uint16_t *)(void *)p.x[0], *ub = (uint16_t *)(void *)p.x[1];
+    ua[0] = 0xfff0, ub[0] = 0x0fff;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(coll_allreduce(p.g[i], (uint16_t *)(void *)p.x[i],
+                                        (uint16_t *)(void *)p.x[i] + 8, 1, COLL_UINT16, COLL_BAND,
+                                        NULL, &r[i]),
+                         COLL_OK);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(coll_wait(p.c[i], r[i], 10000), COLL_OK);
+    assert_int_equal(ua[8], 0x0ff0);
+    uint8_t *ba = (uint8_t *)(void *)p.x[0], *bb = (uint8_t *)(void *)p.x[1];
+    const uint8_t in_a[4] = {0, 1, 0, 7}, in_b[4] = {0, 0, 1, 1}; /* 7 reads as true */
+    const int ops[3] = {COLL_SUM, COLL_PROD, COLL_BXOR};
+    const uint8_t want[3][4] = {{0, 1, 1, 1}, {0, 0, 0, 1}, {0, 1, 1, 0}};
+    for (int k = 0; k < 3; k++) {
+        memcpy(ba, in_a, 4);
+        memcpy(bb, in_b, 4);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(coll_allreduce(p.g[i], (uint8_t *)(void *)p.x[i],
+                                            (uint8_t *)(void *)p.x[i] + 16, 4, COLL_BOOL,
+                                            (coll_redop)ops[k], NULL, &r[i]),
+                             COLL_OK);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(coll_wait(p.c[i], r[i], 10000), COLL_OK);
+        assert_memory_equal(ba + 16, want[k], 4);
+        assert_memory_equal(bb + 16, want[k], 4);
+    }
+    /* refused at submission, with what and why */
+    assert_int_equal(
+        coll_allreduce(p.g[0], p.x[0], p.x[0] + 8, 1, COLL_FLOAT32, COLL_BAND, NULL, &r[0]),
+        COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "reduction band of float32"));
+    assert_int_equal(
+        coll_allreduce(p.g[0], p.x[0], p.x[0] + 8, 1, COLL_BOOL, COLL_AVG, NULL, &r[0]),
+        COLL_ERR_INVALID);
+    assert_string_equal(coll_dtype_name(COLL_BOOL), "bool");
+    assert_string_equal(coll_redop_name(COLL_BXOR), "bxor");
+    assert_int_equal(coll_dtype_size(COLL_UINT16), 2);
+    pair_close(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -234,6 +294,7 @@ int main(void)
         cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
+        cmocka_unit_test(bitwise_reductions_and_small_types),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,6 +70,9 @@ static void every_kernel_matches_a_scalar_reference(void **state)
     static uint64_t bufs[SRC][N], dst[N];
     for (int dt = 0; dt < COLL_DTYPE_COUNT; dt++) {
         for (int op = 0; op < COLL_REDOP_COUNT; op++) {
+            int floating = !val_is_int(dt) && dt != COLL_BOOL;
+            if ((op >= COLL_BAND && floating) || (dt == COLL_BOOL && op == COLL_AVG))
+                continue; /* never asked for (wire_redop_fits) */
             for (int nsrc = 1; nsrc <= SRC; nsrc++) {
                 const void *srcs[SRC];
                 for (int k = 0; k < nsrc; k++) {
@@ -82,15 +85,10 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                 reduce_n(dt, op, dst, srcs, nsrc, N, (uint32_t)nsrc);
                 for (size_t i = 0; i < N; i++) {
                     double acc = val_get(srcs[0], i, dt);
-                    for (int k = 1; k < nsrc; k++) {
-                        double v = val_get(srcs[k], i, dt);
-                        if (op == COLL_SUM || op == COLL_AVG) acc += v;
-                        if (op == COLL_PROD) acc *= v;
-                        if (op == COLL_MIN) acc = fmin(acc, v);
-                        if (op == COLL_MAX) acc = fmax(acc, v);
-                    }
+                    for (int k = 1; k < nsrc; k++)
+                        acc = val_fold(dt, op, acc, val_get(srcs[k], i, dt));
                     if (op == COLL_AVG)
-                        acc = dt <= COLL_UINT64 ? (double)((long long)acc / nsrc) : acc / nsrc;
+                        acc = val_is_int(dt) ? (double)((long long)acc / nsrc) : acc / nsrc;
                     double got = val_get(dst, i, dt),
                            tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16 ? 8e-3 * fabs(acc)
                                                                            : 1e-6 * fabs(acc);

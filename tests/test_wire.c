@@ -231,6 +231,26 @@ static void sqe_fields_are_range_checked(void **state)
     s.redop = COLL_REDOP_COUNT;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     s.redop = 0;
+    /* reductions that do not fit their dtype: bitwise of floats, the average of bools;
+     * and what does fit */
+    s.dtype = COLL_FLOAT32;
+    s.redop = COLL_BXOR;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "reduction bxor of float32"));
+    s.dtype = COLL_BOOL;
+    s.redop = COLL_AVG;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.redop = COLL_BOR;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.dtype = COLL_INT16;
+    s.redop = COLL_BAND;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.kind = WIRE_OP_BROADCAST; /* no reduction: the field is not read */
+    s.dtype = COLL_FLOAT64;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.kind = WIRE_OP_ALLREDUCE;
+    s.dtype = 0;
+    s.redop = 0;
     s.flags = 0x80;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     s.flags = 0;

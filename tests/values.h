@@ -12,6 +12,41 @@
 #include "coll/coll.h"
 #include "reduce.h"
 
+/* Integer dtypes (exact, integer division for the average, bitwise reductions). */
+static inline int val_is_int(int dt)
+{
+    return dt <= COLL_UINT64 || dt == COLL_INT16 || dt == COLL_UINT16;
+}
+
+/* a op b as the agent reduces two elements of dt (a double holds them exactly: the
+ * tests' values are small); AVG sums (the caller divides) */
+static inline double val_fold(int dt, int op, double a, double b)
+{
+    if (dt == COLL_BOOL) {
+        int x = a != 0, y = b != 0;
+        if (op == COLL_BXOR) return x ^ y;
+        if (op == COLL_SUM || op == COLL_MAX || op == COLL_BOR) return x | y;
+        return x & y;
+    }
+    long long p = (long long)a, q = (long long)b;
+    switch (op) {
+    case COLL_PROD:
+        return a * b;
+    case COLL_MIN:
+        return b < a ? b : a;
+    case COLL_MAX:
+        return b > a ? b : a;
+    case COLL_BAND:
+        return (double)(p & q);
+    case COLL_BOR:
+        return (double)(p | q);
+    case COLL_BXOR:
+        return (double)(p ^ q);
+    default:
+        return a + b;
+    }
+}
+
 static inline void val_put(void *p, size_t i, int dt, double v)
 {
     switch (dt) {
@@ -20,6 +55,15 @@ static inline void val_put(void *p, size_t i, int dt, double v)
         break;
     case COLL_UINT8:
         ((uint8_t *)p)[i] = (uint8_t)v;
+        break;
+    case COLL_INT16:
+        ((int16_t *)p)[i] = (int16_t)v;
+        break;
+    case COLL_UINT16:
+        ((uint16_t *)p)[i] = (uint16_t)v;
+        break;
+    case COLL_BOOL: /* its truth */
+        ((uint8_t *)p)[i] = v != 0;
         break;
     case COLL_INT32:
         ((int32_t *)p)[i] = (int32_t)v;
@@ -54,7 +98,12 @@ static inline double val_get(const void *p, size_t i, int dt)
     case COLL_INT8:
         return ((const int8_t *)p)[i];
     case COLL_UINT8:
+    case COLL_BOOL:
         return ((const uint8_t *)p)[i];
+    case COLL_INT16:
+        return ((const int16_t *)p)[i];
+    case COLL_UINT16:
+        return ((const uint16_t *)p)[i];
     case COLL_INT32:
         return ((const int32_t *)p)[i];
     case COLL_UINT32:

@@ -8,7 +8,8 @@ static const ncclDataType_t nccl_dtype[COLL_DTYPE_COUNT] = {
     [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,       [COLL_INT32] = ncclInt32,
     [COLL_UINT32] = ncclUint32,   [COLL_INT64] = ncclInt64,       [COLL_UINT64] = ncclUint64,
     [COLL_FLOAT16] = ncclFloat16, [COLL_BFLOAT16] = ncclBfloat16, [COLL_FLOAT32] = ncclFloat32,
-    [COLL_FLOAT64] = ncclFloat64,
+    [COLL_FLOAT64] = ncclFloat64, [COLL_BOOL] = ncclUint8,
+    /* COLL_INT16, COLL_UINT16: none in NCCL (the session refuses them) */
 };
 
 static const ncclRedOp_t nccl_redop[COLL_REDOP_COUNT] = {
@@ -55,6 +56,8 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
     /* one rank: the average is the value itself; the plain copy path is exact and
      * skips NCCL's scaling kernel */
     ncclRedOp_t op = c->nranks == 1 && t->redop == COLL_AVG ? ncclSum : nccl_redop[t->redop];
+    if (t->dtype == COLL_BOOL) /* 0 or 1 bytes: or is the max, and the min */
+        op = t->redop == COLL_SUM || t->redop == COLL_MAX ? ncclMax : ncclMin;
     size_t n = (size_t)t->count;
     ncclResult_t r = ncclSuccess;
     switch (t->kind) {

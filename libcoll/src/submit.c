@@ -70,6 +70,17 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", a->dtype);
     if ((unsigned)a->redop >= COLL_REDOP_COUNT)
         return lc_fail(COLL_ERR_INVALID, "reduction %d out of range", a->redop);
+    if (!wire_redop_fits(a->kind, (unsigned)a->dtype, (unsigned)a->redop))
+        return lc_fail(COLL_ERR_INVALID,
+                       "%s: reduction %s of %s (bitwise ones take integers or "
+                       "bool, and bool has no average)",
+                       wire_kind_name(a->kind), coll_redop_name((coll_redop)a->redop),
+                       coll_dtype_name((coll_dtype)a->dtype));
+    if (g->gpu && (a->dtype == COLL_INT16 || a->dtype == COLL_UINT16 ||
+                   (wire_kind_reduces(a->kind) && a->redop >= COLL_BAND)))
+        return lc_fail(COLL_ERR_UNSUPPORTED, "%s of %s with %s: NCCL has no such type or reduction",
+                       wire_kind_name(a->kind), coll_dtype_name((coll_dtype)a->dtype),
+                       coll_redop_name((coll_redop)a->redop));
     if ((a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE || a->kind == WIRE_OP_SEND ||
          a->kind == WIRE_OP_RECV) &&
         (a->peer < 0 || a->peer >= g->info.size))

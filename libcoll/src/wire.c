@@ -187,6 +187,17 @@ const char *wire_kind_name(unsigned kind)
     return kind < WIRE_OP_KIND_COUNT ? kind_names[kind] : "?";
 }
 
+int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop)
+{
+    if (!wire_kind_reduces(kind)) return 1;
+    int bitwise = redop == COLL_BAND || redop == COLL_BOR || redop == COLL_BXOR;
+    int floating = dtype == COLL_FLOAT16 || dtype == COLL_BFLOAT16 || dtype == COLL_FLOAT32 ||
+                   dtype == COLL_FLOAT64;
+    if (bitwise && floating) return 0;
+    if (dtype == COLL_BOOL && redop == COLL_AVG) return 0;
+    return 1;
+}
+
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
 {
     if (s->kind >= WIRE_OP_KIND_COUNT) {
@@ -199,6 +210,11 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
     }
     if (s->redop >= COLL_REDOP_COUNT) {
         snprintf(err, errlen, "reduction %u out of range", s->redop);
+        return -1;
+    }
+    if (!wire_redop_fits(s->kind, s->dtype, s->redop)) {
+        snprintf(err, errlen, "reduction %s of %s", coll_redop_name((coll_redop)s->redop),
+                 coll_dtype_name((coll_dtype)s->dtype));
         return -1;
     }
     if ((s->flags & ~WIRE_SQE_F_ALL) != 0 || s->reserved != 0) {

@@ -331,6 +331,9 @@ struct wire_cqe {
  * kind, dtype, redop, flags, reserved. Returns 0 or -1 with a reason.
  */
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
+/* Whether an op of kind may reduce dtype with redop (bitwise reductions take no
+ * floats, bool no average); ops that do not reduce ignore redop. */
+int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop);
 /* Number of elements an op moves through buf: send side or recv side, for a group of
  * size ranks; sets *elems. Returns -1 on overflow. */
 int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems);

@@ -89,8 +89,12 @@ typedef enum coll_dtype {
     COLL_BFLOAT16,
     COLL_FLOAT32,
     COLL_FLOAT64,
+    COLL_INT16, /* host groups only (NCCL has no 16-bit integers) */
+    COLL_UINT16,
+    COLL_BOOL, /* one byte, 0 or 1 (the host backend reads any other value as 1) */
     COLL_DTYPE_COUNT
 } coll_dtype;
+/* (new dtypes and reductions are added at the end: a value never changes meaning) */
 
 /* Reductions. COLL_AVG is the sum divided by the group size (integer division for
  * integer types). float16 and bfloat16 are reduced in float32 and rounded once. On the
@@ -102,8 +106,13 @@ typedef enum coll_redop {
     COLL_MIN,
     COLL_MAX,
     COLL_AVG,
+    COLL_BAND, /* bitwise and, or, xor: integer dtypes and bool, host groups only */
+    COLL_BOR,
+    COLL_BXOR,
     COLL_REDOP_COUNT
 } coll_redop;
+/* bool: SUM and MAX are a logical or, PROD and MIN a logical and (as torch reduces
+ * bools), BAND, BOR and BXOR the logical ones; AVG is refused. */
 
 /* Bytes per element of dt, 0 for an invalid dt. */
 COLL_API size_t coll_dtype_size(coll_dtype dt);
