@@ -471,6 +471,58 @@ static int many_main(void *arg)
     return 0;
 }
 
+/* coll_wait_stream_keep: the stream waits for the op on the GPU, and the host can still
+ * look: not done while a gate holds the stream's earlier work (the op cannot have
+ * started), done after it opens, with the result the stream's later work reads. */
+static int keep_main(void *arg)
+{
+    struct job *j = arg;
+    enum { N = 1024 };
+    coll_conn *c;
+    coll_group *g;
+    coll_buffer *b;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(coll_mem_alloc(&b, c, 2 * N * 4, 0) == COLL_OK, 4);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 5);
+    static float h[N];
+    for (int i = 0; i < N; i++)
+        h[i] = (float)i;
+    float *in = coll_mem_ptr(b), *out = in + N;
+    struct gate gt;
+    CHECK(gate_make(&gt) == 0 && gate_block(&gt, st) == 0, 6);
+    CHECK(cudaMemcpyAsync(in, h, sizeof(h), cudaMemcpyHostToDevice, st) == cudaSuccess, 7);
+    coll_request r;
+    CHECK(coll_allreduce(g, in, out, N, COLL_FLOAT32, COLL_SUM, st, &r) == COLL_OK, 8);
+    CHECK(coll_wait_stream_keep(c, r, st) == COLL_OK, 9);
+    CHECK(cudaMemsetAsync(in, 0, N * 4, st) == cudaSuccess, 10); /* after the op, on the GPU */
+    usleep(200000);
+    int done = 1;
+    CHECK(coll_test(c, r, &done) == COLL_OK && done == 0, 11); /* the gate holds it */
+    *gt.word = 1;
+    CHECK(coll_wait(c, r, 20000) == COLL_OK, 12); /* reported on the host, consumed */
+    CHECK(coll_test(c, r, &done) == COLL_ERR_INVALID, 13);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 14);
+    static float got[N];
+    CHECK(cudaMemcpy(got, out, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess, 15);
+    for (int i = 0; i < N; i++)
+        CHECK(got[i] == (float)i, 16);
+    CHECK(cudaMemcpy(got, in, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess, 17);
+    CHECK(got[0] == 0.0f && got[N - 1] == 0.0f, 18); /* the stream's later work ran after */
+    CHECK(coll_mem_release(&b) == COLL_OK, 19);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_kept_stream_wait_still_answers_the_host(void **state)
+{
+    (void)state;
+    struct agent a;
+    one_client(&a, 60000, keep_main);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 static void stream_waited_ops_free_their_slots(void **state)
 {
     (void)state;
@@ -934,6 +986,7 @@ int main(void)
         cmocka_unit_test(stream_order_both_ways),
         cmocka_unit_test(early_done_word_gains_nothing),
         cmocka_unit_test(stream_waited_ops_free_their_slots),
+        cmocka_unit_test(a_kept_stream_wait_still_answers_the_host),
         cmocka_unit_test(repeated_ops_replay),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),

@@ -306,7 +306,8 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
     return r ? st : COLL_OK;
 }
 
-coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
+/* keep: the request stays the caller's, for coll_test / coll_wait on the host */
+static coll_err wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
     pthread_mutex_lock(&c->lock);
@@ -322,6 +323,8 @@ coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
         void *word = (char *)&c->shm->done[idx] + c->shm_delta;
         if (lcgpu_wait(stream, word, req.id, why, sizeof(why)) < 0) {
             rc = lc_fail(COLL_ERR_INVALID, "%s", why);
+        } else if (keep) {
+            /* pending or done, it is reported by coll_test or coll_wait as any op */
         } else if (r->state == REQ_DONE) {
             rc = consume(c, r); /* the stream passes at once */
         } else {
@@ -331,6 +334,16 @@ coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
+}
+
+coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
+{
+    return wait_stream(c, req, stream, 0);
+}
+
+coll_err coll_wait_stream_keep(coll_conn *c, coll_request req, void *stream)
+{
+    return wait_stream(c, req, stream, 1);
 }
 
 coll_err coll_wait_all(coll_conn *c, coll_request *reqs, size_t n, int timeout_ms)

@@ -354,6 +354,11 @@ COLL_API coll_err coll_test(coll_conn *conn, coll_request req, int *done);
  * broken anyway). Errors: INVALID (unknown request, host op, or the
  * wait could not be enqueued on stream). */
 COLL_API coll_err coll_wait_stream(coll_conn *conn, coll_request req, void *stream);
+/* As coll_wait_stream, but req stays the caller's: the host may still ask coll_test
+ * (a torch Work's is_completed) or coll_wait, which report the op's result and consume
+ * it; until one does, the request holds one of the connection's 256 slots. Errors:
+ * INVALID (unknown request, host op, or the wait could not be enqueued). */
+COLL_API coll_err coll_wait_stream_keep(coll_conn *conn, coll_request req, void *stream);
 /* Wait for all n requests; returns COLL_OK or the first failure in array order. Every
  * completed request is consumed, even after a failure; on TIMEOUT the others stay
  * pending. */
