@@ -10,6 +10,8 @@
 #include <poll.h>
 #include <stddef.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -287,6 +289,112 @@ static void bitwise_reductions_and_small_types(void **state)
     pair_close(&p);
 }
 
+/* libcoll/abi.txt, what bindings mirror, against this header: every line holds, and
+ * every fact the test knows is listed there (a new field or value gets its line) */
+#define SZ(T)                                                                                      \
+    {                                                                                              \
+        "sizeof " #T, (long)sizeof(T)                                                              \
+    }
+#define OFF(T, F)                                                                                  \
+    {                                                                                              \
+        "offsetof " #T " " #F, (long)offsetof(T, F)                                                \
+    }
+#define VAL(V)                                                                                     \
+    {                                                                                              \
+        "value " #V, (long)(V)                                                                     \
+    }
+static void the_layout_bindings_mirror_holds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *what;
+        long v;
+    } facts[] = {SZ(coll_request),
+                 OFF(coll_request, id),
+                 SZ(coll_group_info),
+                 OFF(coll_group_info, rank),
+                 OFF(coll_group_info, size),
+                 OFF(coll_group_info, local_slot),
+                 OFF(coll_group_info, local_slots),
+                 OFF(coll_group_info, node_index),
+                 OFF(coll_group_info, nodes),
+                 OFF(coll_group_info, epoch),
+                 OFF(coll_group_info, backend),
+                 OFF(coll_group_info, name),
+                 SZ(coll_group_opts),
+                 OFF(coll_group_opts, size),
+                 OFF(coll_group_opts, slot),
+                 OFF(coll_group_opts, op_timeout_ms),
+                 VAL(COLL_SLOT_ANY),
+                 VAL(COLL_SPLIT_NOCOLOR),
+                 VAL(COLL_DEVICE_HOST),
+                 VAL(COLL_INT8),
+                 VAL(COLL_UINT8),
+                 VAL(COLL_INT32),
+                 VAL(COLL_UINT32),
+                 VAL(COLL_INT64),
+                 VAL(COLL_UINT64),
+                 VAL(COLL_FLOAT16),
+                 VAL(COLL_BFLOAT16),
+                 VAL(COLL_FLOAT32),
+                 VAL(COLL_FLOAT64),
+                 VAL(COLL_INT16),
+                 VAL(COLL_UINT16),
+                 VAL(COLL_BOOL),
+                 VAL(COLL_SUM),
+                 VAL(COLL_PROD),
+                 VAL(COLL_MIN),
+                 VAL(COLL_MAX),
+                 VAL(COLL_AVG),
+                 VAL(COLL_BAND),
+                 VAL(COLL_BOR),
+                 VAL(COLL_BXOR),
+                 VAL(COLL_OK),
+                 VAL(COLL_ERR_INVALID),
+                 VAL(COLL_ERR_NOMEM),
+                 VAL(COLL_ERR_SYSTEM),
+                 VAL(COLL_ERR_CONNECT),
+                 VAL(COLL_ERR_PROTOCOL),
+                 VAL(COLL_ERR_DENIED),
+                 VAL(COLL_ERR_NOT_FOUND),
+                 VAL(COLL_ERR_BUSY),
+                 VAL(COLL_ERR_TIMEOUT),
+                 VAL(COLL_ERR_MISMATCH),
+                 VAL(COLL_ERR_PEER_LOST),
+                 VAL(COLL_ERR_EPOCH),
+                 VAL(COLL_ERR_AGENT_LOST),
+                 VAL(COLL_ERR_SHUTDOWN),
+                 VAL(COLL_ERR_UNSUPPORTED),
+                 VAL(COLL_ERR_LIMIT),
+                 VAL(COLL_ERR_INTERNAL)};
+    enum { NFACTS = sizeof(facts) / sizeof(facts[0]) };
+    int seen[NFACTS] = {0};
+    FILE *f = fopen(COLL_SOURCE_DIR "/libcoll/abi.txt", "r");
+    assert_non_null(f);
+    char line[256];
+    int lineno = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lineno++;
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0] || line[0] == '#') continue;
+        char *sp = strrchr(line, ' ');
+        assert_non_null(sp);
+        *sp = '\0';
+        long want = strtol(sp + 1, NULL, 10);
+        int k = 0;
+        while (k < NFACTS && strcmp(facts[k].what, line) != 0)
+            k++;
+        if (k == NFACTS) fail_msg("abi.txt:%d: %s: not a fact this test knows", lineno, line);
+        if (facts[k].v != want)
+            fail_msg("abi.txt:%d: %s is %ld in coll.h, %ld in abi.txt", lineno, line, facts[k].v,
+                     want);
+        seen[k] = 1;
+    }
+    fclose(f);
+    for (int k = 0; k < NFACTS; k++)
+        if (!seen[k]) fail_msg("abi.txt does not list %s", facts[k].what);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -295,6 +403,7 @@ int main(void)
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
         cmocka_unit_test(bitwise_reductions_and_small_types),
+        cmocka_unit_test(the_layout_bindings_mirror_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

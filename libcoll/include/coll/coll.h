@@ -16,6 +16,14 @@
  * type (COLL_ERR_INVALID otherwise). The caller must neither modify an op's
  * input nor read its output before the op completes; libcoll refuses to release a
  * buffer while an op that uses it is in flight.
+ *
+ * How this header grows (what a binding that mirrors it, as Python's ctypes does, may
+ * rely on): functions are only added; an enum's values never change meaning (new ones
+ * come before its _COUNT, which bindings must not mirror as a constant); coll_request
+ * and coll_group_info keep their layout (new facts about a group come through new
+ * functions, as coll_group_parent_ranks); option structs carry their own size as their
+ * first field and grow only at their end (coll_group_opts). libcoll/abi.txt lists the
+ * layout and values a binding mirrors; test_api checks them against this header.
  */
 #ifndef COLL_COLL_H
 #define COLL_COLL_H
