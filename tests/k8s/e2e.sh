@@ -449,6 +449,20 @@ open(out + "-checksum", "w").write(pod["metadata"]["annotations"]["checksum/conf
 PY
 }
 
+# A StatefulSet of 4 as the chart runs it (users, group train) on CONFIG: formed, and
+# every application runs
+chart_four() { # CONFIG WHAT
+    local i p
+    for i in 0 1 2 3; do
+        labels "train-$i" "$i"
+        POD_USERS=1 APP_GROUP=train POD_CFG="$1" \
+            start_pod "train-$i" "$NET.$((10 + i))" POD_NAMESPACE=ns
+    done
+    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
+        fail "$p did not form $2"; done
+    progress 5 20000 $PODS
+}
+
 # The chart's own config and pod env (helm template), probes over HTTP, and SIGTERM:
 # the stopping pod drains and its peers are in a new epoch within one heartbeat.
 scenario_chart() {
@@ -461,14 +475,7 @@ scenario_chart() {
     [ "$rc" = 77 ] && { log "skipped: $why"; return; }
     [ "$rc" = 0 ] || { fail "the chart: $why"; return; }
     local i p code
-    for i in 0 1 2 3; do
-        labels "train-$i" "$i"
-        POD_USERS=1 APP_GROUP=train POD_CFG="$DIR/chart-agent.yaml" \
-            start_pod "train-$i" "$NET.$((10 + i))" POD_NAMESPACE=ns
-    done
-    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
-        fail "$p did not form with the chart's config"; done
-    progress 5 20000 $PODS || return
+    chart_four "$DIR/chart-agent.yaml" "with the chart's config" || return
     sleep 1.1 # the endpoints' texts are at most a second old
     for i in 0 1 2 3; do
         for probe in livez readyz; do
@@ -580,14 +587,7 @@ scenario_upgrade() {
         fail "the pod template does not change with the group settings: no rollout would start"
     local probe
     probe=$(cat "$DIR/up2-probe")
-    for i in 0 1 2 3; do
-        labels "train-$i" "$i"
-        POD_USERS=1 APP_GROUP=train POD_CFG="$DIR/up1-agent.yaml" \
-            start_pod "train-$i" "$NET.$((10 + i))" POD_NAMESPACE=ns
-    done
-    for p in $PODS; do wait_for "$DIR/$p.agent.log" "event=group.formed" 1 15000 >/dev/null ||
-        fail "$p did not form on the first revision"; done
-    progress 3 20000 $PODS || return
+    chart_four "$DIR/up1-agent.yaml" "on the first revision" || return
     t0=$(now_ms)
     for i in 3 2 1 0; do
         p=train-$i
