@@ -417,7 +417,9 @@ static void submit_p2p(struct group *g, struct op *op)
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct op *o = *pp;
         int o_send = o->sqe.kind == WIRE_OP_SEND;
-        if (o_send == is_send || o->rank != op->sqe.peer || o->sqe.peer != op->rank) continue;
+        if (o_send == is_send || o->rank != op->sqe.peer || o->sqe.peer != op->rank ||
+            o->sqe.p2p_tag != op->sqe.p2p_tag)
+            continue;
         /* matched: unlink, move the data, complete both */
         *pp = o->next;
         if (g->p2p_tail == o) g->p2p_tail = prev;

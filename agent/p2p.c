@@ -82,7 +82,8 @@ static int my_rank(const struct ngroup *g, const struct net_task *t)
 static int p2p_matches(const struct ngroup *g, const struct net_task *t,
                        const struct data_op_hdr *h)
 {
-    return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t);
+    return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t) &&
+           h->seq == t->seq; /* a send or receive's seq is its tag */
 }
 
 static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
@@ -110,6 +111,7 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
                               .root = ok ? COLL_OK : COLL_ERR_MISMATCH,
                               .src_rank = h->dst_rank,
                               .dst_rank = h->src_rank,
+                              .seq = t->seq,
                               .count = t->count};
     net_return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
     int peer = (int)(h->src_rank / (uint32_t)g->nlocal);
@@ -136,7 +138,9 @@ static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct dat
     struct net_task **pp = &o->wait_head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct net_task *t = *pp;
-        if ((uint32_t)t->root != h->src_rank || (uint32_t)my_rank(g, t) != h->dst_rank) continue;
+        if ((uint32_t)t->root != h->src_rank || (uint32_t)my_rank(g, t) != h->dst_rank ||
+            t->seq != h->seq)
+            continue;
         *pp = t->next;
         if (o->wait_tail == t) o->wait_tail = prev;
         char w[160] = "";
@@ -236,6 +240,7 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
                                           .dtype = t->dtype,
                                           .src_rank = (uint32_t)my_rank(g, t),
                                           .dst_rank = (uint32_t)t->root,
+                                          .seq = t->seq, /* the tag */
                                           .count = t->count};
         struct iovec v[2];
         int nv = 0;

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 8
+#define RDV_VERSION 9
 #define RDV_NAME_MAX 64
 #define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64

@@ -289,6 +289,75 @@ static void bitwise_reductions_and_small_types(void **state)
     pair_close(&p);
 }
 
+/* rank 0 sends tag 1 then tag 2 (and a small tag 3 last); rank 1 receives 3, 2, then 1:
+ * each receive gets its own tag's message, whatever the order (c[i], g[i], x[i]: rank i) */
+static void tags_pair(coll_conn **c, coll_group **g, float **x)
+{
+    coll_request s[3], r[3];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 16; i++)
+            x[0][64 * k + i] = (float)(k + 1);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(
+            coll_send_tag(g[0], x[0] + 64 * k, 16, COLL_FLOAT32, 1, k + 1, NULL, &s[k]), COLL_OK);
+    for (int k = 2; k >= 0; k--)
+        assert_int_equal(
+            coll_recv_tag(g[1], x[1] + 64 * k, 16, COLL_FLOAT32, 0, k + 1, NULL, &r[k]), COLL_OK);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(coll_wait(c[1], r[k], 20000), COLL_OK);
+        assert_int_equal(coll_wait(c[0], s[k], 20000), COLL_OK);
+        for (int i = 0; i < 16; i++)
+            assert_true(x[1][64 * k + i] == (float)(k + 1));
+    }
+    /* a count that differs is still named, tag and all */
+    assert_int_equal(coll_send_tag(g[0], x[0], 16, COLL_FLOAT32, 1, 7, NULL, &s[0]), COLL_OK);
+    assert_int_equal(coll_recv_tag(g[1], x[1], 8, COLL_FLOAT32, 0, 7, NULL, &r[0]), COLL_OK);
+    assert_int_equal(coll_wait(c[1], r[0], 20000), COLL_ERR_MISMATCH);
+    assert_int_equal(coll_wait(c[0], s[0], 20000), COLL_ERR_MISMATCH);
+    assert_int_equal(coll_send_tag(g[0], x[0], 1, COLL_FLOAT32, 1, -1, NULL, &s[0]),
+                     COLL_ERR_INVALID);
+}
+
+static void sends_and_receives_pair_by_tag(void **state)
+{
+    (void)state;
+    /* two slots of one pod (the agent pairs them) */
+    struct pair p;
+    pair_open(&p);
+    tags_pair(p.c, p.g, p.x);
+    pair_close(&p);
+    /* two pods (the net thread pairs them, tags in the frames and the acks) */
+    struct agent a[2];
+    int port = free_port();
+    coll_conn *c[2];
+    coll_group *g[2];
+    float *x[2];
+    for (int i = 0; i < 2; i++) {
+        char body[512];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n  - name: g\n    backend: host\n    members: 2\n"
+                 "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
+                 i, i, port);
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        coll_buffer *b;
+        assert_int_equal(coll_connect(&c[i], a[i].sock, 5000), COLL_OK);
+        assert_int_equal(coll_group_open(&g[i], c[i], "g", 0), COLL_OK);
+        assert_int_equal(coll_mem_alloc(&b, c[i], 4096, COLL_DEVICE_HOST), COLL_OK);
+        x[i] = coll_mem_ptr(b);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(coll_group_wait(g[i], 10000), COLL_OK);
+    tags_pair(c, g, x);
+    for (int i = 0; i < 2; i++)
+        coll_disconnect(&c[i]);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(agent_stop(&a[i]), 0);
+}
+
 /* libcoll/abi.txt, what bindings mirror, against this header: every line holds, and
  * every fact the test knows is listed there (a new field or value gets its line) */
 #define SZ(T)                                                                                      \
@@ -403,6 +472,7 @@ int main(void)
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
         cmocka_unit_test(bitwise_reductions_and_small_types),
+        cmocka_unit_test(sends_and_receives_pair_by_tag),
         cmocka_unit_test(the_layout_bindings_mirror_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

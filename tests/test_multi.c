@@ -1768,14 +1768,17 @@ static void garbage_frames_are_dropped(void **state)
     char junk[300];
     for (int i = 0; i < 300; i++)
         junk[i] = (char)(i * 7);
-    zmq_send(d, junk, 3, 0);                                                  /* short */
-    zmq_send(d, junk, sizeof(junk), 0);                                       /* bad magic */
-    uint32_t hdr[sizeof(struct rdv_hdr) / 4] = {0x56445243u, 9 | (1u << 16)}; /* version 9, JOIN */
+    zmq_send(d, junk, 3, 0);            /* short */
+    zmq_send(d, junk, sizeof(junk), 0); /* bad magic */
+    /* another version, JOIN */
+    uint32_t hdr[sizeof(struct rdv_hdr) / 4] = {0x56445243u, (RDV_VERSION + 1) | (1u << 16)};
     zmq_send(d, hdr, sizeof(hdr), 0);
     zmq_send(d, junk, 10, ZMQ_SNDMORE); /* two frames */
     zmq_send(d, junk, 10, 0);
     assert_true(agent_log_wait(&a[0], "rendezvous.bad_frame", 4, 5000));
-    assert_true(agent_log_wait(&a[0], "rendezvous version 9", 1, 1000));
+    char other[64];
+    snprintf(other, sizeof(other), "rendezvous version %d", RDV_VERSION + 1);
+    assert_true(agent_log_wait(&a[0], other, 1, 1000));
     zmq_close(d);
     zmq_ctx_term(ctx);
     /* the data-plane listener too: a hello for a channel that does not exist, one of

@@ -525,7 +525,7 @@ static void random_ring_entries_never_hurt_the_agent(void **state)
             q.dtype = (uint8_t)(BAD ? rnd(&st) : rnd(&st) % COLL_DTYPE_COUNT);
             q.redop = (uint8_t)(BAD ? rnd(&st) : rnd(&st) % COLL_REDOP_COUNT);
             q.flags = (uint8_t)(BAD ? rnd(&st) % 4 : 0);
-            q.reserved = BAD ? 1 : 0;
+            q.p2p_tag = BAD ? (uint32_t)rnd(&st) : 0;
             q.group = BAD ? (uint32_t)rnd(&st) : handle;
             q.epoch = BAD ? epoch + (uint32_t)(rnd(&st) % 3) - 1 : epoch;
             q.send_buf = BAD ? (uint32_t)(rnd(&st) % 3) : buf;

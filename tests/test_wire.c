@@ -248,7 +248,19 @@ static void sqe_fields_are_range_checked(void **state)
     s.kind = WIRE_OP_BROADCAST; /* no reduction: the field is not read */
     s.dtype = COLL_FLOAT64;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    /* a tag: sends and receives only, 0..WIRE_TAG_MAX */
+    s.dtype = 0;
+    s.redop = 0;
+    s.kind = WIRE_OP_SEND;
+    s.p2p_tag = 5;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.p2p_tag = 0x80000000u;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     s.kind = WIRE_OP_ALLREDUCE;
+    s.p2p_tag = 1;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "tag 1 on a allreduce"));
+    s.p2p_tag = 0;
     s.dtype = 0;
     s.redop = 0;
     s.flags = 0x80;

@@ -154,8 +154,8 @@ static void tcp_collective(struct group *g, struct op *ops, uint64_t seq, int64_
 
 static int tcp_p2p(struct group *g, struct op *op)
 {
-    if (op->sqe.peer / g->nslots == g->node_index) return 0; /* the partner is here */
-    to_net(g, op, 1, &op->sqe, 0, op->deadline_ns);
+    if (op->sqe.peer / g->nslots == g->node_index) return 0;      /* the partner is here */
+    to_net(g, op, 1, &op->sqe, op->sqe.p2p_tag, op->deadline_ns); /* seq: the tag */
     return 1;
 }
 

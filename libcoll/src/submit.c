@@ -16,6 +16,7 @@ struct op_args {
     void *recv;
     int send_used, recv_used; /* whether this rank reads send / writes recv */
     void *stream;
+    int tag; /* send, recv */
 };
 
 static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems, size_t esize,
@@ -93,7 +94,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
                          .kind = a->kind,
                          .dtype = (uint8_t)a->dtype,
                          .redop = (uint8_t)a->redop,
-                         .peer = a->peer};
+                         .peer = a->peer,
+                         .p2p_tag = (uint32_t)a->tag};
     size_t es = coll_dtype_size((coll_dtype)a->dtype);
     uint64_t selems, relems;
     if (wire_sqe_extent(&s, 0, (uint32_t)g->info.size, &selems) < 0 ||
@@ -290,16 +292,46 @@ coll_err coll_alltoall(coll_group *g, const void *send, void *recv, size_t count
 coll_err coll_send(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
                    void *stream, coll_request *req)
 {
-    struct op_args a = {WIRE_OP_SEND, dt, 0, peer, count, send, NULL, 1, 0};
-    a.stream = stream;
-    return submit(g, &a, req);
+    return coll_send_tag(g, send, count, dt, peer, 0, stream, req);
 }
 
 coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer, void *stream,
                    coll_request *req)
 {
+    return coll_recv_tag(g, recv, count, dt, peer, 0, stream, req);
+}
+
+/* a tag the op may carry: 0..WIRE_TAG_MAX, and on a GPU group 0 only */
+static coll_err tag_ok(const coll_group *g, int tag)
+{
+    if (!g) return COLL_OK; /* submit says so */
+    if (tag < 0) return lc_fail(COLL_ERR_INVALID, "tag %d: 0 or more", tag);
+    if (tag && g->gpu)
+        return lc_fail(COLL_ERR_UNSUPPORTED,
+                       "tag %d: NCCL pairs a GPU group's sends and receives in order only (tag 0)",
+                       tag);
+    return COLL_OK;
+}
+
+coll_err coll_send_tag(coll_group *g, const void *send, size_t count, coll_dtype dt, int peer,
+                       int tag, void *stream, coll_request *req)
+{
+    coll_err e = tag_ok(g, tag);
+    if (e != COLL_OK) return e;
+    struct op_args a = {WIRE_OP_SEND, dt, 0, peer, count, send, NULL, 1, 0};
+    a.stream = stream;
+    a.tag = tag;
+    return submit(g, &a, req);
+}
+
+coll_err coll_recv_tag(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer, int tag,
+                       void *stream, coll_request *req)
+{
+    coll_err e = tag_ok(g, tag);
+    if (e != COLL_OK) return e;
     struct op_args a = {WIRE_OP_RECV, dt, 0, peer, count, NULL, recv, 0, 1};
     a.stream = stream;
+    a.tag = tag;
     return submit(g, &a, req);
 }
 

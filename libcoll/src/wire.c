@@ -217,8 +217,13 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
                  coll_dtype_name((coll_dtype)s->dtype));
         return -1;
     }
-    if ((s->flags & ~WIRE_SQE_F_ALL) != 0 || s->reserved != 0) {
-        snprintf(err, errlen, "unknown flags 0x%x or reserved field set", s->flags);
+    if ((s->flags & ~WIRE_SQE_F_ALL) != 0) {
+        snprintf(err, errlen, "unknown flags 0x%x", s->flags);
+        return -1;
+    }
+    int p2p = s->kind == WIRE_OP_SEND || s->kind == WIRE_OP_RECV;
+    if ((!p2p && s->p2p_tag != 0) || s->p2p_tag > WIRE_TAG_MAX) {
+        snprintf(err, errlen, "tag %u on a %s", s->p2p_tag, wire_kind_name(s->kind));
         return -1;
     }
     if (s->kind == WIRE_OP_BARRIER && s->count != 0) {

@@ -88,6 +88,7 @@ struct wire_error {
 };
 
 #define WIRE_OP_MS_MAX 86400000u /* a handle's op timeout: a day at most */
+#define WIRE_TAG_MAX 0x7fffffff  /* sends and receives pair by tag, 0 to this */
 struct wire_group_open {
     struct wire_hdr h;
     int32_t slot;   /* -1: any */
@@ -314,8 +315,8 @@ struct wire_sqe {
     uint32_t epoch;
     uint32_t send_buf, recv_buf; /* ids from MEM_REG_OK, WIRE_BUF_NONE if unused */
     uint8_t kind, dtype, redop, flags;
-    int32_t peer; /* root (broadcast, reduce) or peer rank (send, recv) */
-    uint32_t reserved;
+    int32_t peer;     /* root (broadcast, reduce) or peer rank (send, recv) */
+    uint32_t p2p_tag; /* send, recv: the tag they pair by (0..WIRE_TAG_MAX); else 0 */
     _Atomic uint32_t seq;
 };
 
@@ -328,7 +329,7 @@ struct wire_cqe {
 
 /*
  * Range check of the fields of a snapshot of an sqe that need no session state:
- * kind, dtype, redop, flags, reserved. Returns 0 or -1 with a reason.
+ * kind, dtype, redop, flags, tag. Returns 0 or -1 with a reason.
  */
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
 /* Whether an op of kind may reduce dtype with redop (bitwise reductions take no

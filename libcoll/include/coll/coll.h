@@ -343,6 +343,16 @@ COLL_API coll_err coll_send(coll_group *g, const void *send, size_t count, coll_
 COLL_API coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
                             void *stream, coll_request *req);
 COLL_API coll_err coll_barrier(coll_group *g, void *stream, coll_request *req);
+/* Sends and receives that pair by tag too (0 to 2^31 - 1; coll_send and coll_recv are
+ * tag 0): between two ranks, the n-th send of a tag meets the n-th receive of that tag,
+ * whatever the order of other tags (torch's and Gloo's tagged send/recv). A message of
+ * another tag that arrives first is kept while it is small (up to 64 KiB); a larger one
+ * holds the sender's later messages back until its own receive is posted (within the op
+ * timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order). */
+COLL_API coll_err coll_send_tag(coll_group *g, const void *send, size_t count, coll_dtype dt,
+                                int peer, int tag, void *stream, coll_request *req);
+COLL_API coll_err coll_recv_tag(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
+                                int tag, void *stream, coll_request *req);
 
 /* ---- completion ------------------------------------------------------------- */
 
