@@ -215,8 +215,8 @@ COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
  * reopened parent). Children nest (a child is a parent like any group) and are closed
  * with coll_group_close. The child's info: rank (its position in the list), size (the
  * list's length), name "<parent>/<first rank>+<n - 1>"; coll_group_parent_ranks gives
- * the list. A child takes one of the session's group handles, and a group has at most
- * 64 children at once (LIMIT).
+ * the list. A child takes one of the session's 64 group handles, and a group has at
+ * most 64 children at once (LIMIT), so an agent holds at most agent.max_sessions x 64.
  * Today a child's ranks must all be on this pod (UNSUPPORTED otherwise: children across
  * pods are not supported yet), and the parent a host group.
  */
