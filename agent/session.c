@@ -1,7 +1,8 @@
 /*
- * session.c: control messages and the submission ring of one client. Everything
- * the client wrote is copied out of shared memory before it is checked, and every
- * check that fails is a protocol violation that ends this session only.
+ * session.c: one client's control messages (handshake, groups, buffers, leases) and
+ * what it holds; its submission ring is session_ops.c's. Everything the client wrote
+ * is copied out before it is checked, and every check that fails is a protocol
+ * violation that ends this session only.
  */
 #include "session.h"
 
@@ -25,9 +26,8 @@
 #include "ring.h"
 #include "util.h"
 
-/* A buffer slot whose GPU import is still on the worker. */
-static struct buffer pending_marker;
-#define SESSION_BUF_PENDING (&pending_marker)
+/* SESSION_BUF_PENDING (session.h) points here */
+struct buffer session_pending_marker;
 
 struct session *session_new(struct session_env *env, int fd, pid_t pid, uid_t uid, gid_t gid)
 {
@@ -138,8 +138,7 @@ static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt,
 }
 
 /* A protocol violation: log once, tell the client, and have the server drop it. */
-static int violation(struct session *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int violation(struct session *s, const char *fmt, ...)
+int session_violation(struct session *s, const char *fmt, ...)
 {
     char msg[WIRE_ERRMSG_MAX];
     va_list ap;
@@ -171,7 +170,7 @@ static int hello_reply(struct session *s, uint64_t req_id, int memfd)
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
     int rc = send_reply(s, &m, fds, 3);
     close(memfd);
-    if (rc < 0) return violation(s, "cannot answer the handshake: %s", strerror(errno));
+    if (rc < 0) return session_violation(s, "cannot answer the handshake: %s", strerror(errno));
     s->state = SESSION_READY;
     log_msg(LOG_INFO, "session.ready", "session=%llu pid=%d uid=%u gid=%u client=\"%s\" gpu=%s",
             (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, (unsigned)s->gid,
@@ -183,7 +182,8 @@ static int on_hello(struct session *s, const struct wire_hello *h)
 {
     snprintf(s->client, sizeof(s->client), "%s", h->client);
     int memfd = memfd_create("coll-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (memfd < 0) return violation(s, "agent cannot create the rings: %s", strerror(errno));
+    if (memfd < 0)
+        return session_violation(s, "agent cannot create the rings: %s", strerror(errno));
     s->shm_size = (sizeof(struct wire_shm) + 4095) & ~(size_t)4095;
     int err = 0;
     if (ftruncate(memfd, (off_t)s->shm_size) < 0 ||
@@ -201,7 +201,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     if (!err && (s->efd_agent < 0 || s->efd_client < 0)) err = errno;
     if (err) {
         close(memfd);
-        return violation(s, "agent cannot set up the session: %s", strerror(err));
+        return session_violation(s, "agent cannot set up the session: %s", strerror(err));
     }
     s->shm->magic = WIRE_MAGIC;
     s->shm->version = WIRE_VERSION;
@@ -209,7 +209,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     s->shm_buf = calloc(1, sizeof(*s->shm_buf));
     if (!s->shm_buf) {
         close(memfd);
-        return violation(s, "agent out of memory");
+        return session_violation(s, "agent out of memory");
     }
     s->shm_buf->refs = 1;
     s->shm_buf->device = -1;
@@ -219,7 +219,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = &s->ev_bell};
     if (epoll_ctl(s->env->epfd, EPOLL_CTL_ADD, s->efd_agent, &ev) < 0) {
         close(memfd);
-        return violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
+        return session_violation(s, "agent cannot watch the doorbell: %s", strerror(errno));
     }
     if (!s->env->gpu) return hello_reply(s, h->h.req_id, memfd);
     /* GPU agent: the region's words are the stream order of GPU ops, so CUDA maps it
@@ -227,7 +227,7 @@ static int on_hello(struct session *s, const struct wire_hello *h)
     struct gpu_job *j = calloc(1, sizeof(*j));
     if (!j) {
         close(memfd);
-        return violation(s, "agent out of memory");
+        return session_violation(s, "agent out of memory");
     }
     j->type = GPU_JOB_REGISTER;
     j->session = s->id;
@@ -291,7 +291,7 @@ static int reply_opened(struct session *s, uint32_t req_id, int h)
     m.group_open_ok.node_index = (uint32_t)g->node_index;
     m.group_open_ok.nodes = (uint32_t)g->nodes;
     snprintf(m.group_open_ok.backend, sizeof(m.group_open_ok.backend), "%s", g->be->name);
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 /* coll_group_create: a child of the group open on handle parent (group_child.c). */
@@ -333,7 +333,7 @@ static int on_group_close(struct session *s, const struct wire_group_close *c)
     h->g = NULL;
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_CLOSE_OK, c->h.req_id);
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
@@ -341,7 +341,7 @@ static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
     union wire_msg m;
     wire_init(&m, WIRE_MEM_REG_OK, req_id);
     m.mem_reg_ok.buf_id = i + 1;
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int on_group_state(struct session *s, const struct wire_group_state *q)
@@ -355,7 +355,7 @@ static int on_group_state(struct session *s, const struct wire_group_state *q)
     group_state(g, &formed, &m.group_state_ok.epoch, m.group_state_ok.detail,
                 sizeof(m.group_state_ok.detail));
     m.group_state_ok.formed = (uint32_t)formed;
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 /* ---- direct ops: lending a group's connections (net.h: net_lend) ------------------- */
@@ -425,7 +425,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     if (send_reply(s, &m, l.fds, l.nfds) < 0) {
         net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, l.stash_len,
                    &s->shm->lease_stash[q->handle], COLL_OK, "", why, sizeof(why));
-        return violation(s, "cannot hand over the group's connections: %s", strerror(errno));
+        return session_violation(s, "cannot hand over the group's connections: %s",
+                                 strerror(errno));
     }
     g->lent_to = s;
     g->lease_id = l.id;
@@ -445,13 +446,14 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
         return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
     struct group *g = s->handles[q->handle].g;
     if (q->code < 0 || q->code > COLL_ERR_INTERNAL)
-        return violation(s, "lease given back with status %d", q->code);
+        return session_violation(s, "lease given back with status %d", q->code);
     for (int p = 0; p < WIRE_STASH_NODES; p++) /* wire_decode saw to the sizes */
         if (q->stash_len[p] && (p >= g->cfg->members || p == g->node_index))
-            return violation(s,
-                             "lease given back with %u bytes read ahead of node %d (group '%s': "
-                             "%d pods, this one %d)",
-                             q->stash_len[p], p, g->cfg->name, g->cfg->members, g->node_index);
+            return session_violation(
+                s,
+                "lease given back with %u bytes read ahead of node %d (group '%s': "
+                "%d pods, this one %d)",
+                q->stash_len[p], p, g->cfg->name, g->cfg->members, g->node_index);
     union wire_msg m;
     wire_init(&m, WIRE_LEASE_BACK_OK, q->h.req_id);
     if (g->lent_to == s && g->lease_id == q->lease_id) {
@@ -464,7 +466,7 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
             &s->shm->lease_stash[q->handle], q->code, q->why[0] ? q->why : "a direct op failed",
             m.lease_back_ok.why, sizeof(m.lease_back_ok.why));
     } /* else the lease ended already (its epoch did): nothing to take back */
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
@@ -579,7 +581,7 @@ static int on_mem_release(struct session *s, const struct wire_mem_release *r)
     buffer_unref(&s->bufs[i]);
     union wire_msg m;
     wire_init(&m, WIRE_MEM_RELEASE_OK, r->h.req_id);
-    return send_reply(s, &m, NULL, 0) < 0 ? violation(s, "cannot reply") : 0;
+    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 int session_on_message(struct session *s)
@@ -610,18 +612,18 @@ int session_on_message(struct session *s)
     char err[160];
     unsigned version = 0;
     if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-        rc =
-            violation(s, "message larger than %d bytes or with too many descriptors", WIRE_MAX_MSG);
+        rc = session_violation(s, "message larger than %d bytes or with too many descriptors",
+                               WIRE_MAX_MSG);
     } else if (wire_decode(buf, (size_t)n, &m, &version, err, sizeof(err)) < 0) {
-        rc = violation(s, "%s", err);
+        rc = session_violation(s, "%s", err);
     } else if (s->state == SESSION_HANDSHAKE && m.h.type != WIRE_HELLO) {
-        rc = violation(s, "expected HELLO first, got message type %u", m.h.type);
+        rc = session_violation(s, "expected HELLO first, got message type %u", m.h.type);
     } else if ((s->state != SESSION_HANDSHAKE || s->hello_memfd >= 0) && m.h.type == WIRE_HELLO) {
-        rc = violation(s, "second HELLO");
+        rc = session_violation(s, "second HELLO");
     } else if (s->hello_memfd >= 0) {
-        rc = violation(s, "request before HELLO_OK");
+        rc = session_violation(s, "request before HELLO_OK");
     } else if (m.h.type == WIRE_MEM_REG ? nfds > 1 : nfds != 0) {
-        rc = violation(s, "message type %u carried %d descriptors", m.h.type, nfds);
+        rc = session_violation(s, "message type %u carried %d descriptors", m.h.type, nfds);
     } else {
         switch (m.h.type) {
         case WIRE_HELLO:
@@ -652,236 +654,11 @@ int session_on_message(struct session *s)
             rc = on_lease_back(s, &m.lease_back);
             break;
         default:
-            rc = violation(s, "message type %u is not a request", m.h.type);
+            rc = session_violation(s, "message type %u is not a request", m.h.type);
             break;
         }
     }
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
     return rc;
-}
-
-/* ---- ops ---------------------------------------------------------------------------- */
-
-void session_complete(struct op *op, int status, const char *why)
-{
-    struct session *s = op->s;
-    buffer_unref(&op->sb);
-    buffer_unref(&op->rb);
-    struct wire_shm *w = op->sync ? op->sync->map : s && s->state != SESSION_DEAD ? s->shm : NULL;
-    uint32_t idx = (uint32_t)(op->sqe.tag & 0xffffffffu) - 1; /* checked for GPU ops */
-    if (w && (op->sqe.flags & WIRE_SQE_F_GPU) && status != COLL_OK && idx < WIRE_RING_ENTRIES)
-        ring_store_max64(&w->done[idx], op->sqe.tag); /* release a client stream waiting */
-    buffer_unref(&op->sync);
-    if (!s || s->state == SESSION_DEAD) return;
-    struct wire_shm *shm = s->shm;
-    if (status != COLL_OK && idx < WIRE_RING_ENTRIES) /* read by the client after the cqe */
-        snprintf(shm->why[idx], sizeof(shm->why[idx]), "%s", why ? why : "");
-    struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
-    slot->tag = op->sqe.tag;
-    slot->status = status;
-    ring_publish(&slot->seq, s->cq_tail);
-    s->cq_tail++;
-    s->inflight--;
-    if (ring_peer_sleeping(&shm->client_sleeping)) {
-        uint64_t one = 1;
-        ssize_t wr = write(s->efd_client, &one, sizeof(one));
-        (void)wr;
-    }
-}
-
-/* Where one side of an op lands: buffer slot and byte range, checked. */
-struct sqe_side {
-    struct buffer *b; /* NULL: the side is unused */
-    uint64_t off;
-};
-
-/* Check one side of an op against the session's buffers (no side effects). */
-static int check_side(struct session *s, const char *what, uint32_t id, uint64_t off,
-                      uint64_t elems, size_t es, int used, struct sqe_side *out)
-{
-    out->b = NULL;
-    out->off = 0;
-    if (!used || elems == 0) return 0;
-    uint32_t i = id - 1;
-    if (id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i] || s->bufs[i] == SESSION_BUF_PENDING)
-        return violation(s, "%s buffer id %u is not registered", what, id);
-    struct buffer *b = s->bufs[i];
-    if (elems > UINT64_MAX / es || off > b->size || elems * es > b->size - off)
-        return violation(s, "%s range [%llu, +%llu elements) exceeds buffer %u of %zu bytes", what,
-                         (unsigned long long)off, (unsigned long long)elems, id, b->size);
-    if (off % es) /* the reductions read elements as their type (libcoll refuses it first) */
-        return violation(s, "%s offset %llu in buffer %u is not aligned to its %zu-byte elements",
-                         what, (unsigned long long)off, id, es);
-    out->b = b;
-    out->off = off;
-    return 0;
-}
-
-/*
- * The one validation pass over a ring entry, before anything else happens to it: every
- * field the client wrote is checked here (ranges, group handle, GPU flag and request
- * slot, peer rank, buffer ids and extents). Returns 0 with the group handle and both
- * sides resolved, or -1 for a protocol violation (logged, the session is dropped).
- * Nothing is referenced, completed or indexed with a client value before it returns 0.
- */
-static int sqe_validate(struct session *s, const struct wire_sqe *q, struct session_handle **hp,
-                        struct sqe_side *send, struct sqe_side *recv)
-{
-    char err[128];
-    if (wire_sqe_check(q, err, sizeof(err)) < 0) return violation(s, "bad op: %s", err);
-    if (q->group >= SESSION_MAX_HANDLES || !s->handles[q->group].g)
-        return violation(s, "op for group handle %u, which is not open", q->group);
-    struct session_handle *h = &s->handles[q->group];
-    struct group *g = h->g;
-    unsigned k = q->kind;
-    if (q->flags & WIRE_SQE_F_GPU) {
-        if (!s->env->gpu || g->be != &backend_nccl)
-            return violation(s, "GPU op for group '%s', which runs on %s", g->cfg->name,
-                             g->be->name);
-        uint32_t idx = (uint32_t)(q->tag & 0xffffffffu) - 1;
-        if (idx >= WIRE_RING_ENTRIES)
-            return violation(s, "GPU op tag %llx names no request slot",
-                             (unsigned long long)q->tag);
-    }
-    if (g->be == &backend_nccl &&
-        (q->dtype == COLL_INT16 || q->dtype == COLL_UINT16 || q->p2p_tag != 0 ||
-         (wire_kind_reduces(k) && q->redop >= COLL_BAND)))
-        return violation(s,
-                         "%s of %s with %s (tag %u) for group '%s': NCCL has no such type, "
-                         "reduction or tag",
-                         wire_kind_name(k), coll_dtype_name((coll_dtype)q->dtype),
-                         coll_redop_name((coll_redop)q->redop), q->p2p_tag, g->cfg->name);
-    int needs_peer =
-        k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND || k == WIRE_OP_RECV;
-    if (needs_peer && (q->peer < 0 || q->peer >= g->size))
-        return violation(s, "%s names rank %d; the group has %d", wire_kind_name(k), q->peer,
-                         g->size);
-    int rank = g->node_index * g->nslots + h->slot;
-    int send_used =
-        k != WIRE_OP_RECV && k != WIRE_OP_BARRIER && !(k == WIRE_OP_BROADCAST && rank != q->peer);
-    int recv_used =
-        k != WIRE_OP_SEND && k != WIRE_OP_BARRIER && !(k == WIRE_OP_REDUCE && rank != q->peer);
-    uint64_t se, re;
-    if (wire_sqe_extent(q, 0, (uint32_t)g->size, &se) < 0 ||
-        wire_sqe_extent(q, 1, (uint32_t)g->size, &re) < 0)
-        return violation(s, "op count %llu overflows", (unsigned long long)q->count);
-    size_t es = coll_dtype_size((coll_dtype)q->dtype);
-    if (check_side(s, "send", q->send_buf, q->send_off, se, es, send_used, send) < 0 ||
-        check_side(s, "recv", q->recv_buf, q->recv_off, re, es, recv_used, recv) < 0)
-        return -1;
-    if (send->b && send->b == recv->b &&
-        !wire_ranges_ok(k, q->send_off, se * es, q->recv_off, re * es, (uint64_t)rank,
-                        q->count * es))
-        return violation(s,
-                         "send [%llu, +%llu) and receive [%llu, +%llu) of buffer %u overlap, "
-                         "and not in place",
-                         (unsigned long long)q->send_off, (unsigned long long)(se * es),
-                         (unsigned long long)q->recv_off, (unsigned long long)(re * es),
-                         q->send_buf);
-    *hp = h;
-    return 0;
-}
-
-/* Buffers must live where the group runs: GPU groups take GPU ops (device buffers on
- * the slot's GPU, stream-order words), host groups host buffers. A misplaced op fails
- * with INVALID (the session stays). Returns 1 when op may run, 0 when it was failed
- * here. */
-static int check_placement(struct session *s, struct group *g, int slot, struct op *op)
-{
-    char why[192] = "";
-    int gpu_op = (op->sqe.flags & WIRE_SQE_F_GPU) != 0;
-    g->be->accept(g, slot, op, why, sizeof(why));
-    if (gpu_op) {
-        if (!why[0] && s->shm_gpu <= 0)
-            snprintf(why, sizeof(why), "the session region could not be registered with CUDA");
-        if (s->shm_gpu > 0) op->sync = buffer_ref(s->shm_buf);
-    }
-    if (why[0]) {
-        log_msg(LOG_INFO, "session.refuse_op", "session=%llu pid=%d detail=\"%s\"",
-                (unsigned long long)s->id, (int)s->pid, LOG_Q(why));
-        session_complete(op, COLL_ERR_INVALID, why);
-        return 0;
-    }
-    return 1;
-}
-
-static int handle_sqe(struct session *s, const struct wire_sqe *q)
-{
-    struct session_handle *h = NULL;
-    struct sqe_side sd, rv;
-    if (sqe_validate(s, q, &h, &sd, &rv) < 0) return -1;
-    struct group *g = h->g;
-    struct op op = {.s = s, .sqe = *q};
-    s->ops_submitted++;
-    if (q->epoch != h->epoch || h->epoch != g->epoch) {
-        session_complete(&op, COLL_ERR_EPOCH,
-                         "the group was re-formed since this handle was opened");
-        return 0;
-    }
-    op.rank = g->node_index * g->nslots + h->slot;
-    if (sd.b) {
-        op.sb = buffer_ref(sd.b);
-        op.send = (char *)sd.b->map + sd.off;
-    }
-    if (rv.b) {
-        op.rb = buffer_ref(rv.b);
-        op.recv = (char *)rv.b->map + rv.off;
-    }
-    op.timeout_ms = h->op_ms;
-    op.deadline_ns = now_ns() + (int64_t)h->op_ms * NS_PER_MS;
-    if (g->lent_to == s && q->kind != WIRE_OP_SEND && q->kind != WIRE_OP_RECV) {
-        session_complete(&op, COLL_ERR_INVALID,
-                         "the group's connections are lent to this client (direct ops): give "
-                         "them back before any other collective");
-        return 0;
-    }
-    if (s->env->draining) { /* stopping: what is in flight finishes, nothing new starts */
-        session_complete(&op, COLL_ERR_SHUTDOWN, "the agent is stopping");
-        return 0;
-    }
-    if (check_placement(s, g, h->slot, &op) > 0) group_submit(g, h->slot, &op);
-    return 0;
-}
-
-int session_poll(struct session *s)
-{
-    if (s->state != SESSION_READY) return 0;
-    struct wire_shm *shm = s->shm;
-    int n = 0;
-    for (;;) {
-        struct wire_sqe *slot = &shm->sq[s->sq_head & RING_MASK];
-        if (!ring_ready(&slot->seq, s->sq_head)) break;
-        /* every op taken must find room for its completion: look at what the client has
-         * consumed only when the cached count says the cq might be full */
-        if (s->inflight + (s->cq_tail - s->cq_head_seen) >= WIRE_RING_ENTRIES) {
-            uint32_t head = ring_load_acquire(&shm->cq_head);
-            if (s->cq_tail - head > WIRE_RING_ENTRIES || head - s->cq_head_seen > WIRE_RING_ENTRIES)
-                return violation(s, "completion count %u is out of range", head);
-            s->cq_head_seen = head;
-            if (s->inflight + (s->cq_tail - head) >= WIRE_RING_ENTRIES) break;
-        }
-        struct wire_sqe q;
-        memcpy(&q, slot, offsetof(struct wire_sqe, seq));
-        atomic_signal_fence(memory_order_seq_cst); /* use the copy, never re-read shm */
-        s->sq_head++;
-        s->inflight++;
-        n++;
-        if (handle_sqe(s, &q) < 0) return -1;
-    }
-    return n;
-}
-
-int session_has_work(struct session *s)
-{
-    return s->state == SESSION_READY &&
-           ring_ready(&s->shm->sq[s->sq_head & RING_MASK].seq, s->sq_head);
-}
-
-int session_gpu_buffers(const struct session *s)
-{
-    int n = 0;
-    for (uint32_t i = 0; i < s->nbufs; i++)
-        n += s->bufs[i] && s->bufs[i] != SESSION_BUF_PENDING && s->bufs[i]->device >= 0;
-    return n;
 }

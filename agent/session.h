@@ -43,6 +43,10 @@ struct session_ev {
     struct session *s;
 };
 
+/* A buffer slot whose GPU import is still on the worker. */
+extern struct buffer session_pending_marker;
+#define SESSION_BUF_PENDING (&session_pending_marker)
+
 struct session_handle {
     struct group *g; /* NULL: free */
     int slot;
@@ -110,5 +114,10 @@ void session_lease_recall(struct session *s, uint32_t handle);
 int session_lease_busy(const struct session *s, uint32_t handle);
 /* Tell the client why it is being dropped (best effort, never blocks). */
 void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
+/* A protocol violation (session.c): log it (rate-limited), tell the client, and return
+ * -1, which has the engine drop the session. session.c's control messages and
+ * session_ops.c's ring entries report through it. */
+int session_violation(struct session *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #endif
