@@ -69,4 +69,7 @@ int engine_run(struct engine *eng);
 /* Fail what is in flight with COLL_ERR_SHUTDOWN, tell clients, close, unlink. */
 void engine_fini(struct engine *eng);
 
+/* Engine thread, engine_accept.c: take every client the listening socket holds. */
+void engine_on_accept(struct engine *eng);
+
 #endif
