@@ -143,10 +143,18 @@ void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t byte
 void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count);
 void tcp_finish_avg(struct opctx *o, void *buf, size_t count);
 int tcp_copy_to_locals(struct opctx *o, const void *src, size_t bytes);
+/* A long local step gives the net thread's service a turn every TCP_TURN_BYTES
+ * (tcp_ops.c says why); since counts the bytes since the last. COLL_OK or the service's
+ * error (o->why says it). */
+#define TCP_TURN_BYTES ((size_t)4 << 20)
+int tcp_local_turn(struct opctx *o, size_t *since, size_t bytes);
 size_t tcp_alltoall_pair_bytes(const struct opctx *o);
 int tcp_alltoall_setup(struct opctx *o, char *out, char *in, struct xfer *x, int *nx);
 int tcp_alltoall_unpack(struct opctx *o, const char *out, char *in);
 void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why,
                   size_t whylen);
+
+/* The header of t's first message to each peer (tcp.c; tcp_ops.c's tcp_run too). */
+struct data_op_hdr tcp_op_hdr(const struct tcp_comm *c, const struct net_task *t);
 
 #endif
