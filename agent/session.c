@@ -263,10 +263,25 @@ static int on_group_open(struct session *s, const struct wire_group_open *o)
     if (o->slot < -1 || o->slot >= g->nslots)
         return refuse(s, o->h.req_id, COLL_ERR_INVALID, "slot %d: group '%s' has slots 0..%d",
                       o->slot, o->name, g->nslots - 1);
-    int slot = group_attach(g, s, o->slot);
+    int want = o->slot;
+    if (o->rank != -1) { /* a rank: the slot that gives it here */
+        int lo = g->node_index * g->nslots;
+        if (o->rank < -1 || o->rank >= g->size || o->slot != -1)
+            return refuse(s, o->h.req_id, COLL_ERR_INVALID,
+                          "rank %d (slot %d): group '%s' has ranks 0..%d, and a rank "
+                          "excludes a slot",
+                          o->rank, o->slot, o->name, g->size - 1);
+        if (o->rank < lo || o->rank >= lo + g->nslots)
+            return refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND,
+                          "rank %d of group '%s' is another pod's: this pod (node index %d) "
+                          "holds ranks %d..%d",
+                          o->rank, o->name, g->node_index, lo, lo + g->nslots - 1);
+        want = o->rank - lo;
+    }
+    int slot = group_attach(g, s, want);
     if (slot < 0)
         return refuse(s, o->h.req_id, -slot, "group '%s': %s", o->name,
-                      o->slot < 0 ? "every slot is taken" : "slot is taken");
+                      want < 0 ? "every slot is taken" : "slot is taken");
     s->handles[h] =
         (struct session_handle){.g = g,
                                 .slot = slot,

@@ -229,6 +229,55 @@ static void a_handle_s_op_timeout_is_its_own(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* a framework's rank names the slot (torch's RANK): on pod 1 of 2 with 2 slots, ranks 2
+ * and 3 are here, the others refused by name */
+static void a_rank_names_its_slot(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[512];
+    snprintf(body, sizeof(body),
+             "node:\n  index: 1\n  name: pod-1\n"
+             "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+             "groups:\n  - name: g\n    backend: host\n    members: 2\n    local_slots: 2\n",
+             free_port());
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    coll_conn *c;
+    coll_group *g3 = NULL, *g2 = NULL, *g = NULL;
+    assert_int_equal(coll_connect(&c, a.sock, 5000), COLL_OK);
+    coll_group_opts o = COLL_GROUP_OPTS_INIT;
+    o.rank = 3;
+    assert_int_equal(coll_group_open_opts(&g3, c, "g", &o), COLL_OK);
+    coll_group_info info;
+    coll_group_info_get(g3, &info);
+    assert_int_equal(info.rank, 3);
+    assert_int_equal(info.local_slot, 1);
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_BUSY);
+    o.rank = 0;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_NOT_FOUND);
+    assert_non_null(strstr(coll_last_error(), "rank 0 of group 'g' is another pod's"));
+    assert_non_null(strstr(coll_last_error(), "holds ranks 2..3"));
+    o.rank = 4;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "has ranks 0..3"));
+    o.rank = -2;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    o.rank = 2;
+    o.slot = 0;
+    assert_int_equal(coll_group_open_opts(&g, c, "g", &o), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "name one of the two"));
+    assert_null(g);
+    o.slot = COLL_SLOT_ANY;
+    assert_int_equal(coll_group_open_opts(&g2, c, "g", &o), COLL_OK);
+    coll_group_info_get(g2, &info);
+    assert_int_equal(info.rank, 2);
+    assert_int_equal(info.local_slot, 0);
+    coll_group_close(&g2);
+    coll_group_close(&g3);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 /* the new dtypes and bitwise reductions through a real agent, and what is refused */
 static void bitwise_reductions_and_small_types(void **state)
 {
@@ -394,8 +443,10 @@ static void the_layout_bindings_mirror_holds(void **state)
                  OFF(coll_group_opts, size),
                  OFF(coll_group_opts, slot),
                  OFF(coll_group_opts, op_timeout_ms),
+                 OFF(coll_group_opts, rank),
                  VAL(COLL_SLOT_ANY),
                  VAL(COLL_SPLIT_NOCOLOR),
+                 VAL(COLL_RANK_ANY),
                  VAL(COLL_DEVICE_HOST),
                  VAL(COLL_INT8),
                  VAL(COLL_UINT8),
@@ -471,6 +522,7 @@ int main(void)
         cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
+        cmocka_unit_test(a_rank_names_its_slot),
         cmocka_unit_test(bitwise_reductions_and_small_types),
         cmocka_unit_test(sends_and_receives_pair_by_tag),
         cmocka_unit_test(the_layout_bindings_mirror_holds),

@@ -455,10 +455,14 @@ coll_err coll_group_open_opts(coll_group **out, coll_conn *c, const char *name,
     if (op.op_timeout_ms < 0 || (unsigned)op.op_timeout_ms > WIRE_OP_MS_MAX)
         return lc_fail(COLL_ERR_INVALID, "op_timeout_ms %d: 0 (the group's) or 1 to %u",
                        op.op_timeout_ms, WIRE_OP_MS_MAX);
+    if (op.rank < COLL_RANK_ANY) return lc_fail(COLL_ERR_INVALID, "rank %d is negative", op.rank);
+    if (op.rank != COLL_RANK_ANY && slot != COLL_SLOT_ANY)
+        return lc_fail(COLL_ERR_INVALID, "slot %d and rank %d: name one of the two", slot, op.rank);
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_OPEN, 0);
     m.group_open.slot = slot;
     m.group_open.op_ms = (uint32_t)op.op_timeout_ms;
+    m.group_open.rank = op.rank;
     strcpy(m.group_open.name, name);
     return open_with(c, &m, name, NULL, 0, out);
 }

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4c4c4f43u /* "COLL" little-endian */
-#define WIRE_VERSION 5
+#define WIRE_VERSION 6
 #define WIRE_NAME_MAX 64
 #define WIRE_ERRMSG_MAX 192
 #define WIRE_WHY_MAX 160       /* the reason of a failed op, in the shared region */
@@ -93,6 +93,8 @@ struct wire_group_open {
     struct wire_hdr h;
     int32_t slot;   /* -1: any */
     uint32_t op_ms; /* this handle's ops' timeout (1..WIRE_OP_MS_MAX); 0: the group's */
+    int32_t rank;   /* -1: as slot says; else the group rank whose slot to take (slot -1) */
+    uint32_t pad;
     char name[WIRE_NAME_MAX];
 };
 

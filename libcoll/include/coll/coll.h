@@ -187,14 +187,21 @@ typedef struct coll_group_opts {
     int op_timeout_ms; /* this handle's ops fail with TIMEOUT after this long (1 ms to a
                         * day; torch's and Ray's per-group timeout); 0 (the default): the
                         * group's timeouts.op_ms. Other pods keep their own. */
+    int rank;          /* COLL_RANK_ANY (the default) or the group rank to take: the slot
+                        * that gives it on this pod (rank - node_index x local_slots), for
+                        * frameworks that assign ranks themselves (torch's RANK). With
+                        * slot, one of the two only (INVALID). NOT_FOUND when the rank is
+                        * another pod's (the message says which ranks this pod holds). */
 } coll_group_opts;
+#define COLL_RANK_ANY (-1)
 #define COLL_GROUP_OPTS_INIT                                                                       \
     {                                                                                              \
-        sizeof(coll_group_opts), COLL_SLOT_ANY, 0                                                  \
+        sizeof(coll_group_opts), COLL_SLOT_ANY, 0, COLL_RANK_ANY                                   \
     }
 /* coll_group_open with options (above). Blocks as coll_group_open does.
- * Errors: as coll_group_open; INVALID also for a size too small or a timeout out of
- * range. */
+ * Errors: as coll_group_open; INVALID also for a size too small, a timeout out of
+ * range, a rank out of the group's range, or both a slot and a rank; NOT_FOUND also
+ * for a rank of another pod. */
 COLL_API coll_err coll_group_open_opts(coll_group **out, coll_conn *conn, const char *name,
                                        const coll_group_opts *opts);
 /* Copy the group's description into *out. Does not block. */
