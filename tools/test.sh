@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/deps.sh
-coll_install_deps clang libclang-rt-14-dev clang-format dnsmasq-base iproute2 python3-prometheus-client curl podman debootstrap openmpi-bin libopenmpi-dev
+coll_install_deps clang libclang-rt-14-dev clang-format dnsmasq-base iproute2 python3-prometheus-client curl podman debootstrap openmpi-bin libopenmpi-dev \
+    python3-pytest python3-numpy python3-torch python3-pip python3-setuptools python3-wheel
 # node and npm install the Kubernetes API schemas the chart test validates against
 # (a newer Node.js from elsewhere is used as it is)
 command -v npm >/dev/null || coll_install_deps nodejs npm

@@ -1,0 +1,425 @@
+"""The Python shape of libcoll: connections, groups, buffers, requests and errors.
+
+Arrays: numpy arrays, torch tensors (CPU and CUDA) and any object with __dlpack__. An op
+runs in place on memory that lives in coll memory (Connection.empty and friends); any
+other array is staged: copied into a coll buffer of the connection before the op, and
+its output copied back when the op completes (host) or on the op's stream (GPU).
+"""
+import ctypes
+import os
+import threading
+import weakref
+
+from . import _lib as L
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def lib():
+    """libcoll, loaded once (see _lib.load for where it is looked for)."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                _lib = L.load()
+    return _lib
+
+
+_ERRNAME = {v: k for k, v in L.ERRORS.items()}
+
+
+class CollError(RuntimeError):
+    """A libcoll call failed. code: the coll_err value; name: its name ("TIMEOUT");
+    reason: the agent's or libcoll's own words; retryable: whether the same call may
+    succeed after reopening the group (or the connection)."""
+
+    def __init__(self, code, reason="", what=""):
+        self.code = int(code)
+        self.name = _ERRNAME.get(self.code, "UNKNOWN")
+        self.reason = reason
+        self.what = what
+        self.retryable = bool(lib().coll_err_retryable(self.code))
+        text = lib().coll_strerror(self.code).decode()
+        msg = "%s: %s" % (what, text) if what else text
+        if reason:
+            msg += ": " + reason
+        msg += " [COLL_ERR_%s%s]" % (self.name, ", retryable" if self.retryable else "")
+        super().__init__(msg)
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
+
+
+def version():
+    """libcoll's version, "major.minor.patch"."""
+    return lib().coll_version().decode()
+
+
+# ---- arrays -------------------------------------------------------------------------
+
+# dtypes coll reduces natively; complex ones travel as pairs of their real type
+_COMPLEX = {"complex64": "float32", "complex128": "float64"}
+
+
+class _View:
+    """What an op needs of an array: address, size, type, device, and the array."""
+
+    __slots__ = ("obj", "ptr", "nbytes", "dtype", "device", "contig", "lib", "numel")
+
+    def __init__(self, obj, ptr, nbytes, dtype, device, contig, lib_, numel):
+        self.obj, self.ptr, self.nbytes, self.dtype = obj, ptr, nbytes, dtype
+        self.device, self.contig, self.lib, self.numel = device, contig, lib_, numel
+
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "data_ptr")
+
+
+def view(x):
+    """The _View of x (numpy array, torch tensor, __dlpack__ object or writable buffer).
+    Raises TypeError for anything else."""
+    if isinstance(x, _View):
+        return x
+    if _is_torch(x):
+        dev = x.device
+        return _View(x, x.data_ptr(), x.element_size() * x.numel(), str(x.dtype)[6:],
+                     dev.index if dev.type == "cuda" else L.DEVICE_HOST, x.is_contiguous(),
+                     "torch", x.numel())
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return _View(x, x.__array_interface__["data"][0], x.nbytes, x.dtype.name,
+                     L.DEVICE_HOST, x.flags.c_contiguous, "numpy", x.size)
+    if hasattr(x, "__dlpack__"):
+        kind, _ = x.__dlpack_device__()
+        if kind == 1:  # kDLCPU
+            return view(np.from_dlpack(x))
+        import torch
+
+        return view(torch.from_dlpack(x))
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise TypeError("%s is not an array: coll takes numpy arrays, torch tensors, "
+                        "__dlpack__ objects and writable buffers" % type(x).__name__)
+    return view(np.frombuffer(mv, dtype=np.uint8) if mv.readonly else np.asarray(mv))
+
+
+def _dtype_of(v, reducing):
+    """coll's dtype code and the element-count factor (2 for complex)."""
+    name = v.dtype
+    if name in _COMPLEX:
+        if reducing not in (None, "sum", "avg"):
+            raise TypeError("%s with %s: complex numbers reduce with sum and avg only" %
+                            (name, reducing))
+        return L.DTYPES[_COMPLEX[name]], 2
+    code = L.DTYPES.get(name)
+    if code is None:
+        raise TypeError("dtype %s: coll carries %s and complex64/complex128" %
+                        (name, ", ".join(L.DTYPES)))
+    return code, 1
+
+
+def redop(op):
+    """coll's reduction code for "sum"/"prod"/"min"/"max"/"avg"/"band"/"bor"/"bxor"
+    (or the code itself)."""
+    if isinstance(op, str) and op.lower() in L.REDOPS:
+        return op.lower()
+    if isinstance(op, int) and op in L.REDOPS.values():
+        return [k for k, v in L.REDOPS.items() if v == op][0]
+    raise ValueError("reduction %r: one of %s" % (op, ", ".join(L.REDOPS)))
+
+
+def _device_arg(device):
+    """-1 (host) or a CUDA ordinal from None/"cpu"/"cuda"/"cuda:N"/N/torch.device."""
+    if device is None:
+        return L.DEVICE_HOST
+    if isinstance(device, int):
+        return device
+    s = str(device)
+    if s == "cpu":
+        return L.DEVICE_HOST
+    if s == "cuda":
+        return 0
+    if s.startswith("cuda:"):
+        return int(s[5:])
+    raise ValueError("device %r: 'cpu', 'cuda', 'cuda:N' or an ordinal" % (device,))
+
+
+# ---- connection ---------------------------------------------------------------------
+
+
+class Connection:
+    """A connection to this pod's agent (coll_connect). socket: the agent's socket
+    (None: $COLL_AGENT_SOCKET, else the default path); timeout in seconds. Closing it
+    (close, or leaving a with block) ends every group, buffer and request it opened."""
+
+    def __init__(self, socket=None, timeout=10.0):
+        self._h = ctypes.c_void_p()
+        _check(lib().coll_connect(ctypes.byref(self._h),
+                                  socket.encode() if socket else None,
+                                  int(timeout * 1000) if timeout else 0),
+               "connecting to the agent at %s" %
+               (socket or os.environ.get("COLL_AGENT_SOCKET") or "the default socket"))
+        self._owned = weakref.WeakSet()  # groups and buffers: ended with the connection
+        self._stage = {}  # device -> [Buffer], free staging buffers
+        self._stage_lock = threading.Lock()
+        self.lock = threading.Lock()
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise CollError(L.ERRORS["INVALID"], "the connection is closed", "coll")
+        return self._h
+
+    def close(self):
+        """Disconnect; every group and buffer of the connection ends with it."""
+        if self._h:
+            for o in list(self._owned):
+                o._orphan()
+            self._stage = {}
+            lib().coll_disconnect(ctypes.byref(self._h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def fileno(self):
+        """The descriptor that turns readable when an op completes (coll_conn_fd); from
+        then on every op goes through the agent."""
+        return lib().coll_conn_fd(self.handle)
+
+    # groups
+    def open(self, name=None, slot=None, rank=None, timeout=None):
+        """Take a slot of the group called name (None: $COLL_GROUP, else "world"): the
+        lowest free one, the given slot, or the one that gives this rank. timeout: this
+        handle's op timeout in seconds (None: the group's timeouts.op_ms)."""
+        name = name or os.environ.get("COLL_GROUP") or "world"
+        o = L.GroupOpts(ctypes.sizeof(L.GroupOpts), L.SLOT_ANY if slot is None else slot,
+                        0 if timeout is None else max(1, int(timeout * 1000)),
+                        L.RANK_ANY if rank is None else rank)
+        h = ctypes.c_void_p()
+        _check(lib().coll_group_open_opts(ctypes.byref(h), self.handle, name.encode(),
+                                          ctypes.byref(o)), "opening group '%s'" % name)
+        return Group(self, h)
+
+    # memory
+    def alloc(self, nbytes, device=None):
+        """A Buffer of nbytes shared with the agent (host memory, or GPU memory of the
+        given CUDA device)."""
+        h = ctypes.c_void_p()
+        dev = _device_arg(device)
+        _check(lib().coll_mem_alloc(ctypes.byref(h), self.handle, int(nbytes), dev),
+               "allocating %d bytes of coll memory" % nbytes)
+        return Buffer(self, h, dev)
+
+    def empty(self, shape, dtype="float32", device=None, like=None):
+        """An array in coll memory: numpy for host memory unless dtype is a torch dtype or
+        like == "torch"; a torch tensor for GPU memory. Ops on it never stage."""
+        from . import _arrays
+
+        return _arrays.empty(self, shape, dtype, device, like)
+
+    def zeros(self, shape, dtype="float32", device=None, like=None):
+        a = self.empty(shape, dtype, device, like)
+        a[...] = 0
+        return a
+
+    def empty_like(self, x):
+        v = view(x)
+        return self.empty(tuple(x.shape), x.dtype, v.device if v.device >= 0 else None,
+                          v.lib)
+
+    def find(self, x):
+        """(Buffer address, offset) of the coll buffer that holds x's first byte, or None
+        when x is not in this connection's coll memory."""
+        v = view(x)
+        b = ctypes.c_void_p()
+        off = ctypes.c_size_t()
+        rc = lib().coll_mem_find(self.handle, v.ptr, ctypes.byref(b), ctypes.byref(off))
+        return None if rc else (b.value, off.value)
+
+    def _in_coll(self, v):
+        if not v.contig:
+            return False
+        if v.nbytes == 0:
+            return True
+        b = ctypes.c_void_p()
+        off = ctypes.c_size_t()
+        if lib().coll_mem_find(self._h, v.ptr, ctypes.byref(b), ctypes.byref(off)):
+            return False
+        return off.value + v.nbytes <= lib().coll_mem_size(b)
+
+    # staging: a small pool of buffers per device, each reused by one op at a time
+    def _stage_take(self, nbytes, device):
+        with self._stage_lock:
+            free = self._stage.setdefault(device, [])
+            for i, b in enumerate(free):
+                if b.size >= nbytes:
+                    return free.pop(i)
+        size = 1 << max(16, (int(nbytes) - 1).bit_length())
+        return self.alloc(size, device if device >= 0 else None)
+
+    def _stage_give(self, b):
+        with self._stage_lock:
+            free = self._stage.setdefault(b.device, [])
+            free.append(b)
+            free.sort(key=lambda x: x.size)
+            while sum(x.size for x in free) > STAGE_KEEP_BYTES and len(free) > 1:
+                free.pop(0).release()
+
+    # completion
+    def wait_any(self, requests, timeout=None):
+        """The first of requests to complete (it is then done; its failure raised)."""
+        from ._request import wait_any
+
+        return wait_any(self, requests, timeout)
+
+
+# staging buffers kept for reuse per device (larger ones are kept one at a time)
+STAGE_KEEP_BYTES = 256 << 20
+
+
+class Buffer:
+    """Memory shared with the agent (coll_mem_alloc). ptr: its address here (a device
+    address for GPU memory); size in bytes. Released when dropped, or by release()."""
+
+    def __init__(self, conn, h, device):
+        self.conn = conn
+        self._h = h
+        self.device = device
+        self.ptr = lib().coll_mem_ptr(h)
+        self.size = lib().coll_mem_size(h)
+        conn._owned.add(self)
+
+    def _orphan(self):
+        self._h = None
+
+    def release(self):
+        """Unshare the memory (BUSY while an op uses it)."""
+        if self._h:
+            _check(lib().coll_mem_release(ctypes.byref(self._h)), "releasing a buffer")
+            self._h = None
+
+    def __del__(self):
+        if self._h and self.conn._h:
+            lib().coll_mem_release(ctypes.byref(self._h))
+
+
+# ---- groups -------------------------------------------------------------------------
+
+
+class Group:
+    """A slot of a coll group: its ops and its children. rank, size, name, backend,
+    epoch, nodes, node_index, local_slot, local_slots and parent_ranks describe it."""
+
+    def __init__(self, conn, h):
+        self.conn = conn
+        self._h = h
+        conn._owned.add(self)
+        self._info()
+        n = lib().coll_group_parent_ranks(h, None, 0)
+        if n > 0:
+            arr = (ctypes.c_int * n)()
+            lib().coll_group_parent_ranks(h, arr, n)
+            self.parent_ranks = list(arr)
+        else:
+            self.parent_ranks = None
+
+    def _info(self):
+        i = L.GroupInfo()
+        _check(lib().coll_group_info_get(self.handle, ctypes.byref(i)), "group info")
+        for f, _ in L.GroupInfo._fields_:
+            v = getattr(i, f)
+            setattr(self, f, v.decode() if isinstance(v, bytes) else v)
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise CollError(L.ERRORS["INVALID"], "the group is closed", "coll")
+        return self._h
+
+    def _orphan(self):
+        self._h = None
+
+    def close(self):
+        """Give the slot back (the other ranks' ops in flight fail with PEER_LOST)."""
+        if self._h and self.conn._h:
+            lib().coll_group_close(ctypes.byref(self._h))
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<coll.Group %s rank %s of %s (%s)>" % (self.name, self.rank, self.size,
+                                                      self.backend)
+
+    def wait_formed(self, timeout=None):
+        """Wait until the group stands on every pod (TIMEOUT says what it waits for)."""
+        _check(lib().coll_group_wait(self.handle, -1 if timeout is None else
+                                     int(timeout * 1000)), "waiting for group '%s'" % self.name)
+        self._info()
+
+    def create(self, ranks):
+        """The child of these ranks of this group (called by the listed ranks only)."""
+        arr = (ctypes.c_int * len(ranks))(*ranks)
+        h = ctypes.c_void_p()
+        _check(lib().coll_group_create(self.handle, arr, len(ranks), ctypes.byref(h)),
+               "creating a child of group '%s' of ranks %s" % (self.name, list(ranks)))
+        return Group(self.conn, h)
+
+    def split(self, color, key=None):
+        """MPI_Comm_split over every rank: the child of this color (None for color None
+        or SPLIT_NOCOLOR), ordered by key (default: this rank)."""
+        h = ctypes.c_void_p()
+        c = L.SPLIT_NOCOLOR if color is None else color
+        _check(lib().coll_group_split(self.handle, c, self.rank if key is None else key,
+                                      ctypes.byref(h)), "splitting group '%s'" % self.name)
+        return Group(self.conn, h) if h.value else None
+
+
+
+def connect(socket=None, timeout=10.0):
+    """A new Connection (see Connection)."""
+    return Connection(socket, timeout)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_connection():
+    """The process's shared connection, made on first use ($COLL_AGENT_SOCKET)."""
+    global _default
+    with _default_lock:
+        if _default is None or not _default._h:
+            _default = Connection()
+        return _default
+
+
+# the ops (_ops.py) are Group's methods
+from . import _ops  # noqa: E402
+
+for _n in _ops.__all__:
+    setattr(Group, _n, getattr(_ops, _n))

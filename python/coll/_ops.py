@@ -1,0 +1,406 @@
+"""The collectives of a Group. Each takes arrays (see _core.view), submits one op (or,
+for alltoallv, gather and scatter, the sends and receives that make it), and returns
+its result, or a Request when async_op is true. Arrays outside coll memory are staged.
+
+GPU arrays: the op follows the work already queued on the stream (default: torch's
+current stream of the array's device); staged outputs are copied back on that stream.
+"""
+import ctypes
+
+from . import _arrays
+from . import _lib as L
+from ._core import _check, _dtype_of, lib, redop, view
+from ._request import Request
+
+__all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+           "alltoallv", "gather", "scatter", "send", "recv", "barrier"]
+
+# the tag of the sends and receives that compose alltoallv, gather and scatter on host
+# groups (GPU groups pair in order: tag 0)
+COMPOSED_TAG = (1 << 31) - 2
+
+
+class _Prep:
+    """One op's arrays resolved to coll memory: staged where they are not in it."""
+
+    def __init__(self, g, what, stream):
+        self.g, self.conn, self.what = g, g.conn, what
+        self.backs, self.stages, self.keep = [], [], []
+        self.device = None
+        self.stream_arg = stream
+        self.stream = None
+
+    def _dev(self, v):
+        if self.device is None:
+            self.device = v.device
+            if v.device >= 0:
+                import torch
+
+                s = self.stream_arg
+                if s is None:
+                    s = torch.cuda.current_stream(v.device)
+                self.tstream = s if hasattr(s, "cuda_stream") else \
+                    torch.cuda.ExternalStream(s, device=v.device)
+                self.stream = self.tstream.cuda_stream
+        elif v.device != self.device:
+            raise ValueError("%s: arrays on device %d and %d: one device per op" %
+                             (self.what, self.device, v.device))
+
+    def _stage(self, v, copy_in):
+        b = self.conn._stage_take(v.nbytes, v.device)
+        self.stages.append(b)
+        sv = _arrays.staging_view(b, v)
+        if copy_in:
+            self._on_stream(_arrays.copy, sv, v.obj)
+        return b.ptr, sv
+
+    def _on_stream(self, fn, *a):
+        if self.device is not None and self.device >= 0:
+            import torch
+
+            with torch.cuda.stream(self.tstream):
+                fn(*a)
+        else:
+            fn(*a)
+
+    def src(self, v):
+        """An input: its address in coll memory."""
+        self._dev(v)
+        self.keep.append(v.obj)
+        if self.conn._in_coll(v):
+            return v.ptr
+        return self._stage(v, True)[0]
+
+    def dst(self, v, copy_in=False):
+        """An output (copy_in: and an input, in place)."""
+        self._dev(v)
+        self.keep.append(v.obj)
+        if self.conn._in_coll(v):
+            return v.ptr
+        ptr, sv = self._stage(v, copy_in)
+        self.backs.append((v.obj, sv))
+        return ptr
+
+    def submit(self, calls, result, async_op):
+        """Run each call (a function of a coll_request pointer); a Request for all."""
+        reqs = []
+        try:
+            for c in calls:
+                r = L.Request()
+                _check(c(ctypes.byref(r)), self.what)
+                reqs.append(r)
+        except BaseException:
+            for r in reqs:  # those already in flight finish before the staging goes
+                lib().coll_wait(self.conn.handle, r, -1)
+            for b in self.stages:
+                self.conn._stage_give(b)
+            raise
+        backs = self.backs
+        if self.device is not None and self.device >= 0 and backs:
+            # the copy back follows the op on its stream; the host need not wait
+            for r in reqs:
+                _check(lib().coll_wait_stream_keep(self.conn.handle, r, self.stream), self.what)
+            for orig, sv in backs:
+                self._on_stream(_arrays.copy, orig, sv)
+            backs = []
+        q = Request(self.conn, self.what, reqs, backs, self.stages, self.keep, result,
+                    self.device is not None and self.device >= 0)
+        return q if async_op else q.wait()
+
+
+def _what(g, op):
+    return "%s on group '%s' (rank %d)" % (op, g.name, g.rank)
+
+
+def _count(v, dt_factor):
+    return v.numel * dt_factor
+
+
+def _check_numel(what, v, want, name):
+    if v.numel != want:
+        raise ValueError("%s: %s has %d elements, the op needs %d" % (what, name, v.numel, want))
+
+
+def _same_dtype(what, a, b):
+    if a.dtype != b.dtype:
+        raise TypeError("%s: dtypes %s and %s differ" % (what, a.dtype, b.dtype))
+
+
+def _within(inner, outer):
+    return outer.ptr <= inner.ptr and inner.ptr + inner.nbytes <= outer.ptr + outer.nbytes
+
+
+def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
+    """Reduce x over the group; the result in out (default: x, in place)."""
+    what = _what(self, "allreduce")
+    op = redop(op)
+    v = view(x)
+    dt, f = _dtype_of(v, op)
+    p = _Prep(self, what, stream)
+    if out is None or view(out).ptr == v.ptr:
+        send = recv = p.dst(v, copy_in=True)
+        res = x if out is None else out
+    else:
+        o = view(out)
+        _same_dtype(what, v, o)
+        _check_numel(what, o, v.numel, "out")
+        send, recv, res = p.src(v), p.dst(o), out
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_allreduce(self.handle, send, recv, n, dt,
+                                                    L.REDOPS[op], p.stream, r)], res, async_op)
+
+
+def broadcast(self, x, root=0, async_op=False, stream=None):
+    """root's x into every rank's x."""
+    what = _what(self, "broadcast")
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    p = _Prep(self, what, stream)
+    ptr = p.dst(v, copy_in=(self.rank == root))
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_broadcast(self.handle, ptr, ptr, n, dt, root,
+                                                    p.stream, r)], x, async_op)
+
+
+def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
+    """Reduce x over the group into root's out (default: x, in place)."""
+    what = _what(self, "reduce")
+    op = redop(op)
+    v = view(x)
+    dt, f = _dtype_of(v, op)
+    p = _Prep(self, what, stream)
+    if out is None:
+        send = recv = p.dst(v, copy_in=True)
+        res = x
+    else:
+        o = view(out)
+        _same_dtype(what, v, o)
+        _check_numel(what, o, v.numel, "out")
+        send, recv, res = p.src(v), p.dst(o), out
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_reduce(self.handle, send, recv, n, dt, L.REDOPS[op],
+                                                 root, p.stream, r)], res, async_op)
+
+
+def allgather(self, x, out=None, async_op=False, stream=None):
+    """Every rank's x, in rank order, into out (default: a new array of shape
+    (size,) + x.shape). x may be out's block of this rank (in place)."""
+    what = _what(self, "allgather")
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    if out is None:
+        out = _arrays.new_like(v, (self.size,) + tuple(x.shape))
+    o = view(out)
+    _same_dtype(what, v, o)
+    _check_numel(what, o, v.numel * self.size, "out")
+    p = _Prep(self, what, stream)
+    if _within(v, o):
+        recv = p.dst(o, copy_in=True)
+        send = recv + (v.ptr - o.ptr)
+    else:
+        send, recv = p.src(v), p.dst(o)
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_allgather(self.handle, send, recv, n, dt, p.stream,
+                                                    r)], out, async_op)
+
+
+def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
+    """x holds size blocks; rank r gets the reduction of block r in out (default: a new
+    array of x.shape[0] // size rows)."""
+    what = _what(self, "reduce_scatter")
+    op = redop(op)
+    v = view(x)
+    dt, f = _dtype_of(v, op)
+    if out is None:
+        if not x.shape or x.shape[0] % self.size:
+            raise ValueError("%s: x's first dimension must be a multiple of %d" %
+                             (what, self.size))
+        out = _arrays.new_like(v, (x.shape[0] // self.size,) + tuple(x.shape[1:]))
+    o = view(out)
+    _same_dtype(what, v, o)
+    _check_numel(what, v, o.numel * self.size, "x")
+    p = _Prep(self, what, stream)
+    if _within(o, v):
+        send = p.dst(v, copy_in=True)
+        recv = send + (o.ptr - v.ptr)
+    else:
+        send, recv = p.src(v), p.dst(o)
+    n = _count(o, f)
+    return p.submit([lambda r: lib().coll_reduce_scatter(self.handle, send, recv, n, dt,
+                                                         L.REDOPS[op], p.stream, r)],
+                    out, async_op)
+
+
+def alltoall(self, x, out=None, async_op=False, stream=None):
+    """Block j of x (size equal blocks) to rank j; block i of out from rank i."""
+    what = _what(self, "alltoall")
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    if v.numel % self.size:
+        raise ValueError("%s: %d elements do not split into %d blocks" %
+                         (what, v.numel, self.size))
+    if out is None:
+        out = _arrays.new_like(v, tuple(x.shape))
+    o = view(out)
+    _same_dtype(what, v, o)
+    _check_numel(what, o, v.numel, "out")
+    p = _Prep(self, what, stream)
+    if o.ptr == v.ptr:
+        send = recv = p.dst(v, copy_in=True)
+    else:
+        send, recv = p.src(v), p.dst(o)
+    n = _count(v, f) // self.size
+    return p.submit([lambda r: lib().coll_alltoall(self.handle, send, recv, n, dt, p.stream,
+                                                   r)], out, async_op)
+
+
+def _composed_tag(g):
+    return 0 if g.backend == "nccl" else COMPOSED_TAG
+
+
+def _rows(what, v, x, splits, name):
+    """Byte offsets and sizes of the blocks of x that splits (rows of dim 0) cut."""
+    rows = x.shape[0] if len(x.shape) else 1
+    if sum(splits) != rows:
+        raise ValueError("%s: %s %s add up to %d rows, the array has %d" %
+                         (what, name, list(splits), sum(splits), rows))
+    row = v.nbytes // rows if rows else 0
+    out, off = [], 0
+    for s in splits:
+        out.append((off, s * row))
+        off += s * row
+    return out
+
+
+def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, stream=None):
+    """All-to-all with unequal blocks (MoE): in_splits[j] rows of x (dim 0) to rank j,
+    out_splits[i] rows of out from rank i (None: equal blocks). Built from sends and
+    receives of the group (a host group's own tag)."""
+    what = _what(self, "alltoallv")
+    v, o = view(x), view(out)
+    _same_dtype(what, v, o)
+    dt, f = _dtype_of(v, None)
+    if o.ptr == v.ptr and v.nbytes:
+        raise ValueError("%s: in place is not supported: give another out" % what)
+    eq = lambda a: [a.shape[0] // self.size] * self.size  # noqa: E731
+    ins = _rows(what, v, x, in_splits or eq(x), "in_splits")
+    outs = _rows(what, o, out, out_splits or eq(out), "out_splits")
+    if len(ins) != self.size or len(outs) != self.size:
+        raise ValueError("%s: %d splits for a group of %d" % (what, len(ins), self.size))
+    p = _Prep(self, what, stream)
+    send, recv = p.src(v), p.dst(o)
+    item = lib().coll_dtype_size(dt)
+    me, tag, calls = self.rank, _composed_tag(self), []
+    if outs[me][1] != ins[me][1]:
+        raise ValueError("%s: rank %d sends itself %d bytes but expects %d" %
+                         (what, me, ins[me][1], outs[me][1]))
+    for j in range(self.size):
+        if j == me:
+            continue
+        so, sn = ins[j]
+        ro, rn = outs[j]
+        if rn:
+            calls.append(lambda r, j=j, ro=ro, rn=rn: lib().coll_recv_tag(
+                self.handle, recv + ro, rn // item, dt, j, tag, p.stream, r))
+        if sn:
+            calls.append(lambda r, j=j, so=so, sn=sn: lib().coll_send_tag(
+                self.handle, send + so, sn // item, dt, j, tag, p.stream, r))
+    _local_copy(p, o, outs[me][0], v, ins[me][0], ins[me][1], recv, send)
+    return p.submit(calls, out, async_op)
+
+
+def _local_copy(p, o, ooff, v, voff, nbytes, recv, send):
+    """This rank's own block, from send to recv (coll memory or staging)."""
+    if not nbytes:
+        return
+    if p.device is not None and p.device >= 0:
+        import torch
+
+        def run():
+            ob = _arrays.device_view(recv + ooff, nbytes, p.device)
+            ob.copy_(_arrays.device_view(send + voff, nbytes, p.device))
+
+        with torch.cuda.stream(p.tstream):
+            run()
+    else:
+        ctypes.memmove(recv + ooff, send + voff, nbytes)
+
+
+def gather(self, x, out=None, root=0, async_op=False, stream=None):
+    """Every rank's x into root's out (shape (size,) + x.shape; made when None); other
+    ranks get None. Built from sends to root."""
+    what = _what(self, "gather")
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    p = _Prep(self, what, stream)
+    tag = _composed_tag(self)
+    n = _count(v, f)
+    if self.rank != root:
+        send = p.src(v)
+        return p.submit([lambda r: lib().coll_send_tag(self.handle, send, n, dt, root, tag,
+                                                       p.stream, r)], None, async_op)
+    if out is None:
+        out = _arrays.new_like(v, (self.size,) + tuple(x.shape))
+    o = view(out)
+    _same_dtype(what, v, o)
+    _check_numel(what, o, v.numel * self.size, "out")
+    recv, send = p.dst(o), p.src(v)
+    calls = [lambda r, j=j: lib().coll_recv_tag(self.handle, recv + j * v.nbytes, n, dt, j,
+                                                tag, p.stream, r)
+             for j in range(self.size) if j != root]
+    _local_copy(p, o, root * v.nbytes, v, 0, v.nbytes, recv, send)
+    return p.submit(calls, out, async_op)
+
+
+def scatter(self, x, out, root=0, async_op=False, stream=None):
+    """Block j of root's x (shape (size,) + out.shape) into rank j's out; x is read on
+    root only (None elsewhere). Built from sends from root."""
+    what = _what(self, "scatter")
+    o = view(out)
+    dt, f = _dtype_of(o, None)
+    p = _Prep(self, what, stream)
+    tag = _composed_tag(self)
+    n = _count(o, f)
+    if self.rank != root:
+        recv = p.dst(o)
+        return p.submit([lambda r: lib().coll_recv_tag(self.handle, recv, n, dt, root, tag,
+                                                       p.stream, r)], out, async_op)
+    v = view(x)
+    _same_dtype(what, v, o)
+    _check_numel(what, v, o.numel * self.size, "x")
+    send, recv = p.src(v), p.dst(o)
+    calls = [lambda r, j=j: lib().coll_send_tag(self.handle, send + j * o.nbytes, n, dt, j,
+                                                tag, p.stream, r)
+             for j in range(self.size) if j != root]
+    _local_copy(p, o, 0, v, root * o.nbytes, o.nbytes, recv, send)
+    return p.submit(calls, out, async_op)
+
+
+def send(self, x, peer, tag=0, async_op=False, stream=None):
+    """x to rank peer (paired with its recv of the same tag, in order)."""
+    what = _what(self, "send to %d" % peer)
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    p = _Prep(self, what, stream)
+    ptr = p.src(v)
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_send_tag(self.handle, ptr, n, dt, peer, tag,
+                                                   p.stream, r)], None, async_op)
+
+
+def recv(self, x, peer, tag=0, async_op=False, stream=None):
+    """Into x from rank peer."""
+    what = _what(self, "recv from %d" % peer)
+    v = view(x)
+    dt, f = _dtype_of(v, None)
+    p = _Prep(self, what, stream)
+    ptr = p.dst(v)
+    n = _count(v, f)
+    return p.submit([lambda r: lib().coll_recv_tag(self.handle, ptr, n, dt, peer, tag,
+                                                   p.stream, r)], x, async_op)
+
+
+def barrier(self, async_op=False, stream=None):
+    """Every rank of the group has reached it."""
+    p = _Prep(self, _what(self, "barrier"), stream)
+    return p.submit([lambda r: lib().coll_barrier(self.handle, p.stream, r)], None, async_op)

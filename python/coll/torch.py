@@ -1,0 +1,317 @@
+"""torch.distributed backend "coll": importing this module registers it.
+
+    import coll.torch
+    torch.distributed.init_process_group("coll", init_method="env://")
+
+The default process group is the coll group $COLL_GROUP (default "world") of the agent
+at $COLL_AGENT_SOCKET; the backend opens the slot that gives torch's rank on this pod
+(coll_group_opts.rank) and refuses clearly when that rank is another pod's or the sizes
+differ. torch's store is not used: the agents find each other. new_group() makes a
+coll child of the members (coll_group_create); a failure there is kept for the group's
+first op, never raised in the creator (torch's other members would wait in its barrier).
+
+Work objects are torch's own, made from a future that a thread of this module completes
+when the op's request does (whichever completes first). CUDA tensors: an op starts after
+the work queued on the current stream, and the current stream waits for it on the GPU at
+once (no host wait: later kernels on that stream see the result, as after
+ProcessGroupNCCL's wait()); Work.wait() then waits on the host as well.
+"""
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ._core import CollError, connect
+from ._request import ready
+
+_OPS = [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
+        ("AVG", "avg"), ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor")]
+
+from torch._C._distributed_c10d import _create_work_from_future  # noqa: E402
+
+
+def _redop(op):
+    if op is None:
+        return "sum"
+    for name, ours in _OPS:
+        if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+            return ours
+    raise ValueError("coll: reduction %r is not supported (PREMUL_SUM is not, yet)" % (op,))
+
+
+def _opt(opts, name, default):
+    return getattr(opts, name, default) if opts is not None else default
+
+
+class _Completer:
+    """The thread that completes the futures behind the backend's Work objects: it
+    waits for whichever pending request completes first (never one behind another, so
+    ops of different groups cannot wait on each other), runs its copies into list
+    outputs and sets its future. torch's Work (made from the future) waits on that
+    future with the GIL released.
+
+    Why not a Python subclass of torch's Work: torch keeps only the C++ half of it, and
+    once the Python half is collected a later wait() reaches the base class and blocks
+    for good (torch 1.13)."""
+
+    def __init__(self):
+        self.q = queue.Queue()
+        self.t = None
+        self.lock = threading.Lock()
+
+    def add(self, conn, req, fut, post, value):
+        with self.lock:
+            if self.t is None or not self.t.is_alive():
+                self.t = threading.Thread(target=self._run, name="coll-futures", daemon=True)
+                self.t.start()
+        self.q.put((conn, req, fut, post, value))
+
+    def _run(self):
+        pending = []
+        while True:
+            if not pending:
+                pending.append(self.q.get())
+            while True:
+                try:
+                    pending.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            # by connection: ready() waits on one connection's requests
+            conn = pending[0][0]
+            mine = [p for p in pending if p[0] is conn]
+            k = ready(conn, [p[1] for p in mine], 0.001)
+            if k is None:
+                continue
+            item = mine[k]
+            pending.remove(item)
+            _, req, fut, post, value = item
+            try:
+                req.wait()
+                if post is not None:
+                    post()
+            except Exception as e:  # the future carries it to whoever waits
+                fut.set_exception(e)
+                continue
+            fut.set_result(value)
+
+
+_completer = _Completer()
+
+
+def _work(req, value, post=None):
+    """torch's Work for a request: its future completes with value once req has (and
+    post, copies into list outputs, has run). CUDA ops: the current stream waits for the
+    op on the GPU (ProcessGroupNCCL's order) and the copies follow it there."""
+    fut = torch.futures.Future()
+    if req._gpu:
+        req.wait_stream(torch.cuda.current_stream())
+        if post is not None:
+            post()
+            post = None
+    _completer.add(req.conn, req, fut, post, value)
+    return _create_work_from_future(fut)
+
+
+class ProcessGroupColl(dist.ProcessGroup):
+    """A torch ProcessGroup over a coll group (or a child of one)."""
+
+    def __init__(self, group, error=None, rank=0, size=1):
+        if group is not None:
+            rank, size = group.rank, group.size
+        super().__init__(rank, size)
+        self.coll = group
+        self._error = error
+
+    # the group, or the failure kept from its creation
+    def _g(self):
+        if self._error is not None:
+            raise self._error
+        return self.coll
+
+    def getBackendName(self):
+        return "coll"
+
+    def name(self):
+        return "coll"
+
+    def _work(self, req, value, post=None):
+        return _work(req, value, post)
+
+    def allreduce(self, tensors, opts=None):
+        op = _redop(_opt(opts, "reduceOp", None))
+        if len(tensors) != 1:
+            raise ValueError("coll: one tensor per process (got %d)" % len(tensors))
+        return self._work(self._g().allreduce(tensors[0], op=op, async_op=True), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _redop(_opt(opts, "reduceOp", None))
+        g = self._g()
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        req = g.allreduce(flat, op=op, async_op=True)
+
+        def post():
+            off = 0
+            for t in tensors:
+                t.copy_(flat[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        return self._work(req, tensors, post)
+
+    def broadcast(self, tensors, opts=None):
+        root = _opt(opts, "rootRank", 0)
+        return self._work(self._g().broadcast(tensors[0], root=root, async_op=True), tensors)
+
+    def reduce(self, tensors, opts=None):
+        root = _opt(opts, "rootRank", 0)
+        op = _redop(_opt(opts, "reduceOp", None))
+        return self._work(self._g().reduce(tensors[0], root=root, op=op, async_op=True),
+                          tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._work(self._g().allgather(input, out=output, async_op=True), [output])
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outs, x = output_tensors[0], input_tensors[0]
+        flat = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
+
+        def post():
+            for i, t in enumerate(outs):
+                t.copy_(flat[i])
+
+        return self._work(self._g().allgather(x, out=flat, async_op=True), output_tensors,
+                          post)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _redop(_opt(opts, "reduceOp", None))
+        return self._work(self._g().reduce_scatter(input, out=output, op=op, async_op=True),
+                          [output])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _redop(_opt(opts, "reduceOp", None))
+        flat = torch.stack(list(input_tensors[0]))
+        return self._work(self._g().reduce_scatter(flat, out=output_tensors[0], op=op,
+                                                   async_op=True), output_tensors)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        g = self._g()
+        if not output_split_sizes and not input_split_sizes:
+            return self._work(g.alltoall(input, out=output, async_op=True), [output])
+        return self._work(g.alltoallv(input, output, list(input_split_sizes) or None,
+                                      list(output_split_sizes) or None, async_op=True),
+                          [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        g = self._g()
+        x = torch.cat([t.reshape(-1) for t in input_tensors])
+        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype,
+                          device=x.device)
+
+        def post():
+            off = 0
+            for t in output_tensors:
+                t.copy_(out[off:off + t.numel()].view(t.shape))
+                off += t.numel()
+
+        req = g.alltoallv(x, out, [t.numel() for t in input_tensors],
+                          [t.numel() for t in output_tensors], async_op=True)
+        return self._work(req, output_tensors, post)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        g = self._g()
+        root = _opt(opts, "rootRank", 0)
+        x = input_tensors[0]
+        if g.rank != root:
+            return self._work(g.gather(x, root=root, async_op=True), [])
+        outs = output_tensors[0]
+        flat = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
+
+        def post():
+            for i, t in enumerate(outs):
+                t.copy_(flat[i])
+
+        return self._work(g.gather(x, out=flat, root=root, async_op=True), output_tensors,
+                          post)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        g = self._g()
+        root = _opt(opts, "rootRank", 0)
+        src = torch.stack(list(input_tensors[0])) if g.rank == root else None
+        return self._work(g.scatter(src, output_tensors[0], root=root, async_op=True),
+                          output_tensors)
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._work(self._g().send(tensors[0], dstRank, tag=tag, async_op=True), [])
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._work(self._g().recv(tensors[0], srcRank, tag=tag, async_op=True),
+                          tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("coll: recv from any source is not supported: name the sender")
+
+    def barrier(self, opts=None):
+        return self._work(self._g().barrier(async_op=True), [])
+
+
+# ---- the creator torch calls -------------------------------------------------------
+
+_state = {"conn": None, "world": None}
+_lock = threading.Lock()
+
+
+def _timeout_s(timeout):
+    try:
+        s = timeout.total_seconds()
+    except AttributeError:
+        return None
+    return min(s, 86400.0) if s > 0 else None
+
+
+def _create(opts, pg_options=None):
+    rank, size = opts.group_rank, opts.group_size
+    ranks = list(getattr(opts, "global_ranks_in_group", None) or range(size))
+    t = _timeout_s(opts.timeout)
+    with _lock:
+        world = _state["world"]
+        if world is None or world.coll is None or not world.coll._h:
+            return _open_world(rank, size, t)
+        try:
+            child = world.coll.create(ranks)
+        except CollError as e:  # kept for the first op: torch's members meet in a barrier
+            return ProcessGroupColl(None, e, rank, size)
+        return ProcessGroupColl(child)
+
+
+def _open_world(rank, size, t):
+    import os
+
+    conn = _state["conn"]
+    if conn is None or not conn._h:
+        conn = _state["conn"] = connect(os.environ.get("COLL_AGENT_SOCKET"))
+    name = os.environ.get("COLL_GROUP") or "world"
+    g = conn.open(name, rank=rank, timeout=t)
+    if g.size != size:
+        g.close()
+        raise RuntimeError("coll: group '%s' has %d ranks but torch's world has %d: set "
+                           "WORLD_SIZE to the group's size (nodes x local slots)" %
+                           (name, g.size, size))
+    pg = ProcessGroupColl(g)
+    _state["world"] = pg
+    return pg
+
+
+def _register():
+    try:
+        dist.Backend.register_backend("coll", _create, extended_api=True)
+    except TypeError:  # torch without extended_api
+        dist.Backend.register_backend(
+            "coll", lambda store, rank, size, timeout: _create(
+                type("O", (), {"group_rank": rank, "group_size": size, "timeout": timeout,
+                               "global_ranks_in_group": None})()))
+    except (RuntimeError, ValueError) as e:  # registered already (a reload)
+        if "already" not in str(e):
+            raise
+
+
+_register()

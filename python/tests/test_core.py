@@ -1,0 +1,346 @@
+"""coll's core against real agents: every op on numpy arrays (in coll memory and
+staged), between slots of one pod and between two pods, checked against numpy; async
+requests; errors; run-time groups; the layout the binding mirrors."""
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import coll
+from coll import _lib as L
+from conftest import ROOT, run_ranks
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint8, np.int16, np.float16]
+
+
+def test_the_layout_matches_abi_txt():
+    """Every struct offset, size and enum value of libcoll/abi.txt as the package has it."""
+    structs = {"coll_request": L.Request, "coll_group_info": L.GroupInfo,
+               "coll_group_opts": L.GroupOpts}
+    values = {"COLL_SLOT_ANY": L.SLOT_ANY, "COLL_RANK_ANY": L.RANK_ANY,
+              "COLL_SPLIT_NOCOLOR": L.SPLIT_NOCOLOR, "COLL_DEVICE_HOST": L.DEVICE_HOST}
+    values.update({"COLL_" + k.upper(): v for k, v in L.DTYPES.items()})
+    values.update({"COLL_" + k.upper(): v for k, v in L.REDOPS.items()})
+    values.update({("COLL_" if k == "OK" else "COLL_ERR_") + k: v for k, v in L.ERRORS.items()})
+    seen = set()
+    with open(os.path.join(ROOT, "libcoll", "abi.txt")) as f:
+        for line in f:
+            w = line.split()
+            if not w or w[0].startswith("#"):
+                continue
+            if w[0] == "sizeof":
+                assert ctypes.sizeof(structs[w[1]]) == int(w[2]), line
+            elif w[0] == "offsetof":
+                assert getattr(structs[w[1]], w[2]).offset == int(w[3]), line
+                seen.add((w[1], w[2]))
+            else:
+                assert values[w[1]] == int(w[2]), line
+                seen.add(w[1])
+    for s, cls in structs.items():
+        for f, _ in cls._fields_:
+            assert (s, f) in seen, "abi.txt does not list %s.%s" % (s, f)
+    for k in values:
+        assert k in seen, "abi.txt does not list " + k
+
+
+def test_a_missing_library_is_named():
+    env = dict(os.environ, COLL_LIB="/nonexistent/libcoll.so.0",
+               PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", "import coll; coll.version()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "/nonexistent/libcoll.so.0 (absent)" in r.stderr
+    assert "set COLL_LIB" in r.stderr
+
+
+def _reference(xs, op):
+    acc = xs[0].astype(np.float64) if xs[0].dtype.kind == "f" else xs[0].copy()
+    for x in xs[1:]:
+        if op == "sum":
+            acc = acc + x
+        elif op == "max":
+            acc = np.maximum(acc, x)
+        elif op == "min":
+            acc = np.minimum(acc, x)
+        elif op == "prod":
+            acc = acc * x
+    return acc.astype(xs[0].dtype)
+
+
+def _data(rank, n, dt, seed=0):
+    rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dt).kind == "f":
+        return rng.integers(-8, 8, n).astype(dt)  # exact in every float type
+    if np.dtype(dt).kind == "u":
+        return rng.integers(0, 4, n).astype(dt)
+    return rng.integers(-4, 5, n).astype(dt)
+
+
+def _every_op(i, sock, size, in_coll):
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    assert g.size == size
+    r = g.rank
+    mk = (lambda a: _into(conn, a)) if in_coll else (lambda a: a.copy())
+    for dt in DTYPES:
+        n = 37
+        xs = [_data(k, n, dt) for k in range(size)]
+        for op in ("sum", "max", "min", "prod"):
+            if op == "prod" and np.dtype(dt).itemsize == 1:
+                continue
+            x = mk(xs[r])
+            g.allreduce(x, op=op)
+            np.testing.assert_array_equal(x, _reference(xs, op), err_msg="%s %s" % (dt, op))
+        out = mk(np.zeros(n, dt))
+        g.allreduce(mk(xs[r]), out=out)
+        np.testing.assert_array_equal(out, _reference(xs, "sum"))
+        b = mk(xs[r] if r == 1 % size else np.zeros(n, dt))
+        g.broadcast(b, root=1 % size)
+        np.testing.assert_array_equal(b, xs[1 % size])
+        red = mk(xs[r])
+        g.reduce(red, root=0)
+        if r == 0:
+            np.testing.assert_array_equal(red, _reference(xs, "sum"))
+        ag = g.allgather(mk(xs[r]), out=mk(np.zeros((size, n), dt)))
+        np.testing.assert_array_equal(ag, np.stack(xs))
+        blocks = [_data(k, size * 5, dt, seed=2) for k in range(size)]
+        rs = g.reduce_scatter(mk(blocks[r]), out=mk(np.zeros(5, dt)))
+        np.testing.assert_array_equal(rs, _reference(blocks, "sum")[r * 5:(r + 1) * 5])
+        a2a = g.alltoall(mk(blocks[r]), out=mk(np.zeros(size * 5, dt)))
+        want = np.concatenate([blocks[k][r * 5:(r + 1) * 5] for k in range(size)])
+        np.testing.assert_array_equal(a2a, want)
+    # in place allgather: this rank's block of out is the input
+    out = mk(np.zeros((size, 3), np.float32))
+    out[r] = r + 1
+    g.allgather(out[r], out=out)
+    np.testing.assert_array_equal(out, np.arange(1, size + 1, dtype=np.float32)[:, None]
+                                  * np.ones(3, np.float32))
+    # bool or, complex sum (as pairs of floats), bitwise xor
+    bl = mk(np.array([r == 0, False, True]))
+    g.allreduce(bl, op="max")
+    np.testing.assert_array_equal(bl, [True, False, True])
+    c = mk(np.array([1 + 2j, r * 1j], np.complex64))
+    g.allreduce(c)
+    np.testing.assert_array_equal(c, [size * (1 + 2j), sum(range(size)) * 1j])
+    x = mk(np.array([1 << r], np.int32))
+    g.allreduce(x, op="bxor")
+    assert x[0] == (1 << size) - 1
+    with pytest.raises(TypeError, match="complex numbers reduce with sum and avg only"):
+        g.allreduce(mk(np.zeros(2, np.complex64)), op="max")
+    g.barrier()
+    g.close()
+    conn.close()
+
+
+def _into(conn, a):
+    x = conn.empty(a.shape, a.dtype)
+    x[...] = a
+    return x
+
+
+@pytest.mark.parametrize("in_coll", [True, False], ids=["coll-memory", "staged"])
+def test_every_op_between_two_slots_of_one_pod(agent2, in_coll):
+    run_ranks(_every_op, 2, agent2.sock, 2, in_coll)
+
+
+@pytest.mark.parametrize("in_coll", [True, False], ids=["coll-memory", "staged"])
+def test_every_op_between_two_pods(two_pods, in_coll):
+    run_ranks(lambda i: _every_op(i, two_pods[i].sock, 2, in_coll), 2)
+
+
+def _composed(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world", rank=i)
+    s, r = g.size, g.rank
+    # alltoallv: rank r sends j + r + 1 rows of width 3 to rank j
+    ins = [j + r + 1 for j in range(s)]
+    outs = [r + k + 1 for k in range(s)]
+    x = np.concatenate([np.full((ins[j], 3), 100 * r + j, np.int64) for j in range(s)])
+    out = np.zeros((sum(outs), 3), np.int64)
+    g.alltoallv(x, out, ins, outs)
+    want = np.concatenate([np.full((outs[k], 3), 100 * k + r, np.int64) for k in range(s)])
+    np.testing.assert_array_equal(out, want)
+    # gather and scatter, root 1, staged and in coll memory
+    for mk in (np.array, lambda a: _into(conn, np.asarray(a))):
+        got = g.gather(mk(np.full(4, r, np.float32)), root=1)
+        if r == 1:
+            np.testing.assert_array_equal(got, np.repeat(np.arange(s, dtype=np.float32), 4)
+                                          .reshape(s, 4))
+        else:
+            assert got is None
+        src = mk(np.arange(s * 2, dtype=np.int32).reshape(s, 2)) if r == 1 else None
+        dst = mk(np.zeros(2, np.int32))
+        g.scatter(src, dst, root=1)
+        np.testing.assert_array_equal(dst, [2 * r, 2 * r + 1])
+    # tagged sends arrive by tag whatever the order
+    if r == 0:
+        g.send(np.array([7.0], np.float32), 1, tag=5)
+        g.send(np.array([9.0], np.float32), 1, tag=6)
+    elif r == 1:
+        a, b = np.zeros(1, np.float32), np.zeros(1, np.float32)
+        qb = g.recv(b, 0, tag=6, async_op=True)
+        qa = g.recv(a, 0, tag=5, async_op=True)
+        assert qb.wait(30) is b and qa.wait(30) is a
+        assert (a[0], b[0]) == (7.0, 9.0)
+    g.barrier()
+    conn.close()
+
+
+def test_alltoallv_gather_scatter_and_tags_across_pods(two_pods):
+    run_ranks(lambda i: _composed(i, two_pods[i].sock), 2)
+
+
+def test_alltoallv_gather_scatter_on_four_slots(agent4):
+    run_ranks(_composed, 4, agent4.sock)
+
+
+def _async(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    xs = [_into(conn, np.full(16, k + g.rank, np.float32)) for k in range(4)]
+    qs = [g.allreduce(x, async_op=True) for x in xs]
+    first = conn.wait_any(qs, timeout=30)
+    assert first in qs and first.done
+    for k, q in enumerate(qs):
+        assert q.wait(30) is xs[k]
+        np.testing.assert_array_equal(xs[k], np.full(16, 2 * k + 1, np.float32))
+    assert qs[0].test()  # done, and stays done
+    # the staging buffer goes back to the pool once a staged op completes
+    y = np.ones(1000, np.float64)
+    q = g.allreduce(y, async_op=True)
+    assert q.wait(30) is y and y[0] == 2.0
+    assert sum(len(v) for v in conn._stage.values()) >= 1
+    conn.close()
+
+
+def test_async_requests_wait_any_and_staging_reuse(agent2):
+    run_ranks(_async, 2, agent2.sock)
+
+
+def test_errors_say_what_and_whether_to_retry(agent2):
+    conn = coll.connect(agent2.sock)
+    with pytest.raises(coll.CollError) as e:
+        conn.open("nope")
+    assert e.value.name == "NOT_FOUND" and not e.value.retryable
+    assert "no group named 'nope'" in e.value.reason
+    assert "opening group 'nope'" in str(e.value)
+    # slot 1 is held but never joins: slot 0's op ends with its handle's own timeout
+    g = conn.open("world", slot=0, timeout=0.5)
+    idle = conn.open("world", slot=1)
+    with pytest.raises(coll.CollError) as e:
+        g.barrier()
+    assert e.value.name == "TIMEOUT" and e.value.retryable
+    assert "waited 500 ms" in e.value.reason
+    with pytest.raises(ValueError, match="reduction 'median'"):
+        g.allreduce(np.zeros(1, np.float32), op="median")
+    with pytest.raises(TypeError, match="dtype"):
+        g.allreduce(np.zeros(1, np.dtype("U1")))
+    with pytest.raises(ValueError, match="out has 3 elements, the op needs 2"):
+        g.allreduce(np.zeros(2, np.float32), out=np.zeros(3, np.float32))
+    with pytest.raises(coll.CollError) as e:
+        conn.open("world", rank=7)
+    assert e.value.name == "INVALID" and "has ranks 0..1" in e.value.reason
+    idle.close()
+    conn.close()
+    with pytest.raises(coll.CollError, match="the connection is closed"):
+        conn.open("world")
+
+
+def test_mismatched_ops_fail_on_every_rank(agent2):
+    def body(i):
+        conn = coll.connect(agent2.sock)
+        g = conn.open("world", slot=i)
+        x = np.zeros(4 if i == 0 else 5, np.float32)
+        with pytest.raises(coll.CollError) as e:
+            g.allreduce(x)
+        assert e.value.name == "MISMATCH" and e.value.retryable
+        conn.close()
+
+    run_ranks(body, 2)
+
+
+def _children(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world", rank=i)
+    # split into evens and odds, ordered by descending key
+    c = g.split(g.rank % 2, key=-g.rank)
+    assert c.size == 2 and c.parent_ranks == sorted([k for k in range(4) if k % 2 == i % 2],
+                                                    reverse=True)
+    x = np.array([g.rank], np.int64)
+    c.allreduce(x)
+    assert x[0] == (2 if i % 2 == 0 else 4)
+    # ranks 1 and 2 only make a child; 0 and 3 do nothing
+    if i in (1, 2):
+        k = g.create([2, 1])
+        assert k.rank == (0 if i == 2 else 1) and k.parent_ranks == [2, 1]
+        y = k.allgather(np.array([i], np.int32))
+        np.testing.assert_array_equal(y.ravel(), [2, 1])
+        k.close()
+    assert g.split(None) is None
+    c.close()
+    g.barrier()
+    conn.close()
+
+
+def test_split_and_create(agent4):
+    run_ranks(_children, 4, agent4.sock)
+
+
+def test_arrays_in_coll_memory_live_as_long_as_they_are_used(agent2):
+    conn = coll.connect(agent2.sock)
+    x = conn.zeros((4, 8), np.float32)
+    assert conn.find(x) is not None and conn.find(np.zeros(3)) is None
+    y = x[1]  # a view keeps the buffer
+    addr = y.__array_interface__["data"][0]
+    del x
+    gc.collect()
+    assert conn.find(y) is not None
+    del y
+    gc.collect()
+    b = ctypes.c_void_p()
+    off = ctypes.c_size_t()
+    assert coll.lib().coll_mem_find(conn.handle, addr, ctypes.byref(b), ctypes.byref(off)) == \
+        L.ERRORS["NOT_FOUND"]
+    t = conn.zeros(5, "int16", like="torch") if _has_torch() else None
+    if t is not None:
+        assert str(t.dtype) == "torch.int16" and conn.find(t) is not None
+    conn.close()
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _torch_cpu(i, sock):
+    import torch
+
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    t = torch.arange(6, dtype=torch.float32) * (g.rank + 1)
+    g.allreduce(t)
+    assert torch.equal(t, torch.arange(6, dtype=torch.float32) * 3)
+    bf = torch.full((8,), 1.5, dtype=torch.bfloat16)
+    g.allreduce(bf)
+    assert torch.equal(bf, torch.full((8,), 3.0, dtype=torch.bfloat16))
+    nc = torch.zeros(4, 3)[:, 1]  # not contiguous: staged both ways
+    nc += g.rank + 1
+    g.allreduce(nc)
+    assert torch.equal(nc, torch.full((4,), 3.0))
+    ct = conn.zeros(4, torch.int64)
+    ct += g.rank
+    g.allreduce(ct, op="max")
+    assert ct.tolist() == [1, 1, 1, 1]
+    conn.close()
+
+
+@pytest.mark.skipif(not _has_torch(), reason="torch is not installed (python3-torch)")
+def test_torch_cpu_tensors(agent2):
+    run_ranks(_torch_cpu, 2, agent2.sock)

@@ -1,0 +1,206 @@
+"""The torch.distributed backend "coll" against real agents: init_process_group with
+torch's own init methods, every collective torch exposes, object collectives, new_group
+through run-time children, futures, and DDP against a single-process reference."""
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (python3-torch)")
+import torch.distributed as dist  # noqa: E402
+
+import coll.torch  # noqa: E402,F401
+from conftest import free_port, run_ranks  # noqa: E402
+
+
+def _init(i, sock, size, port):
+    os.environ["COLL_AGENT_SOCKET"] = sock
+    dist.init_process_group("coll", init_method="tcp://127.0.0.1:%d" % port, rank=i,
+                            world_size=size)
+    assert dist.get_rank() == i and dist.get_world_size() == size
+    assert dist.get_backend() == "coll"
+
+
+def _every_collective(i, socks, port):
+    size = len(socks)
+    _init(i, socks[i], size, port)
+    r = dist.get_rank()
+    t = torch.arange(4, dtype=torch.float32) + r
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(4, dtype=torch.float32) * size + sum(range(size)))
+    t = torch.tensor([r + 1])
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    assert t.item() == 2 if size == 2 else True
+    b = torch.full((3,), float(r))
+    dist.broadcast(b, src=size - 1)
+    assert torch.equal(b, torch.full((3,), float(size - 1)))
+    red = torch.tensor([float(r)])
+    dist.reduce(red, dst=0, op=dist.ReduceOp.MAX)
+    if r == 0:
+        assert red.item() == size - 1
+    outs = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(outs, torch.tensor([r, 10 * r]))
+    assert [o.tolist() for o in outs] == [[k, 10 * k] for k in range(size)]
+    flat = torch.zeros(size * 2)
+    dist._all_gather_base(flat, torch.tensor([float(r), 1.0]))
+    assert flat.tolist() == sum([[float(k), 1.0] for k in range(size)], [])
+    rs = torch.zeros(2)
+    dist.reduce_scatter(rs, [torch.full((2,), float(k + r)) for k in range(size)])
+    assert rs.tolist() == [float(size * r + sum(range(size)))] * 2
+    rsb = torch.zeros(1)
+    dist._reduce_scatter_base(rsb, torch.arange(size, dtype=torch.float32))
+    assert rsb.item() == size * r
+    a2a = torch.zeros(size)
+    dist.all_to_all_single(a2a, torch.arange(size, dtype=torch.float32) + 100 * r)
+    assert a2a.tolist() == [100.0 * k + r for k in range(size)]
+    # unequal splits (MoE): rank r sends j + 1 rows to rank j
+    ins = [j + 1 for j in range(size)]
+    outs_n = [r + 1] * size
+    x = torch.cat([torch.full((ins[j], 2), float(10 * r + j)) for j in range(size)])
+    y = torch.zeros(sum(outs_n), 2)
+    dist.all_to_all_single(y, x, outs_n, ins)
+    want = torch.cat([torch.full((outs_n[k], 2), float(10 * k + r)) for k in range(size)])
+    assert torch.equal(y, want)
+    lo = [torch.zeros(k + 1) for k in range(size)]
+    dist.all_to_all(lo, [torch.full((r + 1,), float(j)) for j in range(size)])
+    assert [t.tolist() for t in lo] == [[float(r)] * (k + 1) for k in range(size)]
+    g = [torch.zeros(2) for _ in range(size)] if r == 0 else None
+    dist.gather(torch.full((2,), float(r)), g, dst=0)
+    if r == 0:
+        assert [t.tolist() for t in g] == [[float(k)] * 2 for k in range(size)]
+    sc = torch.zeros(3)
+    dist.scatter(sc, [torch.full((3,), float(k)) for k in range(size)] if r == 1 else None, src=1)
+    assert sc.tolist() == [float(r)] * 3
+    # point to point, tagged, and torch's batched form
+    if r == 0:
+        dist.send(torch.tensor([5.0]), 1, tag=3)
+    elif r == 1:
+        got = torch.zeros(1)
+        dist.recv(got, 0, tag=3)
+        assert got.item() == 5.0
+    nxt, prv = (r + 1) % size, (r - 1) % size
+    inbox = torch.zeros(2)
+    ops = [dist.P2POp(dist.isend, torch.full((2,), float(r)), nxt),
+           dist.P2POp(dist.irecv, inbox, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert inbox.tolist() == [float(prv)] * 2
+    # object collectives through torch's own helpers (pickles over allgather/broadcast)
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": r, "name": "pod-%d" % r})
+    assert objs == [{"rank": k, "name": "pod-%d" % k} for k in range(size)]
+    lst = [("hello", r)] if r == 0 else [None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == [("hello", 0)]
+    # async work with a future
+    t = torch.ones(1000)
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future()
+    assert fut.wait()[0] is t and t[0].item() == size
+    assert w.is_completed()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_every_collective_across_two_pods(two_pods):
+    run_ranks(_every_collective, 2, [a.sock for a in two_pods], free_port(), timeout=120)
+
+
+def test_every_collective_on_four_slots_of_one_pod(agent4):
+    run_ranks(_every_collective, 4, [agent4.sock] * 4, free_port(), timeout=120)
+
+
+def _new_groups(i, sock, port):
+    _init(i, sock, 4, port)
+    evens = dist.new_group([0, 2])
+    odds = dist.new_group([1, 3])
+    mine = evens if i % 2 == 0 else odds
+    t = torch.tensor([float(i)])
+    dist.all_reduce(t, group=mine)
+    assert t.item() == (2.0 if i % 2 == 0 else 4.0)
+    # group ranks in send/recv: rank 1 of evens is global rank 2
+    if i == 0:
+        dist.send(torch.tensor([42.0]), 2, group=evens)
+    elif i == 2:
+        got = torch.zeros(1)
+        dist.recv(got, 0, group=evens)
+        assert got.item() == 42.0
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_new_group_makes_children(agent4):
+    run_ranks(_new_groups, 4, agent4.sock, free_port(), timeout=120)
+
+
+def _cross_pod_child(i, socks, port):
+    _init(i, socks[i], 4, port)
+    # ranks 1 and 2 are on different pods: creation succeeds in torch's eyes (no member
+    # raises in the creator, so nobody hangs in its barrier); the first op says why
+    g = dist.new_group([1, 2])
+    if i in (1, 2):
+        with pytest.raises(coll.CollError) as e:
+            dist.all_reduce(torch.ones(1), group=g)
+        assert e.value.name == "UNSUPPORTED" and "another pod" in e.value.reason
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_child_that_cannot_be_made_fails_on_use_not_in_new_group():
+    from conftest import pods
+
+    ags = pods(2, slots=2)
+    try:
+        run_ranks(_cross_pod_child, 4, [a.sock for a in ags for _ in range(2)], free_port(),
+                  timeout=120)
+    finally:
+        for a in ags:
+            assert a.stop() == 0, a.read_log()
+
+
+def test_a_rank_of_another_pod_is_refused_by_name(two_pods):
+    def body(i):
+        os.environ["COLL_AGENT_SOCKET"] = two_pods[1].sock  # pod 1 holds rank 1 only
+        with pytest.raises(coll.CollError) as e:
+            coll.torch._open_world(0, 2, None)
+        assert e.value.name == "NOT_FOUND"
+        assert "rank 0 of group 'world' is another pod's" in e.value.reason
+        with pytest.raises(RuntimeError, match="has 2 ranks but torch's world has 3"):
+            coll.torch._open_world(1, 3, None)
+
+    run_ranks(body, 1)
+
+
+def _ddp(i, socks, port, steps):
+    _init(i, socks[i], 2, port)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ref.load_state_dict(model.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        xs = torch.randn(2, 4, 8, generator=g)  # both ranks' batches, the same on each
+        ys = torch.randn(2, 4, 1, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(xs[i]), ys[i]).backward()
+        opt.step()
+        # the reference: one process, the mean of both ranks' gradients
+        ropt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(ref(xs[k]), ys[k]) for k in range(2)) / 2
+        loss.backward()
+        ropt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # both ranks hold the same parameters
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    both = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(both, flat)
+    assert torch.equal(both[0], both[1])
+    dist.destroy_process_group()
+
+
+def test_ddp_trains_as_one_process_would(two_pods):
+    run_ranks(_ddp, 2, [a.sock for a in two_pods], free_port(), 20, timeout=180)
