@@ -10,12 +10,13 @@ differ. torch's store is not used: the agents find each other. new_group() makes
 coll child of the members (coll_group_create); a failure there is kept for the group's
 first op, never raised in the creator (torch's other members would wait in its barrier).
 
-Work objects are torch's own, made from a future that a thread of this module completes
-when the op's request does (whichever completes first). CUDA tensors: an op starts after
-the work queued on the current stream, and the current stream waits for it on the GPU at
-once (no host wait: later kernels on that stream see the result, as after
-ProcessGroupNCCL's wait()); Work.wait() then waits on the host as well.
+Work: wait() waits in the caller's thread (no hand-off) and raises coll.CollError on
+failure; get_future() completes from a thread of this module. CUDA tensors: an op starts
+after the work queued on the current stream, and the current stream waits for it on the
+GPU at once (no host wait: later kernels on that stream see the result, as after
+ProcessGroupNCCL's wait()).
 """
+import os
 import queue
 import threading
 
@@ -28,7 +29,6 @@ from ._request import ready
 _OPS = [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
         ("AVG", "avg"), ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor")]
 
-from torch._C._distributed_c10d import _create_work_from_future  # noqa: E402
 
 
 def _redop(op):
@@ -44,28 +44,25 @@ def _opt(opts, name, default):
     return getattr(opts, name, default) if opts is not None else default
 
 
-class _Completer:
-    """The thread that completes the futures behind the backend's Work objects: it
-    waits for whichever pending request completes first (never one behind another, so
-    ops of different groups cannot wait on each other), runs its copies into list
-    outputs and sets its future. torch's Work (made from the future) waits on that
-    future with the GIL released.
+_WorkBase = getattr(dist, "_Work", None) or dist.Work
 
-    Why not a Python subclass of torch's Work: torch keeps only the C++ half of it, and
-    once the Python half is collected a later wait() reaches the base class and blocks
-    for good (torch 1.13)."""
+
+class _Completer:
+    """The thread that completes the futures of Work objects whose get_future() was
+    called (DDP's buckets): it waits for whichever pending request completes first
+    (never one behind another, so ops of different groups cannot wait on each other)."""
 
     def __init__(self):
         self.q = queue.Queue()
         self.t = None
         self.lock = threading.Lock()
 
-    def add(self, conn, req, fut, post, value):
+    def add(self, work):
         with self.lock:
             if self.t is None or not self.t.is_alive():
                 self.t = threading.Thread(target=self._run, name="coll-futures", daemon=True)
                 self.t.start()
-        self.q.put((conn, req, fut, post, value))
+        self.q.put(work)
 
     def _run(self):
         pending = []
@@ -77,40 +74,116 @@ class _Completer:
                     pending.append(self.q.get_nowait())
                 except queue.Empty:
                     break
-            # by connection: ready() waits on one connection's requests
-            conn = pending[0][0]
-            mine = [p for p in pending if p[0] is conn]
-            k = ready(conn, [p[1] for p in mine], 0.001)
-            if k is None:
-                continue
-            item = mine[k]
-            pending.remove(item)
-            _, req, fut, post, value = item
-            try:
-                req.wait()
-                if post is not None:
-                    post()
-            except Exception as e:  # the future carries it to whoever waits
-                fut.set_exception(e)
-                continue
-            fut.set_result(value)
+            conn = pending[0]._req.conn  # ready() looks at one connection's requests
+            mine = [w for w in pending if w._req.conn is conn]
+            k = ready(conn, [w._req for w in mine], 0.001)
+            if k is not None:
+                w = mine[k]
+                pending.remove(w)
+                w._settle()
 
 
 _completer = _Completer()
 
+# Work objects torch's C++ side may still call: torch keeps only the C++ half of a
+# Python Work, and once the Python half is collected a later wait() reaches the base
+# class and blocks for good (torch 1.13). So each stays here until it was waited for,
+# or its future (the only thing DDP keeps) was set.
+_alive = {}
+_alive_lock = threading.Lock()
+
+
+class Work(_WorkBase):
+    """One op of the backend (one request; list forms copy into their outputs once it
+    completes). wait() waits in the caller's thread and raises CollError on failure;
+    CUDA ops: the current stream waits for the op on the GPU at submission (as after
+    ProcessGroupNCCL's wait(), no host wait) and wait() returns at once."""
+
+    def __init__(self, req, value, post=None):
+        super().__init__()
+        self._req = req
+        self._value = value  # the output tensors (the future's value)
+        self._post = post  # copies into list outputs, once, on success
+        self._fut = None
+        self._exc = None
+        self._lock = threading.Lock()
+        if req._gpu:
+            req.wait_stream(torch.cuda.current_stream())
+            if post is not None:
+                post()  # on the stream, after the op
+                self._post = None
+        with _alive_lock:
+            _alive[id(self)] = self
+
+    def _forget(self):
+        with _alive_lock:
+            _alive.pop(id(self), None)
+
+    def _finish(self, timeout=None):
+        """Wait on the host; run the copies; keep the failure. Raises it."""
+        with self._lock:
+            if self._exc is None:
+                try:
+                    self._req.wait(timeout)
+                except CollError as e:
+                    self._exc = e
+                if self._exc is None and self._post is not None:
+                    self._post()
+                    self._post = None
+            if self._exc is not None:
+                raise self._exc
+
+    def _settle(self):
+        """The completer thread: the op completed; set the future."""
+        try:
+            self._finish()
+        except Exception as e:
+            self._fut.set_exception(e)
+        else:
+            self._fut.set_result(self._value)
+        self._forget()
+
+    def wait(self, timeout=None):
+        if self._req._gpu:
+            self._forget()
+            if self._req.done and self._exc is None:
+                self._req.wait()  # a failure the host has seen already
+            return True
+        t = timeout.total_seconds() if hasattr(timeout, "total_seconds") else None
+        try:
+            self._finish(t if t else None)
+        finally:
+            if self._req.done:
+                self._forget()
+        return True
+
+    def is_completed(self):
+        try:
+            done = self._req.test()
+        except CollError as e:
+            self._exc = e
+            return True
+        return done
+
+    def is_success(self):
+        return self.is_completed() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        return self._value
+
+    def get_future(self):
+        with self._lock:
+            if self._fut is None:
+                self._fut = torch.futures.Future()
+                _completer.add(self)
+        return self._fut
+
 
 def _work(req, value, post=None):
-    """torch's Work for a request: its future completes with value once req has (and
-    post, copies into list outputs, has run). CUDA ops: the current stream waits for the
-    op on the GPU (ProcessGroupNCCL's order) and the copies follow it there."""
-    fut = torch.futures.Future()
-    if req._gpu:
-        req.wait_stream(torch.cuda.current_stream())
-        if post is not None:
-            post()
-            post = None
-    _completer.add(req.conn, req, fut, post, value)
-    return _create_work_from_future(fut)
+    return Work(req, value, post)
 
 
 class ProcessGroupColl(dist.ProcessGroup):
@@ -284,8 +357,6 @@ def _create(opts, pg_options=None):
 
 
 def _open_world(rank, size, t):
-    import os
-
     conn = _state["conn"]
     if conn is None or not conn._h:
         conn = _state["conn"] = connect(os.environ.get("COLL_AGENT_SOCKET"))

@@ -158,6 +158,23 @@ def test_a_child_that_cannot_be_made_fails_on_use_not_in_new_group():
             assert a.stop() == 0, a.read_log()
 
 
+def test_a_failed_op_raises_coll_error_through_torch(agent2):
+    port = free_port()
+
+    def body(i):
+        _init(i, agent2.sock, 2, port)
+        with pytest.raises(coll.CollError) as e:
+            dist.all_reduce(torch.zeros(3 + i))
+        assert e.value.name == "MISMATCH" and e.value.retryable
+        assert "count=3" in e.value.reason and "count=4" in e.value.reason
+        w = dist.all_reduce(torch.zeros(5 + i), async_op=True)
+        with pytest.raises(coll.CollError, match="MISMATCH"):
+            w.get_future().wait()
+        assert w.is_completed() and not w.is_success()
+
+    run_ranks(body, 2)
+
+
 def test_a_rank_of_another_pod_is_refused_by_name(two_pods):
     def body(i):
         os.environ["COLL_AGENT_SOCKET"] = two_pods[1].sock  # pod 1 holds rank 1 only
@@ -173,20 +190,26 @@ def test_a_rank_of_another_pod_is_refused_by_name(two_pods):
 
 def _ddp(i, socks, port, steps):
     _init(i, socks[i], 2, port)
+    gloo = dist.new_group(backend="gloo")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    mk = lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),  # noqa: E731
+                                     torch.nn.Linear(16, 1))
+    model, ref, gm = mk(), mk(), mk()
     ref.load_state_dict(model.state_dict())
+    gm.load_state_dict(model.state_dict())
     ddp = torch.nn.parallel.DistributedDataParallel(model)
+    gddp = torch.nn.parallel.DistributedDataParallel(gm, process_group=gloo)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gopt = torch.optim.SGD(gddp.parameters(), lr=0.05)
     ropt = torch.optim.SGD(ref.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
         xs = torch.randn(2, 4, 8, generator=g)  # both ranks' batches, the same on each
         ys = torch.randn(2, 4, 1, generator=g)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(xs[i]), ys[i]).backward()
-        opt.step()
+        for d, o in ((ddp, opt), (gddp, gopt)):  # coll, and the same steps on Gloo
+            o.zero_grad()
+            torch.nn.functional.mse_loss(d(xs[i]), ys[i]).backward()
+            o.step()
         # the reference: one process, the mean of both ranks' gradients
         ropt.zero_grad()
         loss = sum(torch.nn.functional.mse_loss(ref(xs[k]), ys[k]) for k in range(2)) / 2
@@ -194,11 +217,17 @@ def _ddp(i, socks, port, steps):
         ropt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # two ranks: a sum of two floats is the same in any order, so coll and Gloo agree
+    # bit for bit
+    for p, q in zip(model.parameters(), gm.parameters()):
+        assert torch.equal(p, q)
     # both ranks hold the same parameters
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     both = [torch.zeros_like(flat) for _ in range(2)]
     dist.all_gather(both, flat)
     assert torch.equal(both[0], both[1])
+    # every Work was waited for or had its future set: none kept
+    assert not coll.torch._alive, len(coll.torch._alive)
     dist.destroy_process_group()
 
 
