@@ -16,6 +16,7 @@ after the work queued on the current stream, and the current stream waits for it
 GPU at once (no host wait: later kernels on that stream see the result, as after
 ProcessGroupNCCL's wait()).
 """
+import collections
 import os
 import queue
 import threading
@@ -107,13 +108,18 @@ class Work(_WorkBase):
         self._fut = None
         self._exc = None
         self._lock = threading.Lock()
+        with _alive_lock:
+            _alive[id(self)] = self
         if req._gpu:
             req.wait_stream(torch.cuda.current_stream())
             if post is not None:
                 post()  # on the stream, after the op
                 self._post = None
-        with _alive_lock:
-            _alive[id(self)] = self
+            # the host's side of it (its request's slot) is settled later, by the
+            # submitter (_reap), or by the completer thread for a future
+            with _alive_lock:
+                _gpu_pending.append(self)
+            _reap()
 
     def _forget(self):
         with _alive_lock:
@@ -134,20 +140,21 @@ class Work(_WorkBase):
                 raise self._exc
 
     def _settle(self):
-        """The completer thread: the op completed; set the future."""
+        """The op completed: set the future (if any) and let the Work go."""
         try:
             self._finish()
         except Exception as e:
-            self._fut.set_exception(e)
+            if self._fut is not None:
+                self._fut.set_exception(e)
         else:
-            self._fut.set_result(self._value)
+            if self._fut is not None:
+                self._fut.set_result(self._value)
         self._forget()
 
     def wait(self, timeout=None):
-        if self._req._gpu:
-            self._forget()
-            if self._req.done and self._exc is None:
-                self._req.wait()  # a failure the host has seen already
+        if self._req._gpu:  # the stream waits already; a failure seen is raised
+            if self._exc is not None:
+                raise self._exc
             return True
         t = timeout.total_seconds() if hasattr(timeout, "total_seconds") else None
         try:
@@ -176,10 +183,49 @@ class Work(_WorkBase):
 
     def get_future(self):
         with self._lock:
-            if self._fut is None:
-                self._fut = torch.futures.Future()
-                _completer.add(self)
+            if self._fut is not None:
+                return self._fut
+            self._fut = torch.futures.Future()
+        if self._req._gpu:
+            with _alive_lock:
+                mine = self in _gpu_pending
+                if mine:
+                    _gpu_pending.remove(self)
+            if not mine:  # settled already
+                if self._exc is not None:
+                    self._fut.set_exception(self._exc)
+                else:
+                    self._fut.set_result(self._value)
+                return self._fut
+        _completer.add(self)
         return self._fut
+
+
+# GPU Work objects whose request the host has not consumed yet, oldest first: each new
+# one settles those that are done (one non-blocking look at the oldest), and waits for
+# the oldest while more than _GPU_PENDING_MAX are left (a connection holds 256 requests)
+_gpu_pending = collections.deque()
+_GPU_PENDING_MAX = 128
+
+
+def _reap():
+    while True:
+        with _alive_lock:
+            if not _gpu_pending:
+                return
+            w = _gpu_pending[0]
+            if len(_gpu_pending) <= _GPU_PENDING_MAX and not _settled(w._req):
+                return
+            _gpu_pending.popleft()
+        if w._fut is None:
+            w._settle()  # waits on the host for the oldest when over the bound
+
+
+def _settled(q):
+    try:
+        return q.test()
+    except CollError:
+        return True
 
 
 def _work(req, value, post=None):
@@ -373,8 +419,14 @@ def _open_world(rank, size, t):
 
 
 def _register():
+    import inspect
+
     try:
-        dist.Backend.register_backend("coll", _create, extended_api=True)
+        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+            dist.Backend.register_backend("coll", _create, extended_api=True,
+                                          devices=["cpu", "cuda"])
+        else:
+            dist.Backend.register_backend("coll", _create, extended_api=True)
     except TypeError:  # torch without extended_api
         dist.Backend.register_backend(
             "coll", lambda store, rank, size, timeout: _create(

@@ -16,7 +16,10 @@ import tempfile
 import time
 import traceback
 
-import pytest
+try:
+    import pytest
+except ImportError:  # gpu_check.py runs without it (the GPU host has no pytest)
+    pytest = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -31,8 +34,10 @@ def _find(env, name):
         c = os.path.join(ROOT, d, name)
         if os.path.exists(c):
             return c
-    pytest.skip("%s not found: build the project or set $%s" % (name, env),
-                allow_module_level=True)
+    msg = "%s not found: build the project or set $%s" % (name, env)
+    if pytest is None:
+        raise SystemExit(msg)
+    pytest.skip(msg, allow_module_level=True)
 
 
 AGENT = _find("COLL_AGENT", "coll-agent")
@@ -181,25 +186,26 @@ def run_ranks(fn, n, *args, timeout=60):
         raise AssertionError("\n".join(errors))
 
 
-@pytest.fixture
-def agent2():
-    """One pod with a host group "world" of two slots."""
-    a = one_pod(2)
-    yield a
-    assert a.stop() == 0, a.read_log()
-
-
-@pytest.fixture
-def agent4():
-    a = one_pod(4)
-    yield a
-    assert a.stop() == 0, a.read_log()
-
-
-@pytest.fixture
-def two_pods():
-    """Two pods (agents) of one slot each: a host group "world" of two ranks."""
-    ags = pods(2)
-    yield ags
-    for a in ags:
+if pytest is not None:
+    @pytest.fixture
+    def agent2():
+        """One pod with a host group "world" of two slots."""
+        a = one_pod(2)
+        yield a
         assert a.stop() == 0, a.read_log()
+
+
+    @pytest.fixture
+    def agent4():
+        a = one_pod(4)
+        yield a
+        assert a.stop() == 0, a.read_log()
+
+
+    @pytest.fixture
+    def two_pods():
+        """Two pods (agents) of one slot each: a host group "world" of two ranks."""
+        ags = pods(2)
+        yield ags
+        for a in ags:
+            assert a.stop() == 0, a.read_log()

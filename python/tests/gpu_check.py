@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""GPU checks of the Python package and the torch backend, on a host with CUDA and the
+host's own torch (no pytest needed: the GPU host has none). One GPU: a one-rank NCCL
+group. Prints one line per check and the timings; exits 1 on the first failure, 77 when
+there is no GPU.
+
+    COLL_AGENT=build/coll-agent COLL_LIB=build/libcoll.so.0 python3 python/tests/gpu_check.py
+
+Timings (interleaved rounds, each op synchronized, as a training step would see one):
+dist.all_reduce through coll (coll memory and staged) against ProcessGroupNCCL in the
+same process, 8 B to 256 MiB.
+"""
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import Agent, free_port  # noqa: E402
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    print("skipped: no CUDA device")
+    sys.exit(77)
+
+import torch.distributed as dist  # noqa: E402
+
+import coll  # noqa: E402
+import coll.torch  # noqa: E402
+
+
+def check(what, cond):
+    print("%-4s %s" % ("ok" if cond else "FAIL", what), flush=True)
+    if not cond:
+        raise SystemExit(1)
+
+
+agent = Agent('groups:\n  - {name: world, backend: nccl, devices: ["0"], '
+              'timeouts: {op_ms: 60000}}\n')
+os.environ["COLL_AGENT_SOCKET"] = agent.sock
+try:
+    torch.cuda.set_device(0)
+    dist.init_process_group("coll", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0,
+                            world_size=1)
+    cg = coll.torch._state["world"].coll
+    check("backend %s, torch %s, group %r" % (dist.get_backend(), torch.__version__, cg),
+          cg.backend == "nccl")
+    conn = cg.conn
+    # coll memory on the GPU, through DLPack
+    x = conn.zeros(1024, torch.float32, device="cuda:0")
+    check("coll.zeros on cuda:0 is a CUDA tensor in coll memory",
+          x.is_cuda and conn.find(x) is not None and float(x.sum()) == 0.0)
+    # the op follows the stream's earlier work: a slow kernel, then the fill, then the op
+    s = torch.cuda.current_stream()
+    y = conn.zeros(1024, torch.float32, device="cuda:0")
+    torch.cuda._sleep(50_000_000)
+    x.fill_(3.0)
+    w = cg.allreduce(x, out=y, async_op=True)
+    w.wait_stream(s)
+    z = y * 2  # on the stream, after the op
+    check("an op starts after the stream's earlier work, and the stream waits for it",
+          float(z[0]) == 6.0 and float(z[-1]) == 6.0)
+    w.wait()
+    # torch tensors outside coll memory: staged on the GPU, results back on the stream
+    t = torch.arange(1000, device="cuda", dtype=torch.float32)
+    dist.all_reduce(t)
+    check("dist.all_reduce on an ordinary CUDA tensor (staged)",
+          torch.equal(t, torch.arange(1000, device="cuda", dtype=torch.float32)))
+    outs = [torch.zeros(7, device="cuda")]
+    dist.all_gather(outs, torch.full((7,), 2.5, device="cuda"))
+    check("dist.all_gather (list) on CUDA tensors", float(outs[0][3]) == 2.5)
+    o = torch.zeros(5, device="cuda", dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(o, torch.full((5,), 1.5, device="cuda",
+                                             dtype=torch.bfloat16))
+    check("all_gather_into_tensor, bfloat16", float(o[4]) == 1.5)
+    fut = dist.all_reduce(torch.ones(3, device="cuda"), async_op=True).get_future()
+    check("a CUDA op's future completes", fut.wait()[0].is_cuda)
+
+    # timings: coll (coll memory), coll (staged) and ProcessGroupNCCL, interleaved
+    nccl = dist.new_group(backend="nccl")
+    sizes = [8, 1 << 20, 64 << 20, 256 << 20]
+    rounds = 5
+    cells = {}
+    for r in range(rounds):
+        for size in sizes:
+            n = max(1, size // 4)
+            bufs = {"coll": conn.zeros(n, torch.float32, device="cuda:0"),
+                    "coll-py": conn.zeros(n, torch.float32, device="cuda:0"),
+                    "coll-staged": torch.zeros(n, device="cuda"),
+                    "nccl": torch.zeros(n, device="cuda")}
+            iters = 200 if size <= 1 << 20 else 10
+            order = ["coll", "coll-staged", "coll-py", "nccl"]
+            k = r % len(order)
+            for v in order[k:] + order[:k]:
+                buf, grp = bufs[v], (nccl if v == "nccl" else None)
+
+                def one():
+                    if v == "coll-py":  # coll's own API, the same stream discipline
+                        q = cg.allreduce(buf, async_op=True)
+                        q.wait_stream(torch.cuda.current_stream())
+                        torch.cuda.synchronize()
+                        q.wait()
+                    else:
+                        dist.all_reduce(buf, group=grp)
+                        torch.cuda.synchronize()
+
+                for _ in range(5):
+                    one()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    one()
+                cells.setdefault((size, v), []).append((time.perf_counter() - t0) / iters * 1e6)
+    print("\ndist.all_reduce, one rank on %s, synchronized after each op, median of %d "
+          "interleaved rounds (us per op)" % (torch.cuda.get_device_name(0), rounds))
+    print("| bytes | coll | coll-staged | coll-py | nccl | nccl/coll | nccl/staged |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for size in sizes:
+        m = {v: statistics.median(cells[(size, v)])
+             for v in ("coll", "coll-staged", "coll-py", "nccl")}
+        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |" % (
+            size, m["coll"], m["coll-staged"], m["coll-py"], m["nccl"],
+            m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"]))
+    dist.destroy_process_group()
+finally:
+    rc = agent.stop()
+    if rc != 0:
+        print(agent.read_log())
+print("gpu checks passed")
