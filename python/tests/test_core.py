@@ -344,3 +344,53 @@ def _torch_cpu(i, sock):
 @pytest.mark.skipif(not _has_torch(), reason="torch is not installed (python3-torch)")
 def test_torch_cpu_tensors(agent2):
     run_ranks(_torch_cpu, 2, agent2.sock)
+
+
+def _matrix(i, sock, counts):
+    """allreduce over dtype x reduction x count against numpy, in coll memory."""
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    size, r = g.size, g.rank
+    ints = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+    floats = [np.float16, np.float32, np.float64]
+    for dt in ints + floats + [np.bool_]:
+        ops = ["sum", "prod", "min", "max"]
+        if dt in ints or dt is np.bool_:
+            ops += ["band", "bor", "bxor"]
+        if dt in floats:
+            ops += ["avg"]
+        for op in ops:
+            for n in counts:
+                xs = [_data(k, n, dt, seed=7).astype(dt) if dt is not np.bool_ else
+                      (_data(k, n, np.int32, seed=7) > 0) for k in range(size)]
+                x = _into(conn, xs[r])
+                g.allreduce(x, op=op)
+                if op in ("band", "bor", "bxor") or dt is np.bool_:
+                    f = {"sum": np.logical_or, "max": np.logical_or, "prod": np.logical_and,
+                         "min": np.logical_and, "band": np.bitwise_and, "bor": np.bitwise_or,
+                         "bxor": np.bitwise_xor}[op]
+                    if dt is not np.bool_ and op in ("sum", "max", "prod", "min"):
+                        want = _reference(xs, op)
+                    else:
+                        want = xs[0]
+                        for k in range(1, size):
+                            want = f(want, xs[k])
+                elif op == "avg":
+                    want = (sum(a.astype(np.float64) for a in xs) / size).astype(dt)
+                else:
+                    want = _reference(xs, op)
+                np.testing.assert_array_equal(x, want, err_msg="%s %s n=%d" % (
+                    np.dtype(dt).name, op, n))
+    conn.close()
+
+
+@pytest.mark.parametrize("shape", ["1x1", "4x1"], ids=["one-rank", "four-pods"])
+def test_the_dtype_reduction_count_matrix(shape):
+    from conftest import one_pod, pods
+
+    ags = [one_pod(1)] if shape == "1x1" else pods(4)
+    try:
+        run_ranks(lambda i: _matrix(i, ags[i].sock, [1, 1000, 70001]), len(ags), timeout=300)
+    finally:
+        for a in ags:
+            assert a.stop() == 0, a.read_log()
