@@ -166,3 +166,24 @@ def new_like(v, shape):
     import numpy as np
 
     return np.empty(shape, dtype=v.obj.dtype)
+
+
+def scratch(conn, shape, like):
+    """A torch tensor of like's dtype and device and this shape over a staging buffer
+    of conn (coll memory: ops on it never stage), and the buffer, which the caller gives
+    back (conn._stage_give) once no op uses it."""
+    import torch
+
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * like.element_size()
+    dev = like.device.index if like.is_cuda else -1
+    if dev is None:
+        dev = torch.cuda.current_device()
+    buf = conn._stage_take(max(nbytes, 1), dev)
+    if dev >= 0:
+        t = device_bytes(buf, buf.size)[:nbytes]
+    else:
+        t = host_view(buf, nbytes, "uint8", (nbytes,), "torch")
+    return t.view(like.dtype).reshape(shape), buf

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ._core import CollError, connect
+from . import _arrays
 from ._request import ready
 
 _OPS = [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
@@ -100,9 +101,10 @@ class Work(_WorkBase):
     CUDA ops: the current stream waits for the op on the GPU at submission (as after
     ProcessGroupNCCL's wait(), no host wait) and wait() returns at once."""
 
-    def __init__(self, req, value, post=None):
+    def __init__(self, req, value, post=None, bufs=()):
         super().__init__()
         self._req = req
+        self._bufs = list(bufs)  # scratch in coll memory, given back once done
         self._value = value  # the output tensors (the future's value)
         self._post = post  # copies into list outputs, once, on success
         self._fut = None
@@ -136,6 +138,9 @@ class Work(_WorkBase):
                 if self._exc is None and self._post is not None:
                     self._post()
                     self._post = None
+                for b in self._bufs:
+                    self._req.conn._stage_give(b)
+                self._bufs = []
             if self._exc is not None:
                 raise self._exc
 
@@ -228,8 +233,8 @@ def _settled(q):
         return True
 
 
-def _work(req, value, post=None):
-    return Work(req, value, post)
+def _work(req, value, post=None, bufs=()):
+    return Work(req, value, post, bufs)
 
 
 class ProcessGroupColl(dist.ProcessGroup):
@@ -254,8 +259,21 @@ class ProcessGroupColl(dist.ProcessGroup):
     def name(self):
         return "coll"
 
-    def _work(self, req, value, post=None):
-        return _work(req, value, post)
+    def _work(self, req, value, post=None, bufs=()):
+        return _work(req, value, post, bufs)
+
+    def _scratch(self, shape, like):
+        """An intermediate tensor in coll memory (list forms): no staging copy."""
+        return _arrays.scratch(self._g().conn, tuple(shape), like)
+
+    def _submit(self, fn, value, post, bufs):
+        try:
+            req = fn()
+        except BaseException:
+            for b in bufs:
+                self._g().conn._stage_give(b)
+            raise
+        return self._work(req, value, post, bufs)
 
     def allreduce(self, tensors, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
@@ -266,8 +284,8 @@ class ProcessGroupColl(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
         g = self._g()
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        req = g.allreduce(flat, op=op, async_op=True)
+        flat, b = self._scratch((sum(t.numel() for t in tensors),), tensors[0])
+        torch.cat([t.reshape(-1) for t in tensors], out=flat)
 
         def post():
             off = 0
@@ -275,7 +293,7 @@ class ProcessGroupColl(dist.ProcessGroup):
                 t.copy_(flat[off:off + t.numel()].view(t.shape))
                 off += t.numel()
 
-        return self._work(req, tensors, post)
+        return self._submit(lambda: g.allreduce(flat, op=op, async_op=True), tensors, post, [b])
 
     def broadcast(self, tensors, opts=None):
         root = _opt(opts, "rootRank", 0)
@@ -292,14 +310,14 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs, x = output_tensors[0], input_tensors[0]
-        flat = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
+        flat, b = self._scratch((len(outs),) + tuple(x.shape), x)
 
         def post():
             for i, t in enumerate(outs):
                 t.copy_(flat[i])
 
-        return self._work(self._g().allgather(x, out=flat, async_op=True), output_tensors,
-                          post)
+        return self._submit(lambda: self._g().allgather(x, out=flat, async_op=True),
+                            output_tensors, post, [b])
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
@@ -308,9 +326,12 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
-        flat = torch.stack(list(input_tensors[0]))
-        return self._work(self._g().reduce_scatter(flat, out=output_tensors[0], op=op,
-                                                   async_op=True), output_tensors)
+        ins = list(input_tensors[0])
+        flat, b = self._scratch((len(ins),) + tuple(ins[0].shape), ins[0])
+        torch.stack(ins, out=flat)
+        return self._submit(lambda: self._g().reduce_scatter(flat, out=output_tensors[0], op=op,
+                                                             async_op=True),
+                            output_tensors, None, [b])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         g = self._g()
@@ -322,9 +343,9 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         g = self._g()
-        x = torch.cat([t.reshape(-1) for t in input_tensors])
-        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=x.dtype,
-                          device=x.device)
+        x, bx = self._scratch((sum(t.numel() for t in input_tensors),), input_tensors[0])
+        torch.cat([t.reshape(-1) for t in input_tensors], out=x)
+        out, bo = self._scratch((sum(t.numel() for t in output_tensors),), input_tensors[0])
 
         def post():
             off = 0
@@ -332,9 +353,9 @@ class ProcessGroupColl(dist.ProcessGroup):
                 t.copy_(out[off:off + t.numel()].view(t.shape))
                 off += t.numel()
 
-        req = g.alltoallv(x, out, [t.numel() for t in input_tensors],
-                          [t.numel() for t in output_tensors], async_op=True)
-        return self._work(req, output_tensors, post)
+        return self._submit(lambda: g.alltoallv(x, out, [t.numel() for t in input_tensors],
+                                                [t.numel() for t in output_tensors],
+                                                async_op=True), output_tensors, post, [bx, bo])
 
     def gather(self, output_tensors, input_tensors, opts=None):
         g = self._g()
@@ -343,14 +364,14 @@ class ProcessGroupColl(dist.ProcessGroup):
         if g.rank != root:
             return self._work(g.gather(x, root=root, async_op=True), [])
         outs = output_tensors[0]
-        flat = torch.empty((len(outs),) + tuple(x.shape), dtype=x.dtype, device=x.device)
+        flat, b = self._scratch((len(outs),) + tuple(x.shape), x)
 
         def post():
             for i, t in enumerate(outs):
                 t.copy_(flat[i])
 
-        return self._work(g.gather(x, out=flat, root=root, async_op=True), output_tensors,
-                          post)
+        return self._submit(lambda: g.gather(x, out=flat, root=root, async_op=True),
+                            output_tensors, post, [b])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         g = self._g()
