@@ -8,6 +8,27 @@
 # AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
 # socket accepts (at most 20 s in all). With PIN=1, agent i runs on CPU i mod nproc (and
 # coll-bench -a pins application i the same way): one CPU per "pod".
+# free_port: a TCP port on 127.0.0.1, free a moment ago, below the kernel's ephemeral
+# range (a port in that range can be taken by any outgoing connection meanwhile)
+free_port() {
+    python3 - <<'PY'
+import os, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+base = int.from_bytes(os.urandom(2), "little")
+for i in range(5000):
+    port = 10000 + (base + 7919 * i) % max(1, lo - 10000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        print(port)
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+PY
+}
+
 start_agents() {
     local try p
     for try in 1 2 3; do

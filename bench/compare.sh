@@ -88,7 +88,8 @@ raw=$out/raw.txt
 cat "$raw"
 
 ceiling() { # one TCP stream over loopback, server and client as two pods
-    local port=$((30000 + RANDOM % 20000)) s=() c=() spid
+    local port s=() c=() spid
+    port=$(free_port)
     [ $bind = 1 ] && s=(taskset -c 0) c=(taskset -c $((1 % ncpu)))
     "${s[@]}" iperf3 -s -1 -p $port >/dev/null 2>&1 &
     spid=$!
@@ -118,17 +119,20 @@ run_pair() { # N OP SIZE FIRST: coll and mpi (pair_bench), each section after it
     COLL_DIRECT=$direct mpi_run "$1" "$tmp/pair_bench -s $AGENT_SOCKS -g bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms -m $4" 2>&1 |
         awk -v p="$p" '{ print } /^### / && p != "" { print p }'
 }
-run_gloo() { # N OP SIZE
-    local n=$1 op=$2 sizes=$3 port=$((30000 + RANDOM % 20000)) r pids=()
+run_gloo() { # N OP SIZE: each rank's lines in a file of its own (lines of ranks that
+    # share one pipe can be cut into each other), printed in rank order once all ended;
+    # every rank has a deadline (its store's connect included: gloo_bench.py)
+    local n=$1 op=$2 sizes=$3 port r pids=() pin=()
+    port=$(free_port)
     for r in $(seq 0 $((n - 1))); do
-        if [ $bind = 1 ]; then
-            taskset -c $((r % ncpu)) /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" "$min_ms" &
-        else
-            /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" "$iters" "$warmup" "$min_ms" &
-        fi
+        pin=()
+        [ $bind = 1 ] && pin=(taskset -c $((r % ncpu)))
+        "${pin[@]}" timeout 900 /usr/bin/python3 "$here/gloo_bench.py" "$r" "$n" "$port" "$op" "$sizes" \
+            "$iters" "$warmup" "$min_ms" >"$tmp/gloo.$r.out" 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || true; done
+    for r in $(seq 0 $((n - 1))); do cat "$tmp/gloo.$r.out"; done
 }
 
 probe() { # where the host has put the two vCPUs: one cache line's round trip between them

@@ -10,6 +10,7 @@ WARMUP untimed ops first (default 3; 1 above 1 MiB; 10x for the first size; as c
 and mpi_bench); with MIN_MS, more iterations where ITERS would take less than MIN_MS
 at rank 0's warmup time per op (at most 100000; coll-bench -T).
 """
+import datetime
 import os
 import resource
 import sys
@@ -22,8 +23,10 @@ rank, world, port, op = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.arg
 sizes, iters0 = [int(x) for x in sys.argv[5].split(",")], int(sys.argv[6])
 warmup0 = int(sys.argv[7]) if len(sys.argv) > 7 else 3
 min_ms = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+# a deadline for the store and every op: a rank whose peer never came (its port taken)
+# ends instead of waiting for good
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                        world_size=world)
+                        world_size=world, timeout=datetime.timedelta(seconds=120))
 if rank == 0:
     print(f"# gloo_bench: op {op} ranks {world} float32 iters {iters0}")
     print("%12s %12s %10s %10s %10s %8s" % ("bytes", "count", "time(us)", "algbw", "busbw",
