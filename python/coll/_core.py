@@ -152,7 +152,23 @@ def _device_arg(device):
 # ---- connection ---------------------------------------------------------------------
 
 
-class Connection:
+class _Closes:
+    """with-blocks and garbage collection close it (close() must be idempotent)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Connection(_Closes):
     """A connection to this pod's agent (coll_connect). socket: the agent's socket
     (None: $COLL_AGENT_SOCKET, else the default path); timeout in seconds. Closing it
     (close, or leaving a with block) ends every group, buffer and request it opened."""
@@ -182,18 +198,6 @@ class Connection:
                 o._orphan()
             self._stage = {}
             lib().coll_disconnect(ctypes.byref(self._h))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def fileno(self):
         """The descriptor that turns readable when an op completes (coll_conn_fd); from
@@ -320,7 +324,7 @@ class Buffer:
 # ---- groups -------------------------------------------------------------------------
 
 
-class Group:
+class Group(_Closes):
     """A slot of a coll group: its ops and its children. rank, size, name, backend,
     epoch, nodes, node_index, local_slot, local_slots and parent_ranks describe it."""
 
@@ -358,18 +362,6 @@ class Group:
         if self._h and self.conn._h:
             lib().coll_group_close(ctypes.byref(self._h))
         self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         return "<coll.Group %s rank %s of %s (%s)>" % (self.name, self.rank, self.size,
