@@ -135,13 +135,20 @@ def empty(conn, shape, dtype, device, like):
     return device_bytes(buf, max(nbytes, 1))[:nbytes].view(tdt).reshape(shape)
 
 
+def _device_u8(buf):
+    """The whole GPU buffer as a torch uint8 tensor, made once per buffer (a DLPack
+    capsule and torch's import of it cost tens of microseconds); Buffer.release drops it."""
+    t = getattr(buf, "_u8", None)
+    if t is None:
+        t = buf._u8 = device_bytes(buf, buf.size)
+    return t
+
+
 def staging_view(buf, v):
     """An array of v's kind, dtype and shape over the staging buffer buf."""
     shape = tuple(v.obj.shape)
     if buf.device >= 0:
-        import torch
-
-        return device_bytes(buf, buf.size)[:v.nbytes].view(v.obj.dtype).reshape(shape)
+        return _device_u8(buf)[:v.nbytes].view(v.obj.dtype).reshape(shape)
     if v.lib == "torch":
         return host_view(buf, v.nbytes, v.obj.dtype, shape, "torch")
     return host_view(buf, v.nbytes, v.obj.dtype, shape, "numpy")
@@ -183,7 +190,7 @@ def scratch(conn, shape, like):
         dev = torch.cuda.current_device()
     buf = conn._stage_take(max(nbytes, 1), dev)
     if dev >= 0:
-        t = device_bytes(buf, buf.size)[:nbytes]
+        t = _device_u8(buf)[:nbytes]
     else:
         t = host_view(buf, nbytes, "uint8", (nbytes,), "torch")
     return t.view(like.dtype).reshape(shape), buf

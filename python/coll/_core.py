@@ -196,6 +196,9 @@ class Connection(_Closes):
         if self._h:
             for o in list(self._owned):
                 o._orphan()
+            for free in self._stage.values():
+                for b in free:
+                    b.__dict__.pop("_u8", None)
             self._stage = {}
             lib().coll_disconnect(ctypes.byref(self._h))
 
@@ -315,6 +318,7 @@ class Buffer:
         if self._h:
             _check(lib().coll_mem_release(ctypes.byref(self._h)), "releasing a buffer")
             self._h = None
+            self.__dict__.pop("_u8", None)  # the cached torch view (_arrays._device_u8)
 
     def __del__(self):
         if self._h and self.conn._h:
