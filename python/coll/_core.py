@@ -78,6 +78,9 @@ def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "data_ptr")
 
 
+_NP_NAMES = {}
+
+
 def view(x):
     """The _View of x (numpy array, torch tensor, __dlpack__ object or writable buffer).
     Raises TypeError for anything else."""
@@ -91,7 +94,11 @@ def view(x):
     import numpy as np
 
     if isinstance(x, np.ndarray):
-        return _View(x, x.__array_interface__["data"][0], x.nbytes, x.dtype.name,
+        dt = x.dtype
+        name = _NP_NAMES.get(dt)
+        if name is None:
+            name = _NP_NAMES[dt] = dt.name  # numpy computes it in Python each time
+        return _View(x, x.__array_interface__["data"][0], x.nbytes, name,
                      L.DEVICE_HOST, x.flags.c_contiguous, "numpy", x.size)
     if hasattr(x, "__dlpack__"):
         kind, _ = x.__dlpack_device__()
@@ -183,6 +190,7 @@ class Connection(_Closes):
         self._owned = weakref.WeakSet()  # groups and buffers: ended with the connection
         self._stage = {}  # device -> [Buffer], free staging buffers
         self._stage_lock = threading.Lock()
+        self._spans = {}  # address -> its coll buffer's span; emptied by every release
         self.lock = threading.Lock()
 
     @property
@@ -262,11 +270,18 @@ class Connection(_Closes):
             return False
         if v.nbytes == 0:
             return True
-        b = ctypes.c_void_p()
-        off = ctypes.c_size_t()
-        if lib().coll_mem_find(self._h, v.ptr, ctypes.byref(b), ctypes.byref(off)):
-            return False
-        return off.value + v.nbytes <= lib().coll_mem_size(b)
+        hit = self._spans.get(v.ptr)  # (start, end) of the buffer that held v.ptr
+        if hit is None:
+            b = ctypes.c_void_p()
+            off = ctypes.c_size_t()
+            if lib().coll_mem_find(self._h, v.ptr, ctypes.byref(b), ctypes.byref(off)):
+                return False
+            start = v.ptr - off.value
+            hit = (start, start + lib().coll_mem_size(b))
+            if len(self._spans) > 4096:
+                self._spans.clear()
+            self._spans[v.ptr] = hit
+        return v.ptr + v.nbytes <= hit[1]
 
     # staging: a small pool of buffers per device, each reused by one op at a time
     def _stage_take(self, nbytes, device):
@@ -316,12 +331,14 @@ class Buffer:
     def release(self):
         """Unshare the memory (BUSY while an op uses it)."""
         if self._h:
+            self.conn._spans.clear()
             _check(lib().coll_mem_release(ctypes.byref(self._h)), "releasing a buffer")
             self._h = None
             self.__dict__.pop("_u8", None)  # the cached torch view (_arrays._device_u8)
 
     def __del__(self):
         if self._h and self.conn._h:
+            self.conn._spans.clear()
             lib().coll_mem_release(ctypes.byref(self._h))
 
 

@@ -83,6 +83,13 @@ class _Prep:
 
     def submit(self, calls, result, async_op):
         """Run each call (a function of a coll_request pointer); a Request for all."""
+        if not async_op and len(calls) == 1 and not self.stages and \
+                (self.device is None or self.device < 0):
+            # the common blocking op in coll memory: no Request to build
+            r = L.Request()
+            _check(calls[0](ctypes.byref(r)), self.what)
+            _check(lib().coll_wait(self.conn.handle, r, -1), self.what)
+            return result
         reqs = []
         try:
             for c in calls:
