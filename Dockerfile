@@ -9,6 +9,9 @@
 # application images to copy from:
 #   COPY --from=coll-agent /usr/local/include/coll /usr/local/include/coll
 #   COPY --from=coll-agent /usr/local/lib/libcoll.so* /usr/local/lib/
+# and the Python package (it finds libcoll in /usr/local/lib from there; add the folder to
+# PYTHONPATH):
+#   COPY --from=coll-agent /usr/local/lib/python3/dist-packages/coll /usr/local/lib/python3/dist-packages/coll
 # It runs as uid 65532 (non-root); the agent's socket goes on a shared volume.
 
 # NVIDIA's CUDA images carry the toolkit and NCCL (devel: headers; runtime: libraries)
@@ -28,7 +31,8 @@ COPY libcoll libcoll
 COPY config config
 COPY tools tools
 COPY bench bench
-RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DCOLL_BUILD_TESTS=OFF \
+COPY python python
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DCOLL_BUILD_TESTS=OFF -DCOLL_PYTHON_DIR=lib/python3/dist-packages \
         -DCOLL_WITH_CUDA=${WITH_CUDA} -DCMAKE_INSTALL_PREFIX=/usr/local \
     && cmake --build /build -j"$(nproc)" \
     && cmake --install /build --prefix /install

@@ -36,7 +36,7 @@ echo "image built in $(($(date +%s) - t1)) s"
 mnt=$(podman image mount "$tag") || { echo "podman image mount failed"; exit 1; }
 for f in usr/local/bin/coll-agent usr/local/bin/coll-demo usr/local/bin/coll-bench \
     usr/local/include/coll/coll.h usr/local/lib/pkgconfig/coll.pc \
-    usr/local/lib/cmake/coll/collConfig.cmake; do
+    usr/local/lib/cmake/coll/collConfig.cmake usr/local/lib/python3/dist-packages/coll/__init__.py; do
     [ -e "$mnt/$f" ] || { echo "missing from the image: /$f"; exit 1; }
 done
 ls "$mnt"/usr/local/lib/libcoll.so* >/dev/null || { echo "no libcoll in the image"; exit 1; }
