@@ -191,7 +191,6 @@ class Connection(_Closes):
         self._stage = {}  # device -> [Buffer], free staging buffers
         self._stage_lock = threading.Lock()
         self._spans = {}  # address -> its coll buffer's span; emptied by every release
-        self.lock = threading.Lock()
 
     @property
     def handle(self):

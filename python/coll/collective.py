@@ -23,7 +23,6 @@ import os
 import threading
 
 from ._core import connect
-from ._request import Request  # noqa: F401 (for isinstance by users)
 
 
 class ReduceOp:
