@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,6 +386,70 @@ static uint32_t raw_open_pair(struct raw *r, uint32_t *epoch)
     assert_int_equal(m.h.type, WIRE_GROUP_OPEN_OK);
     *epoch = m.group_open_ok.epoch;
     return m.group_open_ok.handle;
+}
+
+/* A forged GROUP_OPEN naming a rank (coll_group_opts.rank): a rank below -1, a rank
+ * beside a slot, a rank past the group and a rank whose slot is taken are each refused
+ * with a reason, the session lives on, and the rank it may take opens its slot. */
+static void forged_rank_in_group_open_is_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    static const struct {
+        int32_t slot, rank;
+        int code;
+        const char *why;
+    } bad[] = {
+        {-1, -2, COLL_ERR_INVALID, "rank -2 (slot -1): group 'pair' has ranks 0..1"},
+        {-1, INT32_MIN, COLL_ERR_INVALID, "rank -2147483648"},
+        {0, 1, COLL_ERR_INVALID, "a rank excludes a slot"},
+        {-1, 2, COLL_ERR_INVALID, "rank 2 (slot -1): group 'pair' has ranks 0..1"},
+        {-1, INT32_MAX, COLL_ERR_INVALID, "rank 2147483647"},
+        {-2, 0, COLL_ERR_INVALID, "slot -2: group 'pair' has slots 0..1"},
+    };
+    union wire_msg m;
+    uint32_t id = 10;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        wire_init(&m, WIRE_GROUP_OPEN, id++);
+        snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
+        m.group_open.slot = bad[i].slot;
+        m.group_open.rank = bad[i].rank;
+        raw_send(r.fd, &m, m.h.len, -1);
+        assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+        assert_int_equal(m.h.type, WIRE_ERROR);
+        assert_int_equal(m.error.code, bad[i].code);
+        if (!strstr(m.error.msg, bad[i].why))
+            fail_msg("case %zu: '%s' lacks '%s'", i, m.error.msg, bad[i].why);
+    }
+    for (int k = 0; k < 2; k++) { /* rank 1 opens slot 1; the second time it is taken */
+        wire_init(&m, WIRE_GROUP_OPEN, id++);
+        snprintf(m.group_open.name, sizeof(m.group_open.name), "pair");
+        m.group_open.slot = -1;
+        m.group_open.rank = 1;
+        raw_send(r.fd, &m, m.h.len, -1);
+        assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+        if (k == 0) {
+            assert_int_equal(m.h.type, WIRE_GROUP_OPEN_OK);
+            assert_int_equal(m.group_open_ok.rank, 1);
+            assert_int_equal(m.group_open_ok.local_slot, 1);
+        } else {
+            assert_int_equal(m.h.type, WIRE_ERROR);
+            assert_int_equal(m.error.code, COLL_ERR_BUSY);
+            assert_non_null(strstr(m.error.msg, "slot is taken"));
+        }
+    }
+    /* the other slot is still free for a client that asks for any */
+    coll_conn *c;
+    coll_group *g;
+    assert_int_equal(coll_connect(&c, f->a.sock, 5000), COLL_OK);
+    assert_int_equal(coll_group_open(&g, c, "pair", 0), COLL_OK);
+    coll_group_info gi;
+    assert_int_equal(coll_group_info_get(g, &gi), COLL_OK);
+    assert_int_equal(gi.rank, 0);
+    coll_disconnect(&c);
+    close(r.fd);
+    assert_serving(f);
 }
 
 /* Found on c65a60e: a GPU-flagged entry of a stale epoch was completed (done[idx]
@@ -1453,6 +1518,7 @@ int main(void)
         T(overlapping_ranges_are_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
         T(stale_epoch_op_is_validated_first),
+        T(forged_rank_in_group_open_is_refused),
         T(random_ring_entries_never_hurt_the_agent),
         T(random_messages_never_hurt_the_agent),
         T(client_killed_mid_op_fails_partner_promptly),
