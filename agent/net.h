@@ -102,7 +102,7 @@ void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx);
 enum { NET_INLINE_NO = 0, NET_INLINE_DONE, NET_INLINE_HANDED };
 int net_inline(struct net *n, struct net_task *t);
 /*
- * Direct ops (docs/ARCHITECTURE.md): the collective connections of a formed host group
+ * Direct ops (docs/decisions/0011-direct-ops.md): the collective connections of a formed host group
  * with one participant on this pod, lent to that participant's client. While lent the
  * agent runs no collective of the group (one that comes is failed with INVALID; sends
  * and receives go on, on their own connections). An epoch that ends shuts the sockets

@@ -16,7 +16,7 @@
  *   device:  the same words in device memory;
  *   event:   cudaEventRecord + cudaStreamWaitEvent both ways.
  * The figures decide where the agent keeps its stream-order words (see
- * docs/ARCHITECTURE.md, "Stream order").
+ * docs/decisions/0019-gpu-stream-order.md).
  *
  * With two or more GPUs it also measures launch modes of a two-rank communicator
  * (one thread per GPU): 8 B allreduce + synchronize, median, on a non-blocking

@@ -928,7 +928,7 @@ static void a_long_op_of_one_group_holds_no_other_back(void **state)
     }
 }
 
-/* ---- direct ops (docs/ARCHITECTURE.md, "Direct ops") --------------------------------- */
+/* ---- direct ops (docs/decisions/0011-direct-ops.md) --------------------------------- */
 
 struct mix {
     const char *sock;
@@ -1997,7 +1997,8 @@ static int run_turns_main(void *arg)
         }
     }
     /* a root that leaves right after a run may leave the others' last ops of it
-     * undelivered (they fail with EPOCH: docs/ARCHITECTURE.md); any other op ends the run */
+     * undelivered (they fail with EPOCH: docs/decisions/0009-broadcast-runs.md); any other op ends
+     * the run */
     coll_request r;
     e = coll_barrier(g, NULL, &r);
     if (e == COLL_OK) e = coll_wait(c, r, 30000);

@@ -98,7 +98,7 @@ struct tcp_comm {
  * mid-run fails at once if it reads from the root, and the root fails on its next op
  * other than the run's, or within the window: late, never lost. A root that leaves right
  * after a run may leave the others' last ops of it undelivered (they fail with EPOCH):
- * docs/ARCHITECTURE.md.
+ * docs/decisions/0009-broadcast-runs.md.
  */
 #define TCP_ACK_EVERY 256
 #define TCP_ACK_WINDOW 8
@@ -114,7 +114,7 @@ void tcp_acks_reset(struct tcp_acks *a);
 int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen);
 
 /* The ack state between ops, as it travels with a lease of the connections (direct ops,
- * docs/ARCHITECTURE.md): export fails (-1) while acks are owed or partly read; import
+ * docs/decisions/0011-direct-ops.md): export fails (-1) while acks are owed or partly read; import
  * starts from nothing owed with that state (any bytes are safe: a false state makes the
  * pods disagree on a later broadcast, which ends the epoch). */
 #define TCP_ACKS_STATE 48

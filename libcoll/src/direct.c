@@ -3,7 +3,7 @@
  * process, on the epoch's collective connections that the agent lends (WIRE_LEASE),
  * with the agent's own code for them (agent/backends/tcp_tiny.c and tcp.c, compiled in):
  * the bytes on the wire are the ones the agent would send, and the two switches per op
- * between this process and the agent are gone. docs/ARCHITECTURE.md, "Direct ops".
+ * between this process and the agent are gone. docs/decisions/0011-direct-ops.md.
  *
  * The lease is taken at a tiny op's submission when no op of the group is with the
  * agent, and given back (with where the op numbering and the broadcast acks stand)

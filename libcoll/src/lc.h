@@ -148,7 +148,7 @@ coll_err lc_shm_for_gpu(coll_conn *c);
 coll_buffer *lc_find_buffer(coll_conn *c, const void *p, uint64_t bytes);
 
 /* direct.c: a host group's tiny ops run by this process on connections the agent lent
- * (docs/ARCHITECTURE.md, "Direct ops"). Lock order: the group's direct lock, then c->lock. */
+ * (docs/decisions/0011-direct-ops.md). Lock order: the group's direct lock, then c->lock. */
 struct lc_direct;
 /* At coll_group_open: set g->d up if the group may run direct ops (NOMEM on failure). */
 coll_err lc_direct_init(coll_group *g);

@@ -140,7 +140,7 @@ struct wire_group_state_ok {
 };
 
 /*
- * Direct ops (docs/ARCHITECTURE.md, "Direct ops"). A client whose group has one slot per
+ * Direct ops (docs/decisions/0011-direct-ops.md). A client whose group has one slot per
  * pod, on the host backend, asks for the epoch's collective connections; the agent
  * lends them (SCM_RIGHTS: for every other pod in node order, our bytes to it, then its
  * bytes to us) with where the epoch's op numbering and broadcast-ack state stand, or
