@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# coll's own Python call against the same op from C: 2 pods on loopback agents, an 8 B
+# coll's own Python call against the same op from C: 2 pods (-p 1: one) on loopback agents, an 8 B
 # allreduce (or -s BYTES) in coll memory, coll-bench's ranks and bench/python_call.py's
 # taking turns, ROUNDS rounds, the order flipping every round; prints each round and the
 # median of the per-round Python/C ratios. Not part of the product.
 #
-#   bench/python_c.sh [-b BUILD] [-s BYTES] [-r ROUNDS] [-n ITERS] [-l quiet|loaded]
+#   bench/python_c.sh [-b BUILD] [-p 1|2] [-s BYTES] [-r ROUNDS] [-n ITERS] [-l quiet|loaded]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
-build=$root/build-test bytes=8 rounds=7 iters=5000 load=quiet
-while getopts b:s:r:n:l: o; do
+build=$root/build-test bytes=8 rounds=7 iters=5000 load=quiet pods=2
+while getopts b:p:s:r:n:l: o; do
     case $o in
-    b) build=$OPTARG ;; s) bytes=$OPTARG ;; r) rounds=$OPTARG ;; n) iters=$OPTARG ;;
+    b) build=$OPTARG ;; p) pods=$OPTARG ;; s) bytes=$OPTARG ;; r) rounds=$OPTARG ;; n) iters=$OPTARG ;;
     l) load=$OPTARG ;; *) sed -n 2,7p "$0"; exit 2 ;;
     esac
 done
@@ -22,28 +22,35 @@ AGENT_PIDS=() LOAD_PIDS=()
 trap 'stop_load; stop_agents; rm -rf "$tmp"' EXIT
 cc -O2 -o "$tmp/loadgen" "$here/loadgen.c"
 export COLL_LIB=$build/libcoll.so.0 PYTHONPATH=$root/python
-start_agents "$build" 2 "$tmp" "$(free_port)"
+case $pods in 1 | 2) ;; *) echo "python_c.sh: -p takes 1 or 2"; exit 2 ;; esac
+start_agents "$build" "$pods" "$tmp" "$(free_port)"
 IFS=, read -ra socks <<<"$AGENT_SOCKS"
 [ "$load" = loaded ] && start_load "$tmp/loadgen"
 c_run() {
-    timeout 300 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o allreduce -L "$bytes" \
+    timeout 300 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$pods" -g bench -o allreduce -L "$bytes" \
         -n "$iters" -c 0 2>&1 | awk '$1 ~ /^[0-9]+$/ {print "c", $3}'
 }
-py_run() {
+py_run() { # [raw|prepared]: the two C calls through ctypes alone; Group.prepare's op
     local pids=() i
-    for i in 0 1; do
+    for i in $(seq 0 $((pods - 1))); do
         timeout 300 /usr/bin/python3 "$here/python_call.py" "${socks[$i]}" bench "$bytes" "$iters" \
-            >"$tmp/py$i.out" 2>&1 &
+            ${1:-} >"$tmp/py$i.out" 2>&1 &
         pids+=($!)
     done
     for i in "${pids[@]}"; do wait "$i"; done
     cat "$tmp/py0.out"
 }
-echo "# python_c.sh: $bytes B allreduce, 2 pods, $iters iters, $rounds rounds, $load, $(git -C "$root" rev-parse --short HEAD)"
+echo "# python_c.sh: $bytes B allreduce, $pods pods, $iters iters, $rounds rounds, $load, $(git -C "$root" rev-parse --short HEAD)"
 for r in $(seq 1 "$rounds"); do
-    if [ $((r % 2)) = 1 ]; then c=$(c_run); p=$(py_run); else p=$(py_run); c=$(c_run); fi
-    echo "round $r $c $p"
+    if [ $((r % 2)) = 1 ]; then
+        c=$(c_run); p=$(py_run); w=$(py_run raw); q=$(py_run prepared)
+    else
+        q=$(py_run prepared); w=$(py_run raw); p=$(py_run); c=$(c_run)
+    fi
+    echo "round $r $c $p ${w/python/ctypes} ${q/python/prepared}"
 done | tee "$tmp/rounds"
-awk '{ c = $4; p = $6; print p / c, p - c }' "$tmp/rounds" | sort -n | awk '
-    { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
-      printf "median python/c %.3f (per-round ratios %.3f..%.3f)\n", r[m], r[1], r[NR] }'
+for f in 6:python 10:prepared; do # the column of each Python variant against C's ($4)
+    awk -v k="${f%%:*}" '{ c = $4; p = $k; print p / c, p - c }' "$tmp/rounds" | sort -n | awk -v n="${f#*:}" '
+        { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
+          printf "median %s/c %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", n, r[m], r[1], r[NR], d[m] }'
+done

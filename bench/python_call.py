@@ -3,7 +3,9 @@
 coll-bench). One process per pod: N allreduces of COUNT float32 in coll memory, timed
 on rank 0 after a barrier, printed as "python US" (µs per op). Not part of the product.
 
-    python_call.py SOCKET GROUP BYTES ITERS [raw]
+    python_call.py SOCKET GROUP BYTES ITERS [raw|prepared]
+
+raw: the two C calls through ctypes, without the package; prepared: Group.prepare's op.
 """
 import sys
 import time
@@ -30,6 +32,11 @@ if len(sys.argv) > 5 and sys.argv[5] == "raw":  # the two C calls alone, through
     for _ in range(iters):
         lib.coll_allreduce(h, p, p, n, 8, 0, None, pr)
         lib.coll_wait(c, r, -1)
+elif len(sys.argv) > 5 and sys.argv[5] == "prepared":
+    op = g.prepare("allreduce", x)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op()
 else:
     t0 = time.perf_counter()
     for _ in range(iters):

@@ -16,9 +16,10 @@ ray.util.collective functions.
 from ._core import (Buffer, CollError, Connection, Group, connect, default_connection,
                     lib, redop, version)
 from ._lib import DEVICE_HOST, SLOT_ANY, SPLIT_NOCOLOR
+from ._ops import Prepared
 from ._request import Request, wait_any
 
-__all__ = ["Buffer", "CollError", "Connection", "Group", "Request", "connect",
+__all__ = ["Buffer", "CollError", "Connection", "Group", "Prepared", "Request", "connect",
            "default_connection", "empty", "zeros", "empty_like", "wait_any", "version",
            "redop", "lib", "DEVICE_HOST", "SLOT_ANY", "SPLIT_NOCOLOR"]
 

@@ -435,3 +435,19 @@ from . import _ops  # noqa: E402
 
 for _n in _ops.__all__:
     setattr(Group, _n, getattr(_ops, _n))
+
+
+def _prepare(self, op, *args, **kwargs):
+    """One op checked and resolved now, run later as often as wanted, as MPI's persistent
+    collectives are: g.prepare("allreduce", x)() runs what g.allreduce(x) runs, without
+    checking the arguments again. Every array must be a host array in coll memory (a
+    Prepared never stages); op is any op but the composed ones (alltoallv, gather,
+    scatter). Returns a coll.Prepared."""
+    if op not in _ops.__all__ or op in ("alltoallv", "gather", "scatter"):
+        raise ValueError("prepare: '%s' is not an op that can be prepared" % op)
+    if "async_op" in kwargs:
+        raise TypeError("prepare: run the Prepared, or its start(), for async_op")
+    return getattr(_ops, op)(self, *args, async_op=_ops.PREPARE, **kwargs)
+
+
+Group.prepare = _prepare

@@ -9,7 +9,7 @@ import ctypes
 
 from . import _arrays
 from . import _lib as L
-from ._core import _check, _dtype_of, lib, redop, view
+from ._core import CollError, _check, _dtype_of, lib, redop, view
 from ._request import Request
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
@@ -18,6 +18,67 @@ __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "a
 # the tag of the sends and receives that compose alltoallv, gather and scatter on host
 # groups (GPU groups pair in order: tag 0)
 COMPOSED_TAG = (1 << 31) - 2
+
+
+class _C:
+    """One C call of an op, all its arguments but the request pointer, which submitting
+    it passes."""
+
+    __slots__ = ("name", "args")
+
+    def __init__(self, name, *args):
+        self.name, self.args = name, args
+
+    def __call__(self, r):
+        return getattr(lib(), self.name)(*self.args, r)
+
+
+# async_op's value when Group.prepare calls an op: checked and resolved, not submitted
+PREPARE = object()
+
+
+class Prepared:
+    """An op whose arguments were checked and resolved once (Group.prepare): calling it
+    submits the same op again and waits for it; start() submits it and returns a Request.
+    Its arrays stay where they are, in coll memory, and every run reads and writes them
+    as the op does. One thread at a time runs a Prepared; the group must stay open."""
+
+    def __init__(self, g, what, call, result, keep):
+        self._g, self._what, self._result, self._keep = g, what, result, keep
+        self._call = call
+        fn = getattr(lib(), call.name)
+        # a function object of its own without argtypes, and the arguments made C
+        # values once: a run converts nothing (about 0.5 µs less per op)
+        self._fn = lib()[call.name]
+        self._fn.restype = fn.restype
+        self._wait = lib()["coll_wait"]
+        self._wait.restype = ctypes.c_int
+        self._r = L.Request()
+        self._args = tuple(a if a is None or isinstance(a, t) else t(a)
+                           for a, t in zip(call.args, fn.argtypes)) + (ctypes.byref(self._r),)
+        self._conn = g.conn.handle
+        self._forever = ctypes.c_int(-1)
+
+    def __call__(self):
+        if not self._g._h:
+            raise CollError(L.ERRORS["INVALID"], "the group is closed", self._what)
+        rc = self._fn(*self._args)
+        if rc == 0:
+            rc = self._wait(self._conn, self._r, self._forever)
+            if rc == 0:
+                return self._result
+        raise CollError(rc, lib().coll_last_error().decode(errors="replace"), self._what)
+
+    def start(self):
+        """Submit the op; a Request to wait for (the arrays are the caller's again then)."""
+        if not self._g._h:
+            raise CollError(L.ERRORS["INVALID"], "the group is closed", self._what)
+        r = L.Request()
+        _check(self._call(ctypes.byref(r)), self._what)
+        return Request(self._g.conn, self._what, [r], [], [], self._keep, self._result, False)
+
+    def __repr__(self):
+        return "<coll.Prepared %s>" % self._what
 
 
 class _Prep:
@@ -83,6 +144,16 @@ class _Prep:
 
     def submit(self, calls, result, async_op):
         """Run each call (a function of a coll_request pointer); a Request for all."""
+        if async_op is PREPARE:
+            why = ("it is made of several calls" if len(calls) != 1 else
+                   "an array is not in coll memory (it would be staged)" if self.stages else
+                   "it runs on a GPU stream" if self.device is not None and self.device >= 0
+                   else None)
+            if why:
+                for b in self.stages:
+                    self.conn._stage_give(b)
+                raise ValueError("%s: cannot be prepared: %s" % (self.what, why))
+            return Prepared(self.g, self.what, calls[0], result, self.keep)
         if not async_op and len(calls) == 1 and not self.stages and \
                 (self.device is None or self.device < 0):
             # the common blocking op in coll memory: no Request to build
@@ -153,8 +224,8 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_allreduce(self.handle, send, recv, n, dt,
-                                                    L.REDOPS[op], p.stream, r)], res, async_op)
+    return p.submit([_C("coll_allreduce", self.handle, send, recv, n, dt, L.REDOPS[op],
+                        p.stream)], res, async_op)
 
 
 def broadcast(self, x, root=0, async_op=False, stream=None):
@@ -165,8 +236,8 @@ def broadcast(self, x, root=0, async_op=False, stream=None):
     p = _Prep(self, what, stream)
     ptr = p.dst(v, copy_in=(self.rank == root))
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_broadcast(self.handle, ptr, ptr, n, dt, root,
-                                                    p.stream, r)], x, async_op)
+    return p.submit([_C("coll_broadcast", self.handle, ptr, ptr, n, dt, root, p.stream)], x,
+                    async_op)
 
 
 def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
@@ -185,8 +256,8 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_reduce(self.handle, send, recv, n, dt, L.REDOPS[op],
-                                                 root, p.stream, r)], res, async_op)
+    return p.submit([_C("coll_reduce", self.handle, send, recv, n, dt, L.REDOPS[op], root,
+                        p.stream)], res, async_op)
 
 
 def allgather(self, x, out=None, async_op=False, stream=None):
@@ -207,8 +278,8 @@ def allgather(self, x, out=None, async_op=False, stream=None):
     else:
         send, recv = p.src(v), p.dst(o)
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_allgather(self.handle, send, recv, n, dt, p.stream,
-                                                    r)], out, async_op)
+    return p.submit([_C("coll_allgather", self.handle, send, recv, n, dt, p.stream)], out,
+                    async_op)
 
 
 def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
@@ -233,9 +304,8 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     else:
         send, recv = p.src(v), p.dst(o)
     n = _count(o, f)
-    return p.submit([lambda r: lib().coll_reduce_scatter(self.handle, send, recv, n, dt,
-                                                         L.REDOPS[op], p.stream, r)],
-                    out, async_op)
+    return p.submit([_C("coll_reduce_scatter", self.handle, send, recv, n, dt, L.REDOPS[op],
+                        p.stream)], out, async_op)
 
 
 def alltoall(self, x, out=None, async_op=False, stream=None):
@@ -257,8 +327,8 @@ def alltoall(self, x, out=None, async_op=False, stream=None):
     else:
         send, recv = p.src(v), p.dst(o)
     n = _count(v, f) // self.size
-    return p.submit([lambda r: lib().coll_alltoall(self.handle, send, recv, n, dt, p.stream,
-                                                   r)], out, async_op)
+    return p.submit([_C("coll_alltoall", self.handle, send, recv, n, dt, p.stream)], out,
+                    async_op)
 
 
 def _composed_tag(g):
@@ -307,11 +377,11 @@ def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, str
         so, sn = ins[j]
         ro, rn = outs[j]
         if rn:
-            calls.append(lambda r, j=j, ro=ro, rn=rn: lib().coll_recv_tag(
-                self.handle, recv + ro, rn // item, dt, j, tag, p.stream, r))
+            calls.append(_C("coll_recv_tag", self.handle, recv + ro, rn // item, dt, j, tag,
+                            p.stream))
         if sn:
-            calls.append(lambda r, j=j, so=so, sn=sn: lib().coll_send_tag(
-                self.handle, send + so, sn // item, dt, j, tag, p.stream, r))
+            calls.append(_C("coll_send_tag", self.handle, send + so, sn // item, dt, j, tag,
+                            p.stream))
     _local_copy(p, o, outs[me][0], v, ins[me][0], ins[me][1], recv, send)
     return p.submit(calls, out, async_op)
 
@@ -344,16 +414,15 @@ def gather(self, x, out=None, root=0, async_op=False, stream=None):
     n = _count(v, f)
     if self.rank != root:
         send = p.src(v)
-        return p.submit([lambda r: lib().coll_send_tag(self.handle, send, n, dt, root, tag,
-                                                       p.stream, r)], None, async_op)
+        return p.submit([_C("coll_send_tag", self.handle, send, n, dt, root, tag, p.stream)],
+                        None, async_op)
     if out is None:
         out = _arrays.new_like(v, (self.size,) + tuple(x.shape))
     o = view(out)
     _same_dtype(what, v, o)
     _check_numel(what, o, v.numel * self.size, "out")
     recv, send = p.dst(o), p.src(v)
-    calls = [lambda r, j=j: lib().coll_recv_tag(self.handle, recv + j * v.nbytes, n, dt, j,
-                                                tag, p.stream, r)
+    calls = [_C("coll_recv_tag", self.handle, recv + j * v.nbytes, n, dt, j, tag, p.stream)
              for j in range(self.size) if j != root]
     _local_copy(p, o, root * v.nbytes, v, 0, v.nbytes, recv, send)
     return p.submit(calls, out, async_op)
@@ -370,14 +439,13 @@ def scatter(self, x, out, root=0, async_op=False, stream=None):
     n = _count(o, f)
     if self.rank != root:
         recv = p.dst(o)
-        return p.submit([lambda r: lib().coll_recv_tag(self.handle, recv, n, dt, root, tag,
-                                                       p.stream, r)], out, async_op)
+        return p.submit([_C("coll_recv_tag", self.handle, recv, n, dt, root, tag, p.stream)],
+                        out, async_op)
     v = view(x)
     _same_dtype(what, v, o)
     _check_numel(what, v, o.numel * self.size, "x")
     send, recv = p.src(v), p.dst(o)
-    calls = [lambda r, j=j: lib().coll_send_tag(self.handle, send + j * o.nbytes, n, dt, j,
-                                                tag, p.stream, r)
+    calls = [_C("coll_send_tag", self.handle, send + j * o.nbytes, n, dt, j, tag, p.stream)
              for j in range(self.size) if j != root]
     _local_copy(p, o, 0, v, root * o.nbytes, o.nbytes, recv, send)
     return p.submit(calls, out, async_op)
@@ -391,8 +459,8 @@ def send(self, x, peer, tag=0, async_op=False, stream=None):
     p = _Prep(self, what, stream)
     ptr = p.src(v)
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_send_tag(self.handle, ptr, n, dt, peer, tag,
-                                                   p.stream, r)], None, async_op)
+    return p.submit([_C("coll_send_tag", self.handle, ptr, n, dt, peer, tag, p.stream)], None,
+                    async_op)
 
 
 def recv(self, x, peer, tag=0, async_op=False, stream=None):
@@ -403,11 +471,11 @@ def recv(self, x, peer, tag=0, async_op=False, stream=None):
     p = _Prep(self, what, stream)
     ptr = p.dst(v)
     n = _count(v, f)
-    return p.submit([lambda r: lib().coll_recv_tag(self.handle, ptr, n, dt, peer, tag,
-                                                   p.stream, r)], x, async_op)
+    return p.submit([_C("coll_recv_tag", self.handle, ptr, n, dt, peer, tag, p.stream)], x,
+                    async_op)
 
 
 def barrier(self, async_op=False, stream=None):
     """Every rank of the group has reached it."""
     p = _Prep(self, _what(self, "barrier"), stream)
-    return p.submit([lambda r: lib().coll_barrier(self.handle, p.stream, r)], None, async_op)
+    return p.submit([_C("coll_barrier", self.handle, p.stream)], None, async_op)

@@ -221,6 +221,60 @@ def test_async_requests_wait_any_and_staging_reuse(agent2):
     run_ranks(_async, 2, agent2.sock)
 
 
+def _prepared(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    n, me, peer = g.size, g.rank, 1 - g.rank
+    x = conn.zeros(64, np.float32)
+    out = conn.zeros(64 * n, np.float32)
+    ar = g.prepare("allreduce", x)
+    ag = g.prepare("allgather", x[:8], out=out[:8 * n])
+    bc = g.prepare("broadcast", x, root=1)
+    sd = g.prepare("send", x[:4], peer, tag=7)
+    rv = g.prepare("recv", out[:4], peer, tag=7)
+    assert isinstance(ar, coll.Prepared) and "allreduce" in repr(ar)
+    for k in range(50):  # new contents every run: the op reads the arrays each time
+        x[:] = k + me
+        assert ar() is x
+        np.testing.assert_array_equal(x, np.full(64, 2 * k + 1, np.float32))
+        x[:8] = np.arange(8) + 10 * me
+        ag()
+        np.testing.assert_array_equal(out[:16], np.r_[np.arange(8), np.arange(8) + 10])
+        x[:] = k * 10 + me
+        bc()
+        assert x[0] == k * 10 + 1
+        x[:4] = k + 100 * me
+        if me == 0:
+            sd()
+            rv()
+        else:
+            rv()
+            sd()
+        np.testing.assert_array_equal(out[:4], np.full(4, k + 100 * peer, np.float32))
+    q = ar.start()
+    assert q.wait(30) is x
+    # what cannot be prepared says why, and stages nothing for good
+    with pytest.raises(ValueError, match="not in coll memory"):
+        g.prepare("allreduce", np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="'alltoallv' is not an op that can be prepared"):
+        g.prepare("alltoallv", x, [32, 32], out, [32, 32])
+    with pytest.raises(TypeError, match="async_op"):
+        g.prepare("allreduce", x, async_op=True)
+    with pytest.raises(ValueError, match="is not an op"):
+        g.prepare("nonsense", x)
+    g.barrier()
+    g.close()
+    with pytest.raises(coll.CollError, match="the group is closed"):
+        ar()
+    with pytest.raises(coll.CollError, match="the group is closed"):
+        ar.start()
+    conn.close()
+
+
+def test_prepared_ops_run_again_with_new_contents(two_pods):
+    run_ranks(lambda i: _prepared(i, two_pods[i].sock), 2)
+
+
 def test_errors_say_what_and_whether_to_retry(agent2):
     conn = coll.connect(agent2.sock)
     with pytest.raises(coll.CollError) as e:
