@@ -5,7 +5,9 @@
 # taking turns ROUNDS times, the order flipping every round, bound to the same CPUs.
 # Prints, per N and size, the median time per op of each and child/YAML, and the median
 # time from coll_group_split to the child's first completed op.
-# LOAD=1: under compare.sh's load (bench/loadgen.c) all along.
+# LOAD=1: under compare.sh's load (bench/loadgen.c) all along. ACROSS=1: N agents (pods)
+# of one rank each instead, a YAML group across them and a child across pods (libcoll's,
+# over the group's sends and receives: docs/decisions/0025-children-across-pods.md).
 # Usage: bench/children.sh BUILD ROUNDS [N...]   e.g. bench/children.sh build 5 2 4 8
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n "2,9p" "$0"; exit 2; }
@@ -16,13 +18,19 @@ sizes=8,65536,1048576
 out=$(mktemp /tmp/coll-children-XXXX)
 LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
-trap 'rm -f "$out" "$out.loadgen"; stop_load' EXIT
+AGENT_PIDS=()
+trap 'rm -f "$out" "$out.loadgen"; stop_load; stop_agents' EXIT
 if [ "${LOAD:-0}" = 1 ]; then
     cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
     start_load "$out.loadgen"
 fi
 for n in $ns; do
     dir=$(mktemp -d /tmp/coll-children-XXXX)
+    if [ "${ACROSS:-0}" = 1 ]; then
+        start_agents "$B" "$n" "$dir" "$(free_port)"
+        socks=$AGENT_SOCKS group=bench pid=
+    else
+    socks=$dir/a.sock group=g
     cat >"$dir/a.yaml" <<YAML
 agent:
   socket: $dir/a.sock
@@ -36,20 +44,25 @@ YAML
     "$B/coll-agent" --config "$dir/a.yaml" 2>"$dir/a.log" &
     pid=$!
     for _ in $(seq 200); do [ -S "$dir/a.sock" ] && break; sleep 0.05; done
+    fi
     for r in $(seq "$rounds"); do
         order="yaml child"
         [ $((r % 2)) = 0 ] && order="child yaml"
         for kind in $order; do
             flag=
             [ "$kind" = child ] && flag=-C
-            "$B/coll-bench" -s "$dir/a.sock" -g g -p "$n" -o allreduce -L "$sizes" -n 200 -c 1 \
+            timeout 600 "$B/coll-bench" -s "$socks" -g "$group" -p "$n" -o allreduce -L "$sizes" -n 200 -c 1 \
                 $flag >"$dir/run" || { echo "children.sh: coll-bench failed ($kind, $n)" >&2; exit 1; }
             awk -v n="$n" -v k="$kind" '$1 ~ /^[0-9]+$/ {print n, k, $1, $3, $6}' "$dir/run" >>"$out"
             grep -o 'split to first op [0-9.]*' "$dir/run" | awk -v n="$n" '{print n, "split", 0, $5, 0}' >>"$out" || true
         done
     done
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    if [ -n "$pid" ]; then
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+    else
+        stop_agents
+    fi
     rm -rf "$dir"
 done
 /usr/bin/python3 - "$out" <<'PY'

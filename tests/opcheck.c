@@ -242,9 +242,19 @@ int opcheck_rank_main(void *arg)
     }
     coll_group_info info;
     coll_group_info_get(x.g, &info);
+    if (j->explicit_slot && info.local_slot != j->slot) return 102;
+    coll_group *parent = NULL;
+    if (j->split_mod > 0) {
+        parent = x.g;
+        int color = (info.rank / (j->split_div > 0 ? j->split_div : 1)) % j->split_mod;
+        if (coll_group_split(parent, color, -info.rank, &x.g) != COLL_OK) {
+            fprintf(stderr, "rank %d: split: %s\n", info.rank, coll_last_error());
+            return 107;
+        }
+        coll_group_info_get(x.g, &info);
+    }
     x.rank = info.rank;
     x.n = info.size;
-    if (j->explicit_slot && info.local_slot != j->slot) return 102;
     size_t bytes = (size_t)MAXC * (size_t)x.n * 8 + 64;
     x.bytes = bytes;
     void *ipc_mem[2] = {NULL, NULL};
@@ -322,6 +332,12 @@ out:
     (void)ipc_mem;
 #endif
     coll_group_close(&x.g);
+    if (parent) { /* every rank done with its child before any leaves the parent */
+        coll_request r;
+        if (coll_barrier(parent, NULL, &r) != COLL_OK || coll_wait(x.c, r, 60000) != COLL_OK)
+            x.failures++;
+        coll_group_close(&parent);
+    }
     coll_disconnect(&x.c);
     return x.failures > 99 ? 99 : x.failures;
 }

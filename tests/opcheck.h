@@ -15,6 +15,10 @@ struct opcheck_job {
     int on_gpu;
     int device;
     int ipc;
+    /* split_mod > 0: run the matrix on a child of the group instead, split by color
+     * (rank / split_div) % split_mod, key -rank (the parent's order reversed); the
+     * parent stays open until every rank is done */
+    int split_mod, split_div;
 };
 
 /* Connect, open the group, run the matrix, return the number of failures (<= 99);

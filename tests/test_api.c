@@ -447,6 +447,7 @@ static void the_layout_bindings_mirror_holds(void **state)
                  VAL(COLL_SLOT_ANY),
                  VAL(COLL_SPLIT_NOCOLOR),
                  VAL(COLL_RANK_ANY),
+                 VAL(COLL_TAG_MAX),
                  VAL(COLL_DEVICE_HOST),
                  VAL(COLL_INT8),
                  VAL(COLL_UINT8),

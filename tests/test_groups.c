@@ -3,8 +3,10 @@
  * real agents, each rank a process of its own: children of every shape on one pod
  * (4x2, 2x4, nested), members-only creation with the others never waited for, ops on a
  * parent and its children interleaved, a split that one rank answers with another op,
- * a parent that moves on under its children, limits and bad arguments, and a child
- * across pods refused by name.
+ * a parent that moves on under its children, limits and bad arguments; and across four
+ * pods of two ranks each, children across pods (libcoll's: span.c) of both shapes through
+ * the whole op matrix, nested in each other and with children of one pod, beside ops
+ * on the parent.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,8 @@
 
 #include "coll/coll.h"
 #include "harness.h"
+#include "opcheck.h"
+#include "util.h"
 
 #define RANKS 8
 
@@ -392,8 +396,237 @@ static void limits_and_bad_arguments_are_refused(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
-/* a child whose ranks span pods: refused by name (not supported yet), nothing hangs */
-static void a_child_across_pods_is_refused_by_name(void **state)
+/* ---- children across pods --------------------------------------------------------- */
+
+#define PODS 4
+
+/* PODS agents of one host group g, 2 slots each: ranks 0..7, rank r on pod r / 2 */
+static void start_pods(struct agent *a, int op_ms)
+{
+    int port = free_port();
+    for (int i = 0; i < PODS; i++) {
+        char body[512];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n  - name: g\n    backend: host\n    members: %d\n"
+                 "    local_slots: 2\n"
+                 "    timeouts: {op_ms: %d, heartbeat_ms: 250, join_ms: 5000}\n",
+                 i, i, port, PODS, op_ms);
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+}
+
+static void stop_pods(struct agent *a)
+{
+    for (int i = 0; i < PODS; i++)
+        if (a[i].pid) agent_stop(&a[i]);
+}
+
+/* the op matrix (every op, dtype, reduction, count, in and out of place) on children
+ * of the 8-rank world: split_mod children, color (rank / split_div) % split_mod */
+static void matrix_on_children(int split_mod, int split_div)
+{
+    struct agent a[PODS];
+    start_pods(a, 20000);
+    struct opcheck_job jobs[RANKS];
+    pid_t p[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        jobs[r] = (struct opcheck_job){.sock = a[r / 2].sock,
+                                       .explicit_slot = 1,
+                                       .slot = r % 2,
+                                       .split_mod = split_mod,
+                                       .split_div = split_div};
+        p[r] = child_run(opcheck_rank_main, &jobs[r]);
+    }
+    int bad = 0;
+    for (int r = 0; r < RANKS; r++) {
+        int st = child_wait(p[r], 600000);
+        if (st) fprintf(stderr, "rank %d exited %d\n", r, st);
+        bad |= st != 0;
+    }
+    for (int i = 0; i < PODS; i++)
+        assert_int_equal(agent_log_count(&a[i], "protocol_error"), 0);
+    stop_pods(a);
+    assert_false(bad);
+}
+
+/* 2x4: halves {0,2,4,6} and {1,3,5,7}, each across all four pods */
+static void halves_across_four_pods_run_the_op_matrix(void **state)
+{
+    (void)state;
+    matrix_on_children(2, 1);
+}
+
+/* 4x2: pairs {r, r + 4}, each across two pods */
+static void pairs_across_two_pods_run_the_op_matrix(void **state)
+{
+    (void)state;
+    matrix_on_children(4, 1);
+}
+
+/* A world across pods: children across pods and of one pod, nested both ways, their
+ * info, async ops on the parent and on a child at once, tagged sends and receives on a
+ * child, and the create handshake (a second create of the same list is a second child) */
+static int world_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *halves, *pod, *quarter, *local;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x); /* j->rank: the slot on its pod */
+    if (rc) return rc;
+    coll_group_info gi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    /* halves across pods (key: parent order) and a pod's pair (one pod: the agent's) */
+    if (coll_group_split(g, r % 2, r, &halves) != COLL_OK) return 140;
+    if (coll_group_split(g, r / 2, r, &pod) != COLL_OK) return 141;
+    coll_group_info hi, pi;
+    coll_group_info_get(halves, &hi);
+    coll_group_info_get(pod, &pi);
+    if (hi.size != 4 || hi.rank != r / 2 || hi.nodes != 4 || hi.node_index != r / 2 ||
+        hi.local_slots != 1 || strcmp(hi.backend, "host"))
+        return 142;
+    if (pi.size != 2 || pi.nodes != 1 || pi.rank != r % 2) return 143;
+    int pr[4];
+    if (coll_group_parent_ranks(halves, pr, 4) != 4 || pr[3] != 6 + r % 2) return 144;
+    /* nested in a child across pods: its ranks 0,1 (parent ranks r%2, r%2 + 2: pods 0
+     * and 1) and 2,3 (pods 2 and 3): across pods again */
+    if (coll_group_split(halves, hi.rank / 2, hi.rank, &quarter) != COLL_OK) return 145;
+    coll_group_info qi;
+    coll_group_info_get(quarter, &qi);
+    if (qi.size != 2 || qi.nodes != 2 || qi.rank != hi.rank % 2) return 146;
+    /* a child of one pod made from a child across pods: ranks of the half on this pod
+     * (one each), so a child of one */
+    const int mine[1] = {hi.rank};
+    if (coll_group_create(halves, mine, 1, &local) != COLL_OK) return 147;
+    coll_group_info li;
+    coll_group_info_get(local, &li);
+    if (li.size != 1 || li.nodes != 1 || coll_group_parent_ranks(local, pr, 4) != 1 ||
+        pr[0] != hi.rank)
+        return 148;
+    for (int round = 0; round < 5; round++) {
+        /* halves: sum of (k + 1) over {0,2,4,6} = 16, over {1,3,5,7} = 20 */
+        if ((rc = sum_check(c, halves, x, r, r % 2 ? 20.0f : 16.0f))) return rc;
+        if ((rc = sum_check(c, pod, x, r, (float)(4 * (r / 2) + 3)))) return rc;
+        if ((rc = sum_check(c, g, x, r, 36.0f))) return rc;
+        int q0 = r % 2 + 4 * (hi.rank / 2); /* the quarter's parent ranks q0, q0 + 2 */
+        if ((rc = sum_check(c, quarter, x, r, (float)(q0 + 1 + q0 + 3)))) return rc;
+        if ((rc = sum_check(c, local, x, r, (float)(r + 1)))) return rc;
+    }
+    /* at once: an allreduce on the parent and one on a half, then tagged sends and
+     * receives on the half in the other order of tags */
+    float *y = x + 1024, *z = x + 2048;
+    for (int k = 0; k < 64; k++) {
+        x[k] = 1.0f;
+        y[k] = (float)r;
+    }
+    coll_request ra, rb, rs[4];
+    if (coll_allreduce(g, x, x, 64, COLL_FLOAT32, COLL_SUM, NULL, &ra) != COLL_OK) return 150;
+    if (coll_allreduce(halves, y, y, 64, COLL_FLOAT32, COLL_MAX, NULL, &rb) != COLL_OK) return 151;
+    size_t idx;
+    if (coll_wait_any(c, (coll_request[]){rb}, 1, &idx, 20000) != COLL_OK) return 152;
+    if (coll_wait(c, ra, 20000) != COLL_OK) return 153;
+    if (x[63] != 8.0f || y[0] != (float)(6 + r % 2)) return 154;
+    int right = (hi.rank + 1) % 4, left = (hi.rank + 3) % 4;
+    z[0] = (float)(100 * r + 1);
+    z[1] = (float)(100 * r + 2);
+    if (coll_recv_tag(halves, z + 8, 1, COLL_FLOAT32, left, 2, NULL, &rs[0]) != COLL_OK ||
+        coll_recv_tag(halves, z + 9, 1, COLL_FLOAT32, left, 1, NULL, &rs[1]) != COLL_OK ||
+        coll_send_tag(halves, z, 1, COLL_FLOAT32, right, 1, NULL, &rs[2]) != COLL_OK ||
+        coll_send_tag(halves, z + 1, 1, COLL_FLOAT32, right, 2, NULL, &rs[3]) != COLL_OK)
+        return 155;
+    if (coll_wait_all(c, rs, 4, 20000) != COLL_OK) return 156;
+    int from = left * 2 + r % 2; /* the left neighbour's parent rank */
+    if (z[8] != (float)(100 * from + 2) || z[9] != (float)(100 * from + 1)) return 157;
+    /* a child's tags stop below its collectives' own */
+    if (coll_send_tag(halves, z, 1, COLL_FLOAT32, right, 8191, NULL, &rs[0]) != COLL_ERR_INVALID ||
+        !strstr(coll_last_error(), "tags 0..8190"))
+        return 158;
+    if (coll_send_tag(g, z, 1, COLL_FLOAT32, 0, COLL_TAG_MAX + 1, NULL, &rs[0]) != COLL_ERR_INVALID)
+        return 159;
+    /* the second create of one list: another child, with a tag of its own */
+    coll_group *again;
+    const int evens[4] = {r % 2, r % 2 + 2, r % 2 + 4, r % 2 + 6};
+    if (coll_group_create(g, evens, 4, &again) != COLL_OK) return 160;
+    if ((rc = sum_check(c, again, x, r, r % 2 ? 20.0f : 16.0f))) return rc;
+    if ((rc = sum_check(c, halves, x, r, r % 2 ? 20.0f : 16.0f))) return rc;
+    coll_request r0;
+    if (coll_barrier(g, NULL, &r0) != COLL_OK || coll_wait(c, r0, 20000) != COLL_OK) return 161;
+    coll_group_close(&again);
+    coll_group_close(&local);
+    coll_group_close(&quarter);
+    coll_group_close(&pod);
+    coll_group_close(&halves);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_world_across_pods_splits_nests_and_mixes(void **state)
+{
+    (void)state;
+    struct agent a[PODS];
+    start_pods(a, 20000);
+    struct job jobs[RANKS];
+    for (int r = 0; r < RANKS; r++)
+        jobs[r] = (struct job){.sock = a[r / 2].sock, .rank = r % 2};
+    pid_t p[RANKS];
+    for (int r = 0; r < RANKS; r++)
+        p[r] = child_run(world_main, &jobs[r]);
+    int bad = 0;
+    for (int r = 0; r < RANKS; r++) {
+        int st = child_wait(p[r], 120000);
+        if (st) fprintf(stderr, "rank %d exited %d\n", r, st);
+        bad |= st != 0;
+    }
+    stop_pods(a);
+    assert_false(bad);
+}
+/* Across two pods of one rank each: lists that differ fail create with MISMATCH on
+ * both ranks; a child made right runs; then rank 1 dies (its process exits, no close)
+ * while rank 0 waits in an op of their child: rank 0's op fails, retryably, within the
+ * heartbeats' notice, never a hang. */
+static int dying_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *k;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    coll_group_info gi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    const int up[2] = {0, 1}, down[2] = {1, 0};
+    coll_err e = coll_group_create(g, r ? down : up, 2, &k);
+    if (e != COLL_ERR_MISMATCH || !strstr(coll_last_error(), "lists other ranks")) {
+        fprintf(stderr, "rank %d: create of differing lists: %s (%s)\n", r, coll_strerror(e),
+                coll_last_error());
+        return 170;
+    }
+    if (coll_group_create(g, up, 2, &k) != COLL_OK) return 171;
+    if ((rc = sum_check(c, k, x, r, 3.0f))) return rc;
+    if (r == 1) {
+        usleep(300000);
+        _exit(0); /* dies: no close, no goodbye */
+    }
+    coll_request q;
+    if (coll_allreduce(k, x, x, 16, COLL_FLOAT32, COLL_SUM, NULL, &q) != COLL_OK) return 172;
+    int64_t t0 = now_ns();
+    e = coll_wait(c, q, 20000);
+    double s = (double)(now_ns() - t0) / 1e9;
+    if (e == COLL_OK || e == COLL_ERR_TIMEOUT || !coll_err_retryable(e)) {
+        fprintf(stderr, "rank 0: op of a child whose peer died: %s after %.2f s (%s)\n",
+                coll_strerror(e), s, coll_last_error());
+        return 173;
+    }
+    coll_group_close(&k);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_child_across_pods_fails_cleanly(void **state)
 {
     (void)state;
     struct agent a[2];
@@ -408,19 +641,10 @@ static void a_child_across_pods_is_refused_by_name(void **state)
                  i, i, port);
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
-    coll_conn *c;
-    coll_group *g, *k = NULL;
-    assert_int_equal(coll_connect(&c, a[0].sock, 5000), COLL_OK);
-    assert_int_equal(coll_group_open(&g, c, "g", 0), COLL_OK);
-    const int both[2] = {0, 1}, me[1] = {0};
-    assert_int_equal(coll_group_create(g, both, 2, &k), COLL_ERR_UNSUPPORTED);
-    assert_non_null(strstr(coll_last_error(), "rank 1 is on another pod"));
-    assert_null(k);
-    /* this pod's own ranks make a child across nothing */
-    assert_int_equal(coll_group_create(g, me, 1, &k), COLL_OK);
-    coll_disconnect(&c);
+    struct job jobs[2] = {{.sock = a[0].sock, .rank = 0}, {.sock = a[1].sock, .rank = 0}};
+    run(dying_main, jobs, 2);
     for (int i = 0; i < 2; i++)
-        assert_int_equal(agent_stop(&a[i]), 0);
+        agent_stop(&a[i]);
 }
 
 int main(void)
@@ -431,7 +655,10 @@ int main(void)
         cmocka_unit_test(a_split_answered_by_another_op_fails_on_both),
         cmocka_unit_test(a_parent_that_moves_on_ends_its_children),
         cmocka_unit_test(limits_and_bad_arguments_are_refused),
-        cmocka_unit_test(a_child_across_pods_is_refused_by_name),
+        cmocka_unit_test(a_world_across_pods_splits_nests_and_mixes),
+        cmocka_unit_test(pairs_across_two_pods_run_the_op_matrix),
+        cmocka_unit_test(halves_across_four_pods_run_the_op_matrix),
+        cmocka_unit_test(a_child_across_pods_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -397,9 +397,11 @@ void coll_disconnect(coll_conn **conn)
         coll_group *g = c->groups;
         c->groups = g->next;
         lc_direct_fini(g, 0); /* the session's end ends the epoch of a lent group */
+        lc_span_free(g);
         free(g->parent_ranks);
         free(g);
     }
+    free(c->sops);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cv);
     free(c);
@@ -553,6 +555,8 @@ coll_err coll_group_create(coll_group *parent, const int *ranks, int n, coll_gro
         return lc_fail(COLL_ERR_INVALID,
                        "this rank (%d) is not in the list: only the members call create",
                        parent->info.rank);
+    coll_err sr;
+    if (lc_span_create(parent, ranks, n, child, &sr)) return sr; /* across pods (span.c) */
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_CREATE, 0);
     m.group_create.parent = parent->handle;
@@ -645,6 +649,15 @@ coll_err coll_group_info_get(const coll_group *g, coll_group_info *out)
 coll_err coll_group_wait(coll_group *g, int timeout_ms)
 {
     if (!g) return lc_fail(COLL_ERR_INVALID, "NULL group");
+    if (g->span) { /* a child across pods stands where its root does */
+        coll_group *root = lc_span_root(g);
+        if (!root)
+            return lc_fail(COLL_ERR_INVALID, "group '%s': the group it was made from is closed",
+                           g->info.name);
+        coll_err rc = coll_group_wait(root, timeout_ms);
+        if (rc == COLL_OK) g->info.epoch = root->info.epoch;
+        return rc;
+    }
     if (timeout_ms < -1) return lc_fail(COLL_ERR_INVALID, "timeout %d ms", timeout_ms);
     int64_t end = timeout_ms < 0 ? INT64_MAX : now_ns() + timeout_ms * NS_PER_MS;
     int64_t nap_us = 500;
@@ -671,12 +684,15 @@ void coll_group_close(coll_group **group)
     coll_group *g = *group;
     *group = NULL;
     coll_conn *c = g->conn;
+    int span = g->span != NULL;
+    if (span) lc_span_close(g); /* its ops finish first; no handle of the agent's */
+    lc_span_root_closed(g);
     lc_direct_fini(g, 1); /* its ops finish and its connections go back first */
     union wire_msg m, r;
     wire_init(&m, WIRE_GROUP_CLOSE, 0);
     m.group_close.handle = g->handle;
     pthread_mutex_lock(&c->lock);
-    if (!c->lost) lc_rpc(c, &m, -1, WIRE_GROUP_CLOSE_OK, &r, NULL, NULL);
+    if (!c->lost && !span) lc_rpc(c, &m, -1, WIRE_GROUP_CLOSE_OK, &r, NULL, NULL);
     if (!c->lost) lc_reap(c);
     if (c->stream_err && c->stream_err_group == g->handle) c->stream_err = COLL_OK;
     for (coll_group **p = &c->groups; *p; p = &(*p)->next) {

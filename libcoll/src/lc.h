@@ -76,6 +76,9 @@ struct coll_group {
     struct lc_direct *d; /* direct ops' state (direct.c); NULL: the group never runs them */
     int *parent_ranks;   /* a child's ranks in its parent (coll_group_create) */
     int nparent_ranks;
+    struct lc_span *span;  /* a child across pods (span.c); NULL: the agent runs the group */
+    uint32_t next_span_id; /* a group with an agent handle: the id its next span child
+                            * proposes (span.c); guarded by conn->lock */
     coll_group *next;
 };
 
@@ -120,6 +123,7 @@ struct coll_conn {
     coll_buffer **bufs; /* sorted by ptr */
     size_t nbufs, capbufs;
     coll_group *groups;
+    struct lc_span_op *sops; /* composite requests (span.c), LC_SPAN_OPS; guarded by lock */
 };
 
 /* conn.c */
@@ -173,6 +177,45 @@ void lc_direct_give_back(coll_group *g);
 void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try);
 /* Group close or disconnect: drop the lease (give it back if give_back) and free g->d. */
 void lc_direct_fini(coll_group *g, int give_back);
+
+/* span.c: children whose ranks span pods, run here over their root group's tagged
+ * sends and receives (docs/decisions/0025-children-across-pods.md). A composite request
+ * (one op of such a child: several sends and receives, then a local step) has bit 31 of
+ * its id's low word set. */
+#define LC_SPAN_TAG_BASE 0x40000000u /* tags from here on are coll's own (COLL_TAG_MAX) */
+#define LC_SPAN_IDS 0x1ffffu         /* ids 0..LC_SPAN_IDS - 1; LC_SPAN_IDS: creation */
+#define LC_SPAN_SUB_OPS 0x1fffu      /* a child's collectives; 0..LC_SPAN_SUB_OPS - 1: its tags */
+#define LC_SPAN_OPS 64               /* composite requests in flight per connection */
+struct lc_span_op;
+static inline int lc_span_req(coll_request r)
+{
+    return (r.id & 0x80000000u) != 0;
+}
+/* coll_group_create's part for a list that spans pods (parent a host group with an agent
+ * handle, or a span child): 1 and *rc when it made (or failed to make) the child here,
+ * 0 when the agent makes it (the list is on one pod). */
+int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **child, coll_err *rc);
+/* An op of a span child (kind as the ring's, a tag for send and recv). */
+coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
+                        uint64_t count, const void *send, void *recv, int tag, coll_request *req);
+coll_err lc_span_wait(coll_conn *c, coll_request req, int timeout_ms);
+coll_err lc_span_test(coll_conn *c, coll_request req, int *done);
+/* The pending sends and receives of composite request req (for a sleep), at most cap. */
+size_t lc_span_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
+/* A span child's root group, or NULL once that closed. */
+coll_group *lc_span_root(coll_group *g);
+/* A span child closed: its ops finish first. root closed: its span children orphaned. */
+void lc_span_close(coll_group *g);
+void lc_span_root_closed(coll_group *root);
+/* coll_disconnect: free what span.c holds of g (its buffers go with the connection's). */
+void lc_span_free(coll_group *g);
+
+/* submit.c: a send or receive on g (a group with an agent handle) with any tag up to
+ * WIRE_TAG_MAX, coll's own ones included */
+coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
+                int dtype, int peer, uint32_t tag, coll_request *req);
+/* wait.c: whether req is still a live (pending or unreported) request */
+int lc_req_live(coll_conn *c, coll_request req);
 
 /* wait.c */
 /* Reap every completion the agent has posted; caller holds the lock. */

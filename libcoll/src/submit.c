@@ -87,6 +87,10 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         (a->peer < 0 || a->peer >= g->info.size))
         return lc_fail(COLL_ERR_INVALID, "%s: rank %d is outside the group (size %d)",
                        wire_kind_name(a->kind), a->peer, g->info.size);
+    if (g->span) /* a child across pods: its ops are sends and receives of its root */
+        return lc_span_submit(g, a->kind, a->dtype, a->redop, a->peer, a->count,
+                              a->send_used ? a->send : NULL, a->recv_used ? a->recv : NULL, a->tag,
+                              req);
     coll_conn *c = g->conn;
     struct wire_sqe s = {.count = a->count,
                          .group = g->handle,
@@ -236,6 +240,16 @@ out:
     return rc;
 }
 
+coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
+                int dtype, int peer, uint32_t tag, coll_request *req)
+{
+    struct op_args a = {
+        (uint8_t)kind,       dtype, 0, peer, count, send, recv, kind == WIRE_OP_SEND,
+        kind == WIRE_OP_RECV};
+    a.tag = (int)tag;
+    return submit(g, &a, req);
+}
+
 static int rank_of(const coll_group *g)
 {
     return g ? g->info.rank : -1;
@@ -301,11 +315,13 @@ coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int p
     return coll_recv_tag(g, recv, count, dt, peer, 0, stream, req);
 }
 
-/* a tag the op may carry: 0..WIRE_TAG_MAX, and on a GPU group 0 only */
+/* a tag the op may carry: 0..COLL_TAG_MAX, and on a GPU group 0 only */
 static coll_err tag_ok(const coll_group *g, int tag)
 {
     if (!g) return COLL_OK; /* submit says so */
-    if (tag < 0) return lc_fail(COLL_ERR_INVALID, "tag %d: 0 or more", tag);
+    if (tag < 0 || tag > COLL_TAG_MAX)
+        return lc_fail(COLL_ERR_INVALID, "tag %d: 0 to %d (the tags above are coll's own)", tag,
+                       COLL_TAG_MAX);
     if (tag && g->gpu)
         return lc_fail(COLL_ERR_UNSUPPORTED,
                        "tag %d: NCCL pairs a GPU group's sends and receives in order only (tag 0)",

@@ -238,9 +238,18 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request 
     pthread_mutex_unlock(&c->lock);
 }
 
+int lc_req_live(coll_conn *c, coll_request req)
+{
+    pthread_mutex_lock(&c->lock);
+    int live = lookup(c, req) != NULL;
+    pthread_mutex_unlock(&c->lock);
+    return live;
+}
+
 coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    if (lc_span_req(req)) return lc_span_wait(c, req, timeout_ms);
     coll_err st;
     coll_group *dg;
     int r = try_complete(c, req, &st, &dg);
@@ -294,6 +303,7 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 coll_err coll_test(coll_conn *c, coll_request req, int *done)
 {
     if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    if (lc_span_req(req)) return lc_span_test(c, req, done);
     coll_err st = COLL_OK;
     coll_group *dg;
     int r = try_complete(c, req, &st, &dg);
@@ -310,6 +320,8 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
 static coll_err wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    if (lc_span_req(req))
+        return lc_fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
     pthread_mutex_lock(&c->lock);
     struct req *r = lookup(c, req);
     coll_err rc = COLL_OK;
@@ -372,10 +384,23 @@ coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t 
     if (n == 0) return lc_fail(COLL_ERR_INVALID, "no requests to wait for");
     int64_t deadline = timeout_ms > 0 ? now_ns() + (int64_t)timeout_ms * 1000000 : 0;
     for (;;) {
-        int direct = 0;
+        int direct = 0, spans = 0;
         for (size_t i = 0; i < n; i++) {
             coll_err st = COLL_OK;
             coll_group *dg;
+            if (lc_span_req(reqs[i])) { /* a child across pods' op: its parts looked at */
+                int d = 0;
+                st = lc_span_test(c, reqs[i], &d);
+                if (!d && st != COLL_OK)
+                    return lc_fail(COLL_ERR_INVALID, "request %zu: unknown or already completed",
+                                   i);
+                if (d) {
+                    *index = i;
+                    return st;
+                }
+                spans = 1;
+                continue;
+            }
             int r = try_complete(c, reqs[i], &st, &dg);
             if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
                 lc_direct_progress(dg, (uint32_t)(reqs[i].id & 0xffffffffu) - 1, 0, 1);
@@ -396,7 +421,19 @@ coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t 
         /* direct ops move only when this thread moves them: a millisecond at most */
         int64_t until = deadline;
         if (direct && (!until || until > now + 1000000)) until = now + 1000000;
-        lc_sleep_for_completion(c, until, reqs, n);
+        if (!spans) {
+            lc_sleep_for_completion(c, until, reqs, n);
+            continue;
+        }
+        /* sleep on the parts of the composite requests, and the others */
+        coll_request parts[WIRE_RING_ENTRIES];
+        size_t k = 0;
+        for (size_t i = 0; i < n && k < WIRE_RING_ENTRIES; i++)
+            if (lc_span_req(reqs[i]))
+                k += lc_span_subs(c, reqs[i], parts + k, WIRE_RING_ENTRIES - k);
+            else
+                parts[k++] = reqs[i];
+        lc_sleep_for_completion(c, until, parts, k);
     }
 }
 

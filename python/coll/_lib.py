@@ -39,6 +39,7 @@ class GroupOpts(ctypes.Structure):
 
 SLOT_ANY = -1
 RANK_ANY = -1
+TAG_MAX = (1 << 30) - 1  # COLL_TAG_MAX: the tags above are coll's own
 SPLIT_NOCOLOR = -1
 DEVICE_HOST = -1
 

@@ -17,7 +17,7 @@ __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "a
 
 # the tag of the sends and receives that compose alltoallv, gather and scatter on host
 # groups (GPU groups pair in order: tag 0)
-COMPOSED_TAG = (1 << 31) - 2
+COMPOSED_TAG = L.TAG_MAX - 1
 
 
 class _C:

@@ -209,3 +209,12 @@ if pytest is not None:
         yield ags
         for a in ags:
             assert a.stop() == 0, a.read_log()
+
+    @pytest.fixture
+    def two_pods_two_slots():
+        """Two pods (agents) of two slots each: ranks 0, 1 on the first, 2, 3 on the
+        second."""
+        ags = pods(2, slots=2)
+        yield ags
+        for a in ags:
+            assert a.stop() == 0, a.read_log()

@@ -135,27 +135,47 @@ def test_new_group_makes_children(agent4):
 
 def _cross_pod_child(i, socks, port):
     _init(i, socks[i], 4, port)
-    # ranks 1 and 2 are on different pods: creation succeeds in torch's eyes (no member
-    # raises in the creator, so nobody hangs in its barrier); the first op says why
+    # ranks 1 and 2 are on different pods (two ranks a pod): a child across pods, run by
+    # libcoll over the world's sends and receives; 0 and 3 are not members
     g = dist.new_group([1, 2])
+    both = dist.new_group([0, 1, 2, 3])
+    t = torch.full((1000,), float(i + 1))
     if i in (1, 2):
-        with pytest.raises(coll.CollError) as e:
-            dist.all_reduce(torch.ones(1), group=g)
-        assert e.value.name == "UNSUPPORTED" and "another pod" in e.value.reason
+        dist.all_reduce(t, group=g)
+        assert t[0].item() == 5.0 and t[-1].item() == 5.0
+        out = [torch.zeros(3) for _ in range(2)]
+        dist.all_gather(out, torch.full((3,), float(i)), group=g)
+        assert [o[0].item() for o in out] == [1.0, 2.0]
+    t = torch.full((4,), float(i))
+    dist.broadcast(t, 3, group=both)
+    assert t[0].item() == 3.0
     dist.barrier()
     dist.destroy_process_group()
 
 
-def test_a_child_that_cannot_be_made_fails_on_use_not_in_new_group():
-    from conftest import pods
+def test_new_group_across_pods(two_pods_two_slots):
+    run_ranks(_cross_pod_child, 4, [a.sock for a in two_pods_two_slots for _ in range(2)],
+              free_port(), timeout=120)
 
-    ags = pods(2, slots=2)
-    try:
-        run_ranks(_cross_pod_child, 4, [a.sock for a in ags for _ in range(2)], free_port(),
-                  timeout=120)
-    finally:
-        for a in ags:
-            assert a.stop() == 0, a.read_log()
+
+def _too_many_children(i, sock, port):
+    _init(i, sock, 2, port)
+    # a session holds 64 group handles: the world and 63 children; the 64th child cannot
+    # be made, which new_group must not raise (the other member would wait in torch's
+    # store barrier for good): its first op says why
+    gs = [dist.new_group([0, 1]) for _ in range(64)]
+    t = torch.ones(1)
+    dist.all_reduce(t, group=gs[62])
+    assert t.item() == 2.0
+    with pytest.raises(coll.CollError) as e:
+        dist.all_reduce(t, group=gs[63])
+    assert e.value.name == "LIMIT" and "64 groups" in e.value.reason
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_child_that_cannot_be_made_fails_on_use_not_in_new_group(agent2):
+    run_ranks(_too_many_children, 2, agent2.sock, free_port(), timeout=120)
 
 
 def test_a_failed_op_raises_coll_error_through_torch(agent2):

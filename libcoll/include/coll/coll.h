@@ -224,8 +224,16 @@ COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
  * list's length), name "<parent>/<first rank>+<n - 1>"; coll_group_parent_ranks gives
  * the list. A child takes one of the session's 64 group handles, and a group has at
  * most 64 children at once (LIMIT), so an agent holds at most agent.max_sessions x 64.
- * Today a child's ranks must all be on this pod (UNSUPPORTED otherwise: children across
- * pods are not supported yet), and the parent a host group.
+ * A child whose ranks are all on this pod is run by the agent (its local plane). A child
+ * of a host group whose ranks span pods is run by libcoll in the application, over the
+ * root group's tagged sends and receives (its data connections; no rendezvous): every op
+ * is a direct exchange between its ranks (each rank's part to every other), then a local
+ * step (reductions in rank order: the same bits on every rank); its coll_group_info has
+ * no slot layout (local_slots: its ranks on this pod), its sends and receives take tags
+ * 0..8190, it holds no handle of the agent's, and its ops count against the connection's
+ * 256 requests (2 x (size - 1) each) and 64 such ops in flight. Making one blocks until
+ * every member has called (within the root's op timeout) and fails with MISMATCH where
+ * the lists differ. Children across pods of GPU groups: UNSUPPORTED (not yet).
  */
 
 /* Make the child of ranks[0..n) of parent (the child's rank i is parent rank ranks[i]).
@@ -350,12 +358,14 @@ COLL_API coll_err coll_send(coll_group *g, const void *send, size_t count, coll_
 COLL_API coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
                             void *stream, coll_request *req);
 COLL_API coll_err coll_barrier(coll_group *g, void *stream, coll_request *req);
-/* Sends and receives that pair by tag too (0 to 2^31 - 1; coll_send and coll_recv are
- * tag 0): between two ranks, the n-th send of a tag meets the n-th receive of that tag,
- * whatever the order of other tags (torch's and Gloo's tagged send/recv). A message of
- * another tag that arrives first is kept while it is small (up to 64 KiB); a larger one
- * holds the sender's later messages back until its own receive is posted (within the op
- * timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order). */
+/* Sends and receives that pair by tag too (0 to COLL_TAG_MAX; coll_send and coll_recv
+ * are tag 0; the tags above are coll's own, for children across pods): between two ranks, the n-th
+ * send of a tag meets the n-th receive of that tag, whatever the order of other tags (torch's and
+ * Gloo's tagged send/recv). A message of another tag that arrives first is kept while it is small
+ * (up to 64 KiB); a larger one holds the sender's later messages back until its own receive is
+ * posted (within the op timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order).
+ */
+#define COLL_TAG_MAX 0x3fffffff
 COLL_API coll_err coll_send_tag(coll_group *g, const void *send, size_t count, coll_dtype dt,
                                 int peer, int tag, void *stream, coll_request *req);
 COLL_API coll_err coll_recv_tag(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
