@@ -5,7 +5,8 @@
 # taking turns ROUNDS times, the order flipping every round, bound to the same CPUs.
 # Prints, per N and size, the median time per op of each and child/YAML, and the median
 # time from coll_group_split to the child's first completed op.
-# LOAD=1: under compare.sh's load (bench/loadgen.c) all along. ACROSS=1: N agents (pods)
+# SIZES=a,b,...: the sizes (8,65536,1048576). LOAD=1: under compare.sh's load (bench/loadgen.c)
+# all along. ACROSS=1: N agents (pods)
 # of one rank each instead, a YAML group across them and a child across pods (libcoll's,
 # over the group's sends and receives: docs/decisions/0025-children-across-pods.md).
 # Usage: bench/children.sh BUILD ROUNDS [N...]   e.g. bench/children.sh build 5 2 4 8
@@ -14,7 +15,7 @@ set -euo pipefail
 B=$1 rounds=$2
 shift 2
 ns=${*:-2 4 8}
-sizes=8,65536,1048576
+sizes=${SIZES:-8,65536,1048576}
 out=$(mktemp /tmp/coll-children-XXXX)
 LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
