@@ -39,7 +39,12 @@ def _redop(op):
     for name, ours in _OPS:
         if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
             return ours
-    raise ValueError("coll: reduction %r is not supported (PREMUL_SUM is not, yet)" % (op,))
+    if hasattr(dist.ReduceOp, "PREMUL_SUM") and getattr(op, "op", op) == dist.ReduceOp.PREMUL_SUM:
+        # torch keeps PREMUL_SUM's factor in C++, out of a Python backend's reach: scale the
+        # tensor by the factor first and reduce with SUM (what NCCL does)
+        raise ValueError("coll: PREMUL_SUM is not supported: torch does not hand its factor to "
+                         "a Python backend; multiply by the factor, then reduce with SUM")
+    raise ValueError("coll: reduction %r is not supported" % (op,))
 
 
 def _opt(opts, name, default):

@@ -102,6 +102,15 @@ def _every_collective(i, socks, port):
     dist.destroy_process_group()
 
 
+def test_premul_sum_says_why_it_is_refused():
+    from coll.torch import _redop
+
+    assert _redop(dist.ReduceOp.SUM) == "sum" and _redop(dist.ReduceOp.BXOR) == "bxor"
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        with pytest.raises(ValueError, match="does not hand its factor"):
+            _redop(dist._make_nccl_premul_sum(2.0))
+
+
 def test_every_collective_across_two_pods(two_pods):
     run_ranks(_every_collective, 2, [a.sock for a in two_pods], free_port(), timeout=120)
 
