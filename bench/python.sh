@@ -6,6 +6,8 @@
 #
 #   bench/python.sh [-b BUILD] [-p "2 4"] [-s SIZES] [-r ROUNDS] [-n ITERS] [-l LOADS] [-d OUT]
 #
+# DDP=1: also a small model's DistributedDataParallel step over coll and over Gloo;
+# DDP_ONLY=1: that alone. AGENT_EXTRA: lines for the agents' agent section.
 # Defaults: build-test, 2 pods, 8 B to 64 MiB, 3 rounds, 200 iterations up to 1 MiB,
 # loads "quiet loaded"; writes OUT/raw.txt and OUT/table.md (OUT default: a new folder
 # under /tmp).
@@ -35,7 +37,7 @@ raw=$out/raw.txt
 echo "# python.sh: pods [$pods] sizes [$sizes] rounds $rounds iters $iters loads [$loads] $(nproc) CPUs $(date -u +%FT%TZ) $(git -C "$root" rev-parse --short HEAD)" | tee -a "$raw"
 for n in $pods; do
     for load in $loads; do
-        start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000))
+        start_agents "$build" "$n" "$tmp" $((21000 + RANDOM % 20000)) "${AGENT_EXTRA:-}"
         [ "$load" = loaded ] && start_load "$tmp/loadgen"
         port=$((21000 + RANDOM % 20000))
         IFS=, read -ra socks <<<"$AGENT_SOCKS"
