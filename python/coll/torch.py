@@ -431,7 +431,18 @@ def _create(opts, pg_options=None):
 def _open_world(rank, size, t):
     conn = _state["conn"]
     if conn is None or not conn._h:
-        conn = _state["conn"] = connect(os.environ.get("COLL_AGENT_SOCKET"))
+        # the backend's connection runs every collective of a host group in this process
+        # (COLL_DIRECT=all) unless the environment says otherwise: DDP's bucket
+        # allreduces through the agent lost up to a sixth of a step to the hand-offs under
+        # load (bench/RESULTS.md, "A DDP training step")
+        unset = "COLL_DIRECT" not in os.environ
+        if unset:
+            os.environ["COLL_DIRECT"] = "all"
+        try:
+            conn = _state["conn"] = connect(os.environ.get("COLL_AGENT_SOCKET"))
+        finally:
+            if unset:
+                os.environ.pop("COLL_DIRECT", None)
     name = os.environ.get("COLL_GROUP") or "world"
     g = conn.open(name, rank=rank, timeout=t)
     if g.size != size:
