@@ -38,6 +38,9 @@ struct lc_span {
     int n, me;
     uint32_t id;
     struct span_scratch scratch[SPAN_SCRATCH];
+    /* held while an op posts its sends and receives: each op's are contiguous, so ops
+     * submitted one after the other pair in that order on every rank */
+    pthread_mutex_t posting;
 };
 
 struct lc_span_op {
@@ -187,6 +190,7 @@ static coll_err make(coll_group *parent, coll_group *root, int *rr, const int *r
     }
     memcpy(pr, ranks, (size_t)n * sizeof(int));
     *sp = (struct lc_span){.root = root, .ranks = rr, .n = n, .me = me, .id = (uint32_t)id};
+    pthread_mutex_init(&sp->posting, NULL);
     g->conn = c;
     g->handle = UINT32_MAX; /* no handle of the agent's */
     g->epoch = root->epoch;
@@ -426,6 +430,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         }
     }
     char *S = op->sc ? coll_mem_ptr(op->sc->b) : NULL;
+    pthread_mutex_lock(&sp->posting);
     const char *sb = send;
     char *rb = recv;
     switch (kind) {
@@ -488,6 +493,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         }
         break;
     }
+    pthread_mutex_unlock(&sp->posting);
     if (reduce) {
         op->reduce = 1;
         op->dst = rb;
@@ -640,6 +646,7 @@ void lc_span_close(coll_group *g)
     }
     for (int i = 0; i < SPAN_SCRATCH; i++)
         if (g->span->scratch[i].b) coll_mem_release(&g->span->scratch[i].b);
+    pthread_mutex_destroy(&g->span->posting);
     free(g->span->ranks);
     free(g->span);
     g->span = NULL;
@@ -665,6 +672,7 @@ void lc_span_root_closed(coll_group *root)
 void lc_span_free(coll_group *g)
 {
     if (!g->span) return;
+    pthread_mutex_destroy(&g->span->posting);
     free(g->span->ranks);
     free(g->span);
     g->span = NULL;
