@@ -60,18 +60,25 @@ static int sum_check(coll_conn *c, coll_group *g, float *x, int prank, float wan
     return 0;
 }
 
-static void run(int (*fn)(void *), struct job *jobs, int n)
+/* fn for each of the n jobs (stride bytes apart), each a process; whether any did not
+ * exit 0 within ms */
+static int run_jobs(int (*fn)(void *), void *jobs, size_t stride, int n, int ms)
 {
     pid_t p[RANKS];
     for (int i = 0; i < n; i++)
-        p[i] = child_run(fn, &jobs[i]);
+        p[i] = child_run(fn, (char *)jobs + (size_t)i * stride);
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        int st = child_wait(p[i], 60000);
+        int st = child_wait(p[i], ms);
         if (st) fprintf(stderr, "rank %d exited %d\n", i, st);
         bad |= st != 0;
     }
-    assert_false(bad);
+    return bad;
+}
+
+static void run(int (*fn)(void *), struct job *jobs, int n)
+{
+    assert_false(run_jobs(fn, jobs, sizeof(*jobs), n, 120000));
 }
 
 static void start8(struct agent *a)
@@ -430,23 +437,15 @@ static void matrix_on_children(int split_mod, int split_div)
     struct agent a[PODS];
     start_pods(a, 20000);
     struct opcheck_job jobs[RANKS];
-    pid_t p[RANKS];
-    for (int r = 0; r < RANKS; r++) {
+    for (int r = 0; r < RANKS; r++)
         jobs[r] = (struct opcheck_job){.sock = a[r / 2].sock,
                                        .explicit_slot = 1,
                                        .slot = r % 2,
                                        .split_mod = split_mod,
                                        .split_div = split_div};
-        p[r] = child_run(opcheck_rank_main, &jobs[r]);
-    }
-    int bad = 0;
-    for (int r = 0; r < RANKS; r++) {
-        int st = child_wait(p[r], 600000);
-        if (st) fprintf(stderr, "rank %d exited %d\n", r, st);
-        bad |= st != 0;
-    }
+    int bad = run_jobs(opcheck_rank_main, jobs, sizeof(jobs[0]), RANKS, 600000);
     for (int i = 0; i < PODS; i++)
-        assert_int_equal(agent_log_count(&a[i], "protocol_error"), 0);
+        bad |= agent_log_count(&a[i], "protocol_error") != 0;
     stop_pods(a);
     assert_false(bad);
 }
@@ -571,15 +570,7 @@ static void a_world_across_pods_splits_nests_and_mixes(void **state)
     struct job jobs[RANKS];
     for (int r = 0; r < RANKS; r++)
         jobs[r] = (struct job){.sock = a[r / 2].sock, .rank = r % 2};
-    pid_t p[RANKS];
-    for (int r = 0; r < RANKS; r++)
-        p[r] = child_run(world_main, &jobs[r]);
-    int bad = 0;
-    for (int r = 0; r < RANKS; r++) {
-        int st = child_wait(p[r], 120000);
-        if (st) fprintf(stderr, "rank %d exited %d\n", r, st);
-        bad |= st != 0;
-    }
+    int bad = run_jobs(world_main, jobs, sizeof(jobs[0]), RANKS, 120000);
     stop_pods(a);
     assert_false(bad);
 }
@@ -642,9 +633,10 @@ static void a_child_across_pods_fails_cleanly(void **state)
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
     struct job jobs[2] = {{.sock = a[0].sock, .rank = 0}, {.sock = a[1].sock, .rank = 0}};
-    run(dying_main, jobs, 2);
+    int bad = run_jobs(dying_main, jobs, sizeof(jobs[0]), 2, 120000);
     for (int i = 0; i < 2; i++)
         agent_stop(&a[i]);
+    assert_false(bad);
 }
 
 int main(void)
