@@ -41,7 +41,11 @@
 #   op (#rusage lines in raw.txt; BENCH_RUSAGE=0 turns that off)
 #   -D MODE: which of coll's ops its applications run themselves (libcoll's COLL_DIRECT):
 #   1, the default: tiny ones (up to 64 KiB), the rest through the agent; all: every
-#   collective (a large one in the application's wait, as an MPI rank's); 0: none
+#   collective (a large one in the application's wait, as an MPI rank's); 0: none.
+#   Several ("1 all"): each cell runs once per mode, the modes taking turns (the order
+#   flipping every round), each mode's runs in OUTDIR/mode-MODE (its own raw.txt, table
+#   and plots; the floors and the references' runs shared), and OUTDIR/modes.md puts
+#   the modes' ratios and steadiness side by side (bench/compare_modes.py)
 #   -S: coll and OpenMPI in runs of their own, one after the other (before 2026-12-04)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,7 +59,11 @@ while getopts "b:p:o:s:r:l:n:w:t:ud:D:S" c; do
     *) sed -n '2,45p' "$0"; exit 2 ;;
     esac
 done
-case $direct in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$direct'"; exit 2 ;; esac
+for m in $direct; do
+    case $m in 0 | 1 | all) ;; *) echo "compare.sh: -D takes 0, 1 or all, not '$m' (or several: \"1 all\")"; exit 2 ;; esac
+done
+modes=($direct)
+[ ${#modes[@]} -gt 1 ] && [ $pair = 0 ] && { echo "compare.sh: several modes need the paired runs (no -S)"; exit 2; }
 build=$(cd "$build" && pwd)
 out=${out:-$here/results/host-$(date -u +%Y%m%dT%H%M)}
 mkdir -p "$out"
@@ -74,18 +82,37 @@ ncpu=$(nproc)
 gloo=0 # GLOO=0 in the environment: leave Gloo out even where torch is installed
 [ "${GLOO:-1}" != 0 ] && /usr/bin/python3 -c "import torch.distributed" 2>/dev/null && gloo=1
 raw=$out/raw.txt
+declare -A rawof # mode -> its raw.txt
+if [ ${#modes[@]} -gt 1 ]; then
+    for m in "${modes[@]}"; do mkdir -p "$out/mode-$m"; rawof[$m]=$out/mode-$m/raw.txt; done
+else
+    rawof[${modes[0]}]=$raw
+fi
+raws() { printf '%s\n' "${rawof[@]}"; }
+to_all() { # stdin appended to every mode's raw.txt
+    local f
+    f=$(mktemp "$tmp/all-XXXX")
+    cat >"$f"
+    while read -r r; do cat "$f" >>"$r"; done < <(raws)
+    rm -f "$f"
+}
 {
     echo "# compare.sh $(date -u +%FT%TZ) on $(hostname): $ncpu CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
     echo "# kernel $(uname -r); $(mpirun --version 2>&1 | head -1); $(iperf3 --version | head -1)"
     echo "# pods [$pods] ops [$ops] sizes [$sizes] rounds $rounds loads [$loads] iters $iters warmup $warmup min_ms $min_ms bind $bind gloo $gloo"
     echo "# tcp congestion control: node default $(sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo '?') (MPI, Gloo, iperf3), coll's data connections ${NODE_EXTRA:-reno (node.tcp_congestion)}"
     echo "# OpenMPI's malloc: ${MPI_MALLOC_ENV[*]:-the glibc default (MPI_MALLOC=default)}"
-    echo "# coll's applications run their ops themselves: COLL_DIRECT=$direct ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || echo 'none'))"
+    echo "# coll's applications run their ops themselves: COLL_DIRECT=MODE ($([ "$direct" = all ] && echo 'every collective' || { [ "$direct" = 1 ] && echo 'up to 64 KiB, the rest through the agent'; } || { [ "$direct" = 0 ] && echo 'none'; } || echo "each of: $direct, taking turns"))"
     [ $pair = 1 ] && echo "# coll and mpi in one process (pair_bench): per size, blocks of about 25 ms taking turns, the first flipping every round"
     echo "# loads paired: per op, each load in turn on the same agents, per size each system in turn, the orders flipping every round"
     echo "# command: bench/compare.sh $*"
-} >"$raw"
-cat "$raw"
+} >"$tmp/head"
+while read -r r; do
+    m=$(basename "$(dirname "$r")"); m=${m#mode-}
+    [ ${#modes[@]} -gt 1 ] || m=$direct
+    sed "s/COLL_DIRECT=MODE/COLL_DIRECT=$m/" "$tmp/head" >"$r"
+done < <(raws)
+sed "s/COLL_DIRECT=MODE/COLL_DIRECT=$direct/" "$tmp/head"
 
 ceiling() { # one TCP stream over loopback, server and client as two pods
     local port s=() c=() spid
@@ -112,11 +139,11 @@ mpi_run() { # N COMMAND: N ranks of OpenMPI (ob1, tcp+self, loopback), rank i bo
 run_mpi() { # N OP SIZE
     mpi_run "$1" "$tmp/mpi_bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms" 2>&1
 }
-run_pair() { # N OP SIZE FIRST: coll and mpi (pair_bench), each section after its probe
+run_pair() { # N OP SIZE FIRST MODE: coll and mpi (pair_bench), each section after its probe
     local p
     p=$(probe)
     echo "### pods $1 op $2 system pair" # (the ranks' #rusage lines come first)
-    COLL_DIRECT=$direct mpi_run "$1" "$tmp/pair_bench -s $AGENT_SOCKS -g bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms -m $4" 2>&1 |
+    COLL_DIRECT=$5 mpi_run "$1" "$tmp/pair_bench -s $AGENT_SOCKS -g bench -o $2 -L $3 -n $iters -w $warmup -T $min_ms -m $4" 2>&1 |
         awk -v p="$p" '{ print } /^### / && p != "" { print p }'
 }
 run_gloo() { # N OP SIZE: each rank's lines in a file of its own (lines of ranks that
@@ -140,15 +167,18 @@ probe() { # where the host has put the two vCPUs: one cache line's round trip be
     "$build/coll-floors" -c 0,1 -n 5000 -x | awk '{ split($4, a, "="); print "#probe shm_spin_us " a[2] }'
 }
 floors() { # LOAD: the round's loopback ceiling and floors under LOAD (the load is on)
-    echo "## round $r load $1 ceiling_gbit $(ceiling)" | tee -a "$raw"
+    local line
+    line="## round $r load $1 ceiling_gbit $(ceiling)"
+    echo "$line"
+    echo "$line" | to_all
     # the floors of a small op: a hand-off between two processes on one CPU (what a
     # pod whose application and agent share its CPU pays twice per op) and an 8-byte
     # swap over loopback TCP between two CPUs (what any exchange between pods costs);
     # with two CPUs also what the load costs CPU-bound work (the copy floor) and the
     # bare 128 KiB exchange (tcp_swap_128K)
     if [ $bind = 1 ]; then
-        "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' >>"$raw"
-        "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' >>"$raw"
+        "$build/coll-floors" -n 20000 -c 0,0 | sed 's/^/#floor one_cpu /' | to_all
+        "$build/coll-floors" -n 20000 -c 0,$((1 % ncpu)) | sed 's/^/#floor two_cpus /' | to_all
     fi
 }
 
@@ -176,17 +206,24 @@ for r in $(seq "$rounds"); do
             [ $gloo = 1 ] && systems="$systems gloo"
             for load in $order; do
                 [ "$load" = loaded ] && start_load "$tmp/loadgen"
-                echo "## round $r load $load ceiling_gbit " >>"$raw" # (measured above)
+                echo "## round $r load $load ceiling_gbit " | to_all # (measured above)
+                morder=("${modes[@]}")
+                [ $((r % 2)) = 0 ] && morder=($(printf '%s\n' "${modes[@]}" | tac))
                 for size in ${sizes//,/ }; do
                     if [ $pair = 1 ]; then
-                        run_pair "$n" "$op" "$size" "${systems%% *}" >>"$raw" || echo "# pair failed" >>"$raw"
+                        for m in "${morder[@]}"; do
+                            run_pair "$n" "$op" "$size" "${systems%% *}" "$m" >>"${rawof[$m]}" ||
+                                echo "# pair failed" >>"${rawof[$m]}"
+                        done
                         [ $gloo = 1 ] || continue
                     fi
                     for sys in $systems; do
                         [ $pair = 1 ] && [ "$sys" != gloo ] && continue
-                        echo "### pods $n op $op system $sys" >>"$raw"
-                        probe >>"$raw"
-                        "run_$sys" "$n" "$op" "$size" >>"$raw" 2>&1 || echo "# $sys failed" >>"$raw"
+                        {
+                            echo "### pods $n op $op system $sys"
+                            probe
+                            "run_$sys" "$n" "$op" "$size" 2>&1 || echo "# $sys failed"
+                        } | to_all
                     done
                 done
                 [ "$load" = loaded ] && stop_load
@@ -196,4 +233,9 @@ for r in $(seq "$rounds"); do
         stop_agents
     done
 done
-/usr/bin/python3 "$here/compare_report.py" "$out"
+if [ ${#modes[@]} -gt 1 ]; then
+    for m in "${modes[@]}"; do /usr/bin/python3 "$here/compare_report.py" "$out/mode-$m"; done
+    /usr/bin/python3 "$here/compare_modes.py" "$out" "${modes[@]}" | tee "$out/modes.md"
+else
+    /usr/bin/python3 "$here/compare_report.py" "$out"
+fi

@@ -245,6 +245,27 @@ pgrep -f 'coll-ab-.*loadgen' >/dev/null && fail "ab.sh left its load running"
 msg=$("$src/bench/compare.sh" -D bogus -d "$tmp/never" 2>&1) && fail "compare.sh -D bogus ran"
 echo "$msg" | grep -q "takes 0, 1 or all, not 'bogus'" || fail "compare.sh -D bogus: $msg"
 [ -e "$tmp/never" ] && fail "compare.sh -D bogus made its results folder"
+# compare_modes.py: two modes' results side by side, from known figures (round, load,
+# coll and mpi times): mode 1 loses a third of its lead under load, mode all none
+m=$tmp/modes
+mkdir -p "$m/mode-1" "$m/mode-all"
+{
+    echo "round,load,pods,op,system,bytes,time_us,busbw,wrong,probe_us"
+    for r in 1 2 3; do
+        echo "$r,quiet,2,allreduce,coll,8388608,100,0,0,0.4"
+        echo "$r,quiet,2,allreduce,mpi,8388608,300,0,0,0.4"
+        echo "$r,loaded,2,allreduce,coll,8388608,150,0,0,0.4"
+        echo "$r,loaded,2,allreduce,mpi,8388608,300,0,0,0.4"
+    done
+} >"$m/mode-1/results.csv"
+sed 's/,loaded,2,allreduce,coll,8388608,150,/,loaded,2,allreduce,coll,8388608,100,/' \
+    "$m/mode-1/results.csv" >"$m/mode-all/results.csv"
+out=$(/usr/bin/python3 "$src/bench/compare_modes.py" "$m" 1 all) || fail "compare_modes.py: $out"
+echo "$out" | grep -qF "| 2 | allreduce | 8388608 | 3.00 | 2.00 | 0.67 | 3.00 | 3.00 | 1.00 | all |" ||
+    fail "compare_modes.py: $out"
+echo "4,quiet,2,allreduce,coll,8,x,0,0,0.4" >>"$m/mode-all/results.csv"
+out=$(/usr/bin/python3 "$src/bench/compare_modes.py" "$m" 1 all 2>&1) && fail "a malformed row passed"
+echo "$out" | grep -qF "mode-all/results.csv:14: malformed row" || fail "compare_modes.py: $out"
 # pair_bench: coll and OpenMPI in one process per pod, taking turns block by block
 # (compare.sh's default). Needs OpenMPI, and a libcoll without sanitizers: OpenMPI's
 # libraries are not built with them and cannot load an instrumented one first.
