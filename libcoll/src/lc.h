@@ -1,9 +1,10 @@
 /*
  * lc.h: libcoll's private header: the objects behind the public handles and the few
  * functions its files share (prefix lc_, never exported: the library is built with
- * hidden visibility). conn.c owns the connection, its socket and the errors; buffers.c
- * the shared buffers; submit.c turning calls into ring entries; wait.c completions and
- * the waiting policy.
+ * hidden visibility). conn.c owns the connection, its socket and the errors; groups.c
+ * the group handles (above conn.c and span.c); buffers.c the shared buffers; submit.c
+ * turning calls into ring entries; wait.c completions and the waiting policy; span.c
+ * children across pods; direct.c direct ops.
  */
 #ifndef LIBCOLL_LC_H
 #define LIBCOLL_LC_H
@@ -193,8 +194,10 @@ static inline int lc_span_req(coll_request r)
 }
 /* coll_group_create's part for a list that spans pods (parent a host group with an agent
  * handle, or a span child): 1 and *rc when it made (or failed to make) the child here,
- * 0 when the agent makes it (the list is on one pod). */
-int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **child, coll_err *rc);
+ * 0 when the agent makes it (the list is on one pod): from *on (parent, or a span
+ * child's root), with the ranks *mapped to on's when set (the caller frees them). */
+int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **child, coll_err *rc,
+                   coll_group **on, int **mapped);
 /* An op of a span child (kind as the ring's, a tag for send and recv). */
 coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
                         uint64_t count, const void *send, void *recv, int tag, coll_request *req);

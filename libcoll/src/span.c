@@ -207,8 +207,11 @@ static coll_err make(coll_group *parent, coll_group *root, int *rr, const int *r
     return COLL_OK;
 }
 
-int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **child, coll_err *rc)
+int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **child, coll_err *rc,
+                   coll_group **on, int **mapped)
 {
+    *on = parent;
+    *mapped = NULL;
     if (parent->parent_ranks && !parent->span) return 0; /* a child of one pod's: so are its */
     coll_group *root = parent;
     if (parent->span) {
@@ -231,19 +234,14 @@ int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **chi
         rr[i] = parent->span ? parent->span->ranks[ranks[i]] : ranks[i];
         spans |= rr[i] / slots != rr[0] / slots;
     }
-    if (!spans && !parent->span) {
-        free(rr);
-        return 0; /* one pod's: the agent makes it */
-    }
-    if (!spans) { /* a child of one pod from a span child: the agent makes it from the root */
-        *rc = coll_group_create(root, rr, n, child);
-        if (*rc == COLL_OK) {
-            memcpy((*child)->parent_ranks, ranks, (size_t)n * sizeof(int));
-            snprintf((*child)->info.name, sizeof((*child)->info.name), "%.40s/%d+%d",
-                     parent->info.name, ranks[0], n - 1);
+    if (!spans) { /* one pod's: the agent makes it, from the root's ranks */
+        if (parent->span) {
+            *on = root;
+            *mapped = rr;
+        } else {
+            free(rr);
         }
-        free(rr);
-        return 1;
+        return 0;
     }
     if (root->gpu) {
         free(rr);
