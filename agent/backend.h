@@ -102,7 +102,7 @@ struct backend_task {
 };
 /* Run one matched op over buffers all mapped here; a coll_err. Scratch: at least
  * HOST_SCRATCH_BYTES, 8-byte aligned. */
-#define HOST_SCRATCH_BYTES (8 * 4096)
+#define HOST_SCRATCH_BYTES (16 * 4096)
 int host_run(void *scratch, const struct backend_task *t);
 int host_pair(struct group *g, struct op *snd, struct op *rcv);
 /* The engine's turn for backends that slice their work (backend_ops.turn). */

@@ -80,6 +80,108 @@ uint16_t reduce_float_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+/* The OCP 8-bit floats: e4m3 (bias 7, no infinity, S.1111.111 the NaN, largest 448) and
+ * e5m2 (bias 15, IEEE-like: infinities and NaNs at the top exponent, largest 57344).
+ * Both conversions are free of branches, so the kernels' loops vectorise; the formats'
+ * constants fold in (MBITS, BIAS are literals at every call). */
+static inline float bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f8_to_float(uint8_t b, int mbits, int bias)
+{
+    uint32_t e = b & 0x7fu, top = 0x7fu >> mbits;
+    /* a normal: the exponent and mantissa move up into place and the bias changes */
+    float normal = bits_float((e << (23 - mbits)) + ((uint32_t)(127 - bias) << 23));
+    /* a subnormal: mantissa x 2^(1 - bias - mbits), exact */
+    float sub =
+        (float)(b & ((1u << mbits) - 1)) * bits_float((uint32_t)(127 + 1 - bias - mbits) << 23);
+    float v = (e >> mbits) == 0 ? sub : normal;
+    if (mbits == 3) /* e4m3: S.1111.111 is its NaN, and there is no infinity */
+        v = e == 0x7fu ? __builtin_nanf("") : v;
+    else /* e5m2: the top exponent holds the infinities and NaNs */
+        v = (e >> mbits) == top ? ((e & 3u) ? __builtin_nanf("") : __builtin_inff()) : v;
+    return bits_float(float_bits(v) | (uint32_t)(b & 0x80u) << 24);
+}
+
+/* Round to nearest even; out of range (infinities too) saturates to max_bits, a NaN
+ * becomes nan_bits. */
+static inline uint8_t float_to_f8(float v, int mbits, int bias, uint32_t max_bits,
+                                  uint32_t nan_bits)
+{
+    uint32_t x = float_bits(v), ax = x & 0x7fffffffu, sh = (uint32_t)(23 - mbits);
+    /* a normal: round the mantissa in the integers (a carry moves into the exponent on
+     * its own), then change the bias */
+    uint32_t r = ax + ((1u << (sh - 1)) - 1) + ((ax >> sh) & 1u);
+    int32_t normal = (int32_t)(r >> sh) - (int32_t)((uint32_t)(127 - bias) << mbits);
+    /* below the least normal: |v| in units of the least subnormal, rounded by adding 2^23
+     * (the float adder rounds to nearest even); one rounded up to the least normal
+     * encodes as it */
+    float scaled = bits_float(ax) * bits_float((uint32_t)(127 + bias - 1 + mbits) << 23);
+    int32_t sub = (int32_t)(float_bits(scaled + 0x1p23f) - float_bits(0x1p23f));
+    int32_t out = ax < ((uint32_t)(127 - bias + 1) << 23) ? sub : normal;
+    out = out > (int32_t)max_bits ? (int32_t)max_bits : out;
+    out = ax > 0x7f800000u ? (int32_t)nan_bits : out;
+    return (uint8_t)(((x >> 24) & 0x80u) | (uint32_t)out);
+}
+
+/* Both ways go through tables, filled when the library or the agent is loaded, before
+ * any thread runs: widening reads the 256 values (a load beats the arithmetic by about
+ * 3x); narrowing reads the result for the float's exponent, the mantissa bits a float8
+ * keeps, the next bit and whether any bit below it is set, which is all that rounding to
+ * nearest even looks at (a float8 subnormal keeps fewer bits, and those are among them).
+ * 13 bits of index for e4m3 (8 KiB), 12 for e5m2. */
+#define F8_INDEX(ax, mbits)                                                                        \
+    ((((ax) >> (22 - (mbits))) << 1) | (((ax) & ((1u << (22 - (mbits))) - 1)) != 0))
+static float e4m3_wide[256], e5m2_wide[256];
+static uint8_t e4m3_narrow[1u << 13], e5m2_narrow[1u << 12];
+__attribute__((constructor)) static void f8_tables(void)
+{
+    for (int b = 0; b < 256; b++) {
+        e4m3_wide[b] = f8_to_float((uint8_t)b, 3, 7);
+        e5m2_wide[b] = f8_to_float((uint8_t)b, 2, 15);
+    }
+    for (uint32_t i = 0; i < (1u << 13); i++) /* a float of the class: its sticky bit lowest */
+        e4m3_narrow[i] = float_to_f8(bits_float(((i >> 1) << 19) | (i & 1u)), 3, 7, 0x7e, 0x7f);
+    for (uint32_t i = 0; i < (1u << 12); i++)
+        e5m2_narrow[i] = float_to_f8(bits_float(((i >> 1) << 20) | (i & 1u)), 2, 15, 0x7b, 0x7e);
+}
+static inline uint8_t narrow(float f, const uint8_t *table, int mbits)
+{
+    uint32_t x = float_bits(f);
+    return (uint8_t)(((x >> 24) & 0x80u) | table[F8_INDEX(x & 0x7fffffffu, mbits)]);
+}
+#define E4M3_TO_FLOAT(b) e4m3_wide[(uint8_t)(b)]
+#define E5M2_TO_FLOAT(b) e5m2_wide[(uint8_t)(b)]
+#define FLOAT_TO_E4M3(f) narrow(f, e4m3_narrow, 3)
+#define FLOAT_TO_E5M2(f) narrow(f, e5m2_narrow, 2)
+
+float reduce_e4m3_to_float(uint8_t b)
+{
+    return f8_to_float(b, 3, 7); /* the definition, which test_reduce checks the table by */
+}
+uint8_t reduce_float_to_e4m3(float f)
+{
+    return FLOAT_TO_E4M3(f); /* what the kernels use (test_reduce checks it) */
+}
+float reduce_e5m2_to_float(uint8_t b)
+{
+    return f8_to_float(b, 2, 15);
+}
+uint8_t reduce_float_to_e5m2(float f)
+{
+    return FLOAT_TO_E5M2(f);
+}
+
 #define OP_SUM(a, b) ((a) + (b))
 #define OP_PROD(a, b) ((a) * (b))
 #define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
@@ -270,6 +372,72 @@ static void reduce_16(int dtype, int op, void *dst, const void *const *srcs, int
             d[i] = reduce_float_to_bf16(acc[i]);
 }
 
+/* float8: as the 16-bit floats, through a float chunk */
+static void reduce_8(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
+                     uint32_t avg_div)
+{
+    float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];
+    int e4 = dtype == COLL_FLOAT8_E4M3;
+    for (int k = 0; k < nsrc; k++) {
+        const uint8_t *s = srcs[k];
+        float *out = k == 0 ? acc : tmp;
+        if (e4)
+            for (size_t i = 0; i < n; i++)
+                out[i] = E4M3_TO_FLOAT(s[i]);
+        else
+            for (size_t i = 0; i < n; i++)
+                out[i] = E5M2_TO_FLOAT(s[i]);
+        if (k == 0) continue;
+        const void *pair[2] = {acc, tmp};
+        reduce_f32(op == COLL_AVG ? COLL_SUM : op, acc, pair, 2, n, 1);
+    }
+    if (op == COLL_AVG) div_f32(acc, n, avg_div);
+    uint8_t *d = dst;
+    if (e4)
+        for (size_t i = 0; i < n; i++)
+            d[i] = FLOAT_TO_E4M3(acc[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            d[i] = FLOAT_TO_E5M2(acc[i]);
+}
+
+/* Complex numbers: sum and average lane by lane; the product as (ac - bd, ad + bc), which
+ * gives the same bits whichever operand comes first (reduce.c is built without
+ * contraction into fused multiply-adds, which would break that). */
+#define DEF_CPROD(T, SUF)                                                                          \
+    static void cprod_##SUF(T *restrict d, const void *const *srcs, int nsrc, size_t n)            \
+    {                                                                                              \
+        const T *a = srcs[0];                                                                      \
+        if (d != a) memcpy(d, a, 2 * n * sizeof(T));                                               \
+        for (int k = 1; k < nsrc; k++) {                                                           \
+            const T *restrict b = srcs[k];                                                         \
+            for (size_t i = 0; i < n; i++) {                                                       \
+                T ar = d[2 * i], ai = d[2 * i + 1], br = b[2 * i], bi = b[2 * i + 1];              \
+                d[2 * i] = ar * br - ai * bi;                                                      \
+                d[2 * i + 1] = ar * bi + ai * br;                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+DEF_CPROD(float, f32)
+DEF_CPROD(double, f64)
+
+static void reduce_complex(int dtype, int op, void *dst, const void *const *srcs, int nsrc,
+                           size_t n, uint32_t avg_div)
+{
+    int wide = dtype == COLL_COMPLEX128;
+    if (op == COLL_PROD) {
+        if (wide)
+            cprod_f64(dst, srcs, nsrc, n);
+        else
+            cprod_f32(dst, srcs, nsrc, n);
+        return;
+    }
+    if (wide) /* sum or average (wire_redop_fits) */
+        reduce_f64(op, dst, srcs, nsrc, 2 * n, avg_div);
+    else
+        reduce_f32(op, dst, srcs, nsrc, 2 * n, avg_div);
+}
+
 void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
               uint32_t avg_div)
 {
@@ -310,6 +478,14 @@ void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, s
     case COLL_FLOAT16:
     case COLL_BFLOAT16:
         reduce_16(dtype, op, dst, srcs, nsrc, n, avg_div);
+        break;
+    case COLL_FLOAT8_E4M3:
+    case COLL_FLOAT8_E5M2:
+        reduce_8(dtype, op, dst, srcs, nsrc, n, avg_div);
+        break;
+    case COLL_COMPLEX64:
+    case COLL_COMPLEX128:
+        reduce_complex(dtype, op, dst, srcs, nsrc, n, avg_div);
         break;
     }
 }

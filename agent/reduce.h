@@ -13,9 +13,10 @@
 
 /*
  * dst[i] = op(srcs[0][i], ..., srcs[nsrc-1][i]) for i < n (n <= REDUCE_CHUNK), with avg
- * dividing the sum by avg_div. dst may equal srcs[0] but no other source. float16 and
- * bfloat16 are reduced in float32 and rounded once. Never fails for a dtype and op that
- * fit (wire_redop_fits: no bitwise op of floats, no average of bools).
+ * dividing the sum by avg_div. dst may equal srcs[0] but no other source. float16,
+ * bfloat16 and the float8s are reduced in float32 and rounded once (a float8 saturates at
+ * its largest finite value); complex numbers are pairs (real, imaginary) of n elements.
+ * Never fails for a dtype and op that fit (wire_redop_fits).
  */
 void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
               uint32_t avg_div);
@@ -25,5 +26,10 @@ float reduce_half_to_float(uint16_t h);
 uint16_t reduce_float_to_half(float f);
 float reduce_bf16_to_float(uint16_t b);
 uint16_t reduce_float_to_bf16(float f);
+/* The float8s: out of range (infinities too) saturates to the largest finite value. */
+float reduce_e4m3_to_float(uint8_t b);
+uint8_t reduce_float_to_e4m3(float f);
+float reduce_e5m2_to_float(uint8_t b);
+uint8_t reduce_float_to_e5m2(float f);
 
 #endif

@@ -102,14 +102,13 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
             return session_violation(s, "GPU op tag %llx names no request slot",
                                      (unsigned long long)q->tag);
     }
-    if (g->be == &backend_nccl &&
-        (q->dtype == COLL_INT16 || q->dtype == COLL_UINT16 || q->p2p_tag != 0 ||
-         (wire_kind_reduces(k) && q->redop >= COLL_BAND)))
-        return session_violation(s,
-                                 "%s of %s with %s (tag %u) for group '%s': NCCL has no such type, "
-                                 "reduction or tag",
+    const char *nccl_no =
+        g->be == &backend_nccl ? wire_nccl_refuses(k, q->dtype, q->redop, q->p2p_tag) : NULL;
+    if (nccl_no)
+        return session_violation(s, "%s of %s with %s (tag %u) for group '%s': %s",
                                  wire_kind_name(k), coll_dtype_name((coll_dtype)q->dtype),
-                                 coll_redop_name((coll_redop)q->redop), q->p2p_tag, g->cfg->name);
+                                 coll_redop_name((coll_redop)q->redop), q->p2p_tag, g->cfg->name,
+                                 nccl_no);
     int needs_peer =
         k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND || k == WIRE_OP_RECV;
     if (needs_peer && (q->peer < 0 || q->peer >= g->size))

@@ -101,6 +101,22 @@ static void fill(void *p, size_t count, int dt, int rank)
         case COLL_FLOAT64:
             ((double *)p)[i] = (double)v;
             break;
+        case COLL_COMPLEX64: /* v + 0i */
+            ((float *)p)[2 * i] = (float)v, ((float *)p)[2 * i + 1] = 0;
+            break;
+        case COLL_COMPLEX128:
+            ((double *)p)[2 * i] = (double)v, ((double *)p)[2 * i + 1] = 0;
+            break;
+        case COLL_FLOAT8_E4M3: { /* 0..3 as bit patterns (no checks: sums leave exactness) */
+            static const uint8_t e4m3[4] = {0, 0x38, 0x40, 0x44};
+            ((uint8_t *)p)[i] = e4m3[v];
+            break;
+        }
+        case COLL_FLOAT8_E5M2: {
+            static const uint8_t e5m2[4] = {0, 0x3c, 0x40, 0x42};
+            ((uint8_t *)p)[i] = e5m2[v];
+            break;
+        }
         default: /* float16 / bfloat16: 0..3 in half and bfloat bit patterns */
             ((uint16_t *)p)[i] = dt == COLL_FLOAT16 ? (uint16_t)(v ? 0x3c00 + (v == 2   ? 0x400
                                                                                : v == 3 ? 0x600
@@ -138,7 +154,10 @@ static double get(const void *p, size_t i, int dt)
     case COLL_FLOAT32:
         return ((const float *)p)[i];
     case COLL_FLOAT64:
-        return ((const double *)p)[i];
+    case COLL_COMPLEX128: /* the real part (the fill's imaginary parts are 0) */
+        return ((const double *)p)[(dt == COLL_COMPLEX128 ? 2 : 1) * i];
+    case COLL_COMPLEX64:
+        return ((const float *)p)[2 * i];
     default: {
         uint16_t h = ((const uint16_t *)p)[i];
         uint32_t bits;
@@ -476,8 +495,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.dtype == COLL_BOOL && o.check) { /* its fill is 0..3 and sums */
-        fprintf(stderr, "coll-bench: bool has no sums to check: give -c 0\n");
+    if ((o.dtype == COLL_BOOL || o.dtype == COLL_FLOAT8_E4M3 || o.dtype == COLL_FLOAT8_E5M2) &&
+        o.check) { /* its fill is 0..3 and sums */
+        fprintf(stderr, "coll-bench: %s has no exact sums to check: give -c 0\n",
+                coll_dtype_name((coll_dtype)o.dtype));
         return 2;
     }
     if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||

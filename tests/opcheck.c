@@ -13,6 +13,7 @@
 #include "opcheck.h"
 #include "reduce.h"
 #include "values.h"
+#include "wire.h"
 
 #ifdef COLL_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -23,18 +24,21 @@ static const size_t counts[] = {0, 1, 7, 4097, 20011};
 #define MAXC 20011
 #define GUARD 0xEE
 
-static double val(int rank, size_t i, int redop)
+/* Inputs are small integers, so every partial result is exact (a float8 holds the
+ * integers to 8 (e5m2) or 16 (e4m3) exactly: 0 or 1 there, at most 8 ones in 16 ranks). */
+static double val(int rank, size_t i, int redop, int dt)
 {
     if (redop == COLL_PROD) return 1 + (double)((rank + i) % 2);
+    if (dt == COLL_FLOAT8_E4M3 || dt == COLL_FLOAT8_E5M2) return (double)((rank + i) % 2);
     return (double)((rank * 3 + i * 5) % 4);
 }
 
 static double expect_red(int n, size_t i, int redop, int dt)
 {
-    double acc = val(0, i, redop);
+    double acc = val(0, i, redop, dt);
     if (dt == COLL_BOOL) acc = acc != 0;
     for (int k = 1; k < n; k++)
-        acc = val_fold(dt, redop, acc, val(k, i, redop));
+        acc = val_fold(dt, redop, acc, val(k, i, redop, dt));
     if (redop == COLL_AVG) acc = val_is_int(dt) ? (double)((long long)acc / n) : acc / n;
     return acc;
 }
@@ -44,8 +48,10 @@ static int close_enough(double got, double want, int dt)
     double tol = 0;
     if (dt == COLL_FLOAT16) tol = 1e-3;
     if (dt == COLL_BFLOAT16) tol = 8e-3;
-    if (dt == COLL_FLOAT32) tol = 1e-6;
-    if (dt == COLL_FLOAT64) tol = 1e-12;
+    if (dt == COLL_FLOAT32 || dt == COLL_COMPLEX64) tol = 1e-6;
+    if (dt == COLL_FLOAT64 || dt == COLL_COMPLEX128) tol = 1e-12;
+    if (dt == COLL_FLOAT8_E4M3) tol = 0.0625; /* an average, rounded once: half a unit */
+    if (dt == COLL_FLOAT8_E5M2) tol = 0.125;
     double d = got - want;
     if (d < 0) d = -d;
     return d <= tol * (want < 0 ? -want : want) + (tol ? 1e-30 : 0);
@@ -119,8 +125,8 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
 {
     size_t es = coll_dtype_size(dt);
     int n = x->n, rank = x->rank;
-    memset(x->S, 0, (size_t)MAXC * (size_t)n * 8);
-    memset(x->R, GUARD, (size_t)MAXC * (size_t)n * 8 + 64);
+    memset(x->S, 0, (size_t)MAXC * (size_t)n * 16);
+    memset(x->R, GUARD, (size_t)MAXC * (size_t)n * 16 + 64);
     unsigned char *send = x->S, *recv = x->R;
     size_t in_elems = count;
     if (kind == 4 || kind == 5) in_elems = count * (size_t)n; /* reduce_scatter, alltoall */
@@ -133,7 +139,7 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
         if (kind == 4) recv = x->R + (size_t)rank * count * es; /* reduce_scatter */
     }
     for (size_t i = 0; i < in_elems; i++)
-        val_put(in, i, dt, val(rank, i, redop));
+        val_put(in, i, dt, val(rank, i, redop, dt));
     coll_request req, req2;
     coll_err e;
     const void *sp = count ? dev(x, send) : NULL;
@@ -196,22 +202,33 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
             want = expect_red(n, i, redop, dt);
             break;
         case 1:
-            want = val(root, i, redop);
+            want = val(root, i, redop, dt);
             break;
         case 3:
-            want = val((int)(i / count), i % count, redop);
+            want = val((int)(i / count), i % count, redop, dt);
             break;
         case 4:
             want = expect_red(n, (size_t)rank * count + i, redop, dt);
             break;
         case 5:
-            want = val((int)(i / count), (size_t)rank * count + i % count, redop);
+            want = val((int)(i / count), (size_t)rank * count + i % count, redop, dt);
             break;
         default:
-            want = val((rank + n - 1) % n, i, redop);
+            want = val((rank + n - 1) % n, i, redop, dt);
             break;
         }
         if (dt == COLL_BOOL) want = want != 0; /* a bool holds its truth */
+        if (val_is_complex(dt)) {              /* v x (1 - 2i), and a product of n: x (1 - 2i)^n */
+            double cre, cim;
+            val_cscale(redop == COLL_PROD && (kind == 0 || kind == 2 || kind == 4) ? n : -1, &cre,
+                       &cim);
+            double gim = val_get_im(recv, i, dt);
+            if (!close_enough(gim, want * cim, dt)) {
+                report(x, "imaginary part", dt, redop, count, inplace, i, gim, want * cim);
+                return -1;
+            }
+            want *= cre;
+        }
         double got = val_get(recv, i, dt);
         if (!close_enough(got, want, dt)) {
             report(x, names[kind], dt, redop, count, inplace, i, got, want);
@@ -255,7 +272,7 @@ int opcheck_rank_main(void *arg)
     }
     x.rank = info.rank;
     x.n = info.size;
-    size_t bytes = (size_t)MAXC * (size_t)x.n * 8 + 64;
+    size_t bytes = (size_t)MAXC * (size_t)x.n * 16 + 64;
     x.bytes = bytes;
     void *ipc_mem[2] = {NULL, NULL};
     if (!j->on_gpu) {
@@ -299,12 +316,12 @@ int opcheck_rank_main(void *arg)
         if (kind == 6 && x.gpu && x.n == 1) continue; /* NCCL: no send to oneself */
         int reducing = kind == 0 || kind == 2 || kind == 4;
         for (int dt = 0; dt < COLL_DTYPE_COUNT; dt++) {
-            /* NCCL has no 16-bit integers */
-            if (x.gpu && (dt == COLL_INT16 || dt == COLL_UINT16)) continue;
             for (int redop = 0; redop < (reducing ? COLL_REDOP_COUNT : 1); redop++) {
-                int bitwise = redop >= COLL_BAND, floating = !val_is_int(dt) && dt != COLL_BOOL;
-                if (reducing &&
-                    ((bitwise && (floating || x.gpu)) || (dt == COLL_BOOL && redop == COLL_AVG)))
+                unsigned wk = kind == 6   ? WIRE_OP_SEND /* the wire's kinds */
+                              : kind == 7 ? WIRE_OP_BARRIER
+                                          : (unsigned)kind;
+                if (!wire_redop_fits(wk, (unsigned)dt, (unsigned)redop) ||
+                    (x.gpu && wire_nccl_refuses(wk, (unsigned)dt, (unsigned)redop, 0)))
                     continue; /* refused (test_ops: refused_reductions) */
                 for (size_t ci = 0; ci < NCOUNTS; ci++) {
                     for (int inplace = 0; inplace < (kind == 6 || kind == 7 ? 1 : 2); inplace++) {

@@ -332,6 +332,13 @@ static void bitwise_reductions_and_small_types(void **state)
     assert_int_equal(
         coll_allreduce(p.g[0], p.x[0], p.x[0] + 8, 1, COLL_BOOL, COLL_AVG, NULL, &r[0]),
         COLL_ERR_INVALID);
+    assert_int_equal(
+        coll_allreduce(p.g[0], p.x[0], p.x[0] + 8, 1, COLL_COMPLEX64, COLL_MAX, NULL, &r[0]),
+        COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "reduction max of complex64"));
+    assert_non_null(strstr(coll_last_error(), "complex numbers no min or max"));
+    assert_string_equal(coll_dtype_name(COLL_FLOAT8_E4M3), "float8_e4m3");
+    assert_int_equal(coll_dtype_size(COLL_COMPLEX128), 16);
     assert_string_equal(coll_dtype_name(COLL_BOOL), "bool");
     assert_string_equal(coll_redop_name(COLL_BXOR), "bxor");
     assert_int_equal(coll_dtype_size(COLL_UINT16), 2);
@@ -462,6 +469,10 @@ static void the_layout_bindings_mirror_holds(void **state)
                  VAL(COLL_INT16),
                  VAL(COLL_UINT16),
                  VAL(COLL_BOOL),
+                 VAL(COLL_FLOAT8_E4M3),
+                 VAL(COLL_FLOAT8_E5M2),
+                 VAL(COLL_COMPLEX64),
+                 VAL(COLL_COMPLEX128),
                  VAL(COLL_SUM),
                  VAL(COLL_PROD),
                  VAL(COLL_MIN),

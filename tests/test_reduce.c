@@ -63,16 +63,118 @@ static void bf16_conversions_round_to_nearest_even(void **state)
     assert_true(isnan(reduce_bf16_to_float(reduce_float_to_bf16(NAN))));
 }
 
+/* Reference float8 -> double by the definition: e4m3 (bias 7, S.1111.111 the NaN, no
+ * infinity) and e5m2 (bias 15, the top exponent infinities and NaNs). */
+static double f8_ref(uint8_t b, int mbits)
+{
+    int bias = mbits == 3 ? 7 : 15, top = mbits == 3 ? 15 : 31;
+    int s = b >> 7, e = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+    double v;
+    if (mbits == 3 && e == top && m == 7)
+        v = NAN;
+    else if (mbits == 2 && e == top)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp(m, 1 - bias - mbits);
+    else
+        v = ldexp((1 << mbits) + m, e - bias - mbits);
+    return s ? -v : v;
+}
+
+/* Reference float -> float8 by the definition: the nearest value of the format (ties to
+ * the even encoding), out of range (infinities too) the largest finite, NaN a NaN. */
+static int f8_round_ref(float f, int mbits)
+{
+    int bias = mbits == 3 ? 7 : 15;
+    double max = mbits == 3 ? 448 : 57344;
+    if (isnan(f)) return -1;
+    double a = fabs((double)f);
+    int e;
+    frexp(a, &e);                                          /* a = m x 2^e, m in [0.5, 1) */
+    int q = (e - 1 < 1 - bias ? 1 - bias : e - 1) - mbits; /* the quantum's exponent */
+    double r = nearbyint(ldexp(a, -q));                    /* ties to even */
+    double v = ldexp(r, q);
+    if (v > max) v = max;
+    /* encode v */
+    int bits;
+    if (v < ldexp(1, 1 - bias)) {
+        bits = (int)ldexp(v, bias - 1 + mbits);
+    } else {
+        frexp(v, &e);
+        bits = ((e - 1 + bias) << mbits) + (int)(ldexp(v, mbits - (e - 1)) - (1 << mbits));
+    }
+    return (signbit(f) ? 0x80 : 0) | bits;
+}
+
+static void float8_narrowing_matches_the_definition_across_the_floats(void **state)
+{
+    (void)state;
+    /* every 61st float bit pattern (about 70 million), and every float near the formats'
+     * range ends and ties */
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 61) {
+        uint32_t x = (uint32_t)u;
+        float f;
+        memcpy(&f, &x, 4);
+        for (int fmt = 0; fmt < 2; fmt++) {
+            int want = f8_round_ref(f, fmt == 0 ? 3 : 2);
+            uint8_t got = fmt == 0 ? reduce_float_to_e4m3(f) : reduce_float_to_e5m2(f);
+            float back = fmt == 0 ? reduce_e4m3_to_float(got) : reduce_e5m2_to_float(got);
+            if (want < 0 ? !isnan(back) : got != want)
+                fail_msg("%s of float 0x%08x (%g): 0x%02x, want 0x%02x", fmt == 0 ? "e4m3" : "e5m2",
+                         x, (double)f, got, want);
+        }
+    }
+}
+
+static void float8_conversions_match_the_definition(void **state)
+{
+    (void)state;
+    for (int fmt = 0; fmt < 2; fmt++) {
+        int mbits = fmt == 0 ? 3 : 2;
+        float (*to_float)(uint8_t) = fmt == 0 ? reduce_e4m3_to_float : reduce_e5m2_to_float;
+        uint8_t (*from_float)(float) = fmt == 0 ? reduce_float_to_e4m3 : reduce_float_to_e5m2;
+        for (uint32_t b = 0; b < 256; b++) {
+            double want = f8_ref((uint8_t)b, mbits);
+            float got = to_float((uint8_t)b);
+            if (isnan(want)) {
+                assert_true(isnan(got));
+                assert_true(isnan(to_float(from_float(got)))); /* a NaN stays one */
+                continue;
+            }
+            assert_true((double)got == want);
+            if (!isinf(want)) assert_int_equal(from_float(got), b); /* every finite survives */
+        }
+    }
+    /* e4m3: ties to even, in the normals and the subnormals; saturation, infinities too */
+    assert_int_equal(reduce_float_to_e4m3(1.0f + 1.0f / 16), 0x38); /* tie, even */
+    assert_int_equal(reduce_float_to_e4m3(1.0f + 3.0f / 16), 0x3a); /* tie, up */
+    assert_int_equal(reduce_float_to_e4m3(ldexpf(1, -10)), 0x00);   /* tie to zero */
+    assert_int_equal(reduce_float_to_e4m3(ldexpf(3, -10)), 0x02);
+    assert_int_equal(reduce_float_to_e4m3(ldexpf(15, -10)), 0x08); /* up to the least normal */
+    assert_int_equal(reduce_float_to_e4m3(448), 0x7e);
+    assert_int_equal(reduce_float_to_e4m3(1e9f), 0x7e);
+    assert_int_equal(reduce_float_to_e4m3(-INFINITY), 0xfe);
+    assert_int_equal(reduce_float_to_e4m3(ldexpf(1, -127)), 0x00); /* a float subnormal */
+    /* e5m2 */
+    assert_int_equal(reduce_float_to_e5m2(1.0f + 1.0f / 8), 0x3c);
+    assert_int_equal(reduce_float_to_e5m2(1.0f + 3.0f / 8), 0x3e);
+    assert_int_equal(reduce_float_to_e5m2(57344), 0x7b);
+    assert_int_equal(reduce_float_to_e5m2(61440), 0x7b); /* rounds to infinity: saturates */
+    assert_int_equal(reduce_float_to_e5m2(INFINITY), 0x7b);
+    assert_int_equal(reduce_float_to_e5m2(-1e30f), 0xfb);
+    assert_int_equal(reduce_float_to_e5m2(ldexpf(1, -17)), 0x00);
+    assert_int_equal(reduce_float_to_e5m2(ldexpf(3, -17)), 0x02);
+}
+
 static void every_kernel_matches_a_scalar_reference(void **state)
 {
     (void)state;
     enum { N = 1031, SRC = 5 };
-    static uint64_t bufs[SRC][N], dst[N];
+    static uint64_t bufs[SRC][2 * N], dst[2 * N];
     for (int dt = 0; dt < COLL_DTYPE_COUNT; dt++) {
         for (int op = 0; op < COLL_REDOP_COUNT; op++) {
-            int floating = !val_is_int(dt) && dt != COLL_BOOL;
-            if ((op >= COLL_BAND && floating) || (dt == COLL_BOOL && op == COLL_AVG))
-                continue; /* never asked for (wire_redop_fits) */
+            if (!wire_redop_fits(WIRE_OP_ALLREDUCE, (unsigned)dt, (unsigned)op))
+                continue; /* never asked for */
             for (int nsrc = 1; nsrc <= SRC; nsrc++) {
                 const void *srcs[SRC];
                 for (int k = 0; k < nsrc; k++) {
@@ -83,22 +185,63 @@ static void every_kernel_matches_a_scalar_reference(void **state)
                     srcs[k] = bufs[k];
                 }
                 reduce_n(dt, op, dst, srcs, nsrc, N, (uint32_t)nsrc);
+                double cre, cim; /* what a complex result is scaled by */
+                val_cscale(op == COLL_PROD ? nsrc : -1, &cre, &cim);
                 for (size_t i = 0; i < N; i++) {
                     double acc = val_get(srcs[0], i, dt);
                     for (int k = 1; k < nsrc; k++)
                         acc = val_fold(dt, op, acc, val_get(srcs[k], i, dt));
                     if (op == COLL_AVG)
                         acc = val_is_int(dt) ? (double)((long long)acc / nsrc) : acc / nsrc;
-                    double got = val_get(dst, i, dt),
-                           tol = dt == COLL_FLOAT16 || dt == COLL_BFLOAT16 ? 8e-3 * fabs(acc)
-                                                                           : 1e-6 * fabs(acc);
-                    if (fabs(got - acc) > tol)
+                    double rel = 1e-6;
+                    if (dt == COLL_FLOAT16 || dt == COLL_BFLOAT16) rel = 8e-3;
+                    if (dt == COLL_FLOAT8_E4M3) rel = 0.0625; /* half a unit: 2^-4 */
+                    if (dt == COLL_FLOAT8_E5M2) rel = 0.125;
+                    double got = val_get(dst, i, dt), want = acc;
+                    if (val_is_complex(dt)) {
+                        want = acc * cre;
+                        double wim = acc * cim, gim = val_get_im(dst, i, dt);
+                        if (fabs(gim - wim) > rel * fabs(wim))
+                            fail_msg("dtype %s op %s nsrc %d i %zu: imaginary %g want %g",
+                                     coll_dtype_name(dt), coll_redop_name(op), nsrc, i, gim, wim);
+                    }
+                    if (fabs(got - want) > rel * fabs(want))
                         fail_msg("dtype %s op %s nsrc %d i %zu: got %g want %g",
-                                 coll_dtype_name(dt), coll_redop_name(op), nsrc, i, got, acc);
+                                 coll_dtype_name(dt), coll_redop_name(op), nsrc, i, got, want);
                 }
             }
         }
     }
+}
+
+/* The two pods of a pair fold the same two complex operands each with its own first: the
+ * product must give the same bits both ways (no fused multiply-add on one side only). */
+static void complex_product_ignores_the_order_of_operands(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    static double a[2 * N], b[2 * N], ab[2 * N], ba[2 * N];
+    static float fa[2 * N], fb[2 * N], fab[2 * N], fba[2 * N];
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (size_t i = 0; i < 2 * N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        a[i] = (double)(x >> 11) / 9007199254740992.0 * 200 - 100;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (double)(x >> 11) / 9007199254740992.0 * 200 - 100;
+        fa[i] = (float)a[i], fb[i] = (float)b[i];
+    }
+    const void *s1[2] = {a, b}, *s2[2] = {b, a}, *f1[2] = {fa, fb}, *f2[2] = {fb, fa};
+    reduce_n(COLL_COMPLEX128, COLL_PROD, ab, s1, 2, N, 2);
+    reduce_n(COLL_COMPLEX128, COLL_PROD, ba, s2, 2, N, 2);
+    reduce_n(COLL_COMPLEX64, COLL_PROD, fab, f1, 2, N, 2);
+    reduce_n(COLL_COMPLEX64, COLL_PROD, fba, f2, 2, N, 2);
+    assert_memory_equal(ab, ba, sizeof(ab));
+    assert_memory_equal(fab, fba, sizeof(fab));
+    /* and it is the product: (1 + 2i)(3 - i) = 5 + 5i */
+    double p[2] = {1, 2}, q[2] = {3, -1}, r[2];
+    const void *pq[2] = {p, q};
+    reduce_n(COLL_COMPLEX128, COLL_PROD, r, pq, 2, 1, 2);
+    assert_true(r[0] == 5 && r[1] == 5);
 }
 
 /* The two pods of a pair fold the same two operands each with its own first: min and max
@@ -228,7 +371,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(half_conversions_match_the_definition),
         cmocka_unit_test(bf16_conversions_round_to_nearest_even),
+        cmocka_unit_test(float8_conversions_match_the_definition),
+        cmocka_unit_test(float8_narrowing_matches_the_definition_across_the_floats),
         cmocka_unit_test(every_kernel_matches_a_scalar_reference),
+        cmocka_unit_test(complex_product_ignores_the_order_of_operands),
         cmocka_unit_test(float_min_and_max_ignore_the_order_of_operands),
         cmocka_unit_test(destination_may_be_the_first_source),
         cmocka_unit_test(host_alltoall_in_every_mix_of_in_place_ranks),

@@ -18,6 +18,25 @@ static inline int val_is_int(int dt)
     return dt <= COLL_UINT64 || dt == COLL_INT16 || dt == COLL_UINT16;
 }
 
+/* complex dtypes: element v of a test is v x (1 - 2i), so a product of n of them is their
+ * real product times (1 - 2i)^n (val_cscale) */
+static inline int val_is_complex(int dt)
+{
+    return dt == COLL_COMPLEX64 || dt == COLL_COMPLEX128;
+}
+
+/* (1 - 2i)^n, or 1 - 2i for n < 0 (what a value is scaled by) */
+static inline void val_cscale(int n, double *re, double *im)
+{
+    double r = 1, i = 0;
+    for (int k = 0; k < (n < 0 ? 1 : n); k++) {
+        double t = r * 1 - i * -2;
+        i = r * -2 + i * 1;
+        r = t;
+    }
+    *re = r, *im = i;
+}
+
 /* a op b as the agent reduces two elements of dt (a double holds them exactly: the
  * tests' values are small); AVG sums (the caller divides) */
 static inline double val_fold(int dt, int op, double a, double b)
@@ -89,7 +108,29 @@ static inline void val_put(void *p, size_t i, int dt, double v)
     case COLL_FLOAT64:
         ((double *)p)[i] = v;
         break;
+    case COLL_FLOAT8_E4M3:
+        ((uint8_t *)p)[i] = reduce_float_to_e4m3((float)v);
+        break;
+    case COLL_FLOAT8_E5M2:
+        ((uint8_t *)p)[i] = reduce_float_to_e5m2((float)v);
+        break;
+    case COLL_COMPLEX64:
+        ((float *)p)[2 * i] = (float)v;
+        ((float *)p)[2 * i + 1] = (float)(-2 * v);
+        break;
+    case COLL_COMPLEX128:
+        ((double *)p)[2 * i] = v;
+        ((double *)p)[2 * i + 1] = -2 * v;
+        break;
     }
+}
+
+/* The imaginary part of complex element i (0 for other dtypes). */
+static inline double val_get_im(const void *p, size_t i, int dt)
+{
+    if (dt == COLL_COMPLEX64) return ((const float *)p)[2 * i + 1];
+    if (dt == COLL_COMPLEX128) return ((const double *)p)[2 * i + 1];
+    return 0;
 }
 
 static inline double val_get(const void *p, size_t i, int dt)
@@ -118,6 +159,14 @@ static inline double val_get(const void *p, size_t i, int dt)
         return reduce_bf16_to_float(((const uint16_t *)p)[i]);
     case COLL_FLOAT32:
         return ((const float *)p)[i];
+    case COLL_FLOAT8_E4M3:
+        return reduce_e4m3_to_float(((const uint8_t *)p)[i]);
+    case COLL_FLOAT8_E5M2:
+        return reduce_e5m2_to_float(((const uint8_t *)p)[i]);
+    case COLL_COMPLEX64: /* the real part */
+        return ((const float *)p)[2 * i];
+    case COLL_COMPLEX128:
+        return ((const double *)p)[2 * i];
     default:
         return ((const double *)p)[i];
     }

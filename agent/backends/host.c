@@ -190,7 +190,7 @@ struct host_ctx {
 
 static int host_init(struct group *g)
 {
-    _Static_assert(HOST_SCRATCH_BYTES >= REDUCE_CHUNK * sizeof(uint64_t), "scratch too small");
+    _Static_assert(HOST_SCRATCH_BYTES >= REDUCE_CHUNK * 16, "scratch too small (complex128)");
     g->be_ctx = calloc(1, sizeof(struct host_ctx));
     if (!g->be_ctx) {
         snprintf(g->backend_why, sizeof(g->backend_why), "out of memory");

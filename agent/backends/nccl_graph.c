@@ -5,11 +5,25 @@
 #include "nccl_priv.h"
 
 static const ncclDataType_t nccl_dtype[COLL_DTYPE_COUNT] = {
-    [COLL_INT8] = ncclInt8,       [COLL_UINT8] = ncclUint8,       [COLL_INT32] = ncclInt32,
-    [COLL_UINT32] = ncclUint32,   [COLL_INT64] = ncclInt64,       [COLL_UINT64] = ncclUint64,
-    [COLL_FLOAT16] = ncclFloat16, [COLL_BFLOAT16] = ncclBfloat16, [COLL_FLOAT32] = ncclFloat32,
-    [COLL_FLOAT64] = ncclFloat64, [COLL_BOOL] = ncclUint8,
-    /* COLL_INT16, COLL_UINT16: none in NCCL (the session refuses them) */
+    [COLL_INT8] = ncclInt8,
+    [COLL_UINT8] = ncclUint8,
+    [COLL_INT32] = ncclInt32,
+    [COLL_UINT32] = ncclUint32,
+    [COLL_INT64] = ncclInt64,
+    [COLL_UINT64] = ncclUint64,
+    [COLL_FLOAT16] = ncclFloat16,
+    [COLL_BFLOAT16] = ncclBfloat16,
+    [COLL_FLOAT32] = ncclFloat32,
+    [COLL_FLOAT64] = ncclFloat64,
+    [COLL_BOOL] = ncclUint8,
+#if NCCL_VERSION_CODE >= 22400
+    [COLL_FLOAT8_E4M3] = ncclFloat8e4m3,
+    [COLL_FLOAT8_E5M2] = ncclFloat8e5m2,
+#endif
+    /* complex: pairs of their real type (nccl_launch); COLL_INT16, COLL_UINT16: none in
+     * NCCL (wire_nccl_refuses) */
+    [COLL_COMPLEX64] = ncclFloat32,
+    [COLL_COMPLEX128] = ncclFloat64,
 };
 
 static const ncclRedOp_t nccl_redop[COLL_REDOP_COUNT] = {
@@ -59,6 +73,11 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
     if (t->dtype == COLL_BOOL) /* 0 or 1 bytes: or is the max, and the min */
         op = t->redop == COLL_SUM || t->redop == COLL_MAX ? ncclMax : ncclMin;
     size_t n = (size_t)t->count;
+    if (t->dtype == COLL_COMPLEX64 || t->dtype == COLL_COMPLEX128)
+        n *= 2; /* sum and average lane by lane (the product is refused) */
+#if NCCL_VERSION_CODE < 22400
+    if (t->dtype == COLL_FLOAT8_E4M3 || t->dtype == COLL_FLOAT8_E5M2) return ncclInvalidArgument;
+#endif
     ncclResult_t r = ncclSuccess;
     switch (t->kind) {
     case WIRE_OP_ALLREDUCE:
@@ -77,7 +96,7 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
         r = ncclReduceScatter(t->send, t->recv, n, dt, op, c->c, c->stream);
         break;
     case WIRE_OP_ALLTOALL: {
-        size_t bytes = n * coll_dtype_size((coll_dtype)t->dtype);
+        size_t bytes = (size_t)t->count * coll_dtype_size((coll_dtype)t->dtype);
         const void *src = t->send;
         if (t->send == t->recv && c->nranks > 1) {
             /* in place: blocks would be overwritten before they are sent; send from a

@@ -28,10 +28,12 @@ int coll_err_retryable(coll_err err)
     return (unsigned)err < ERR_COUNT && err_table[err].retry;
 }
 
-static const unsigned char dtype_size[COLL_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 2, 2, 1};
+static const unsigned char dtype_size[COLL_DTYPE_COUNT] = {1, 1, 4, 4, 8, 8, 2, 2, 4,
+                                                           8, 2, 2, 1, 1, 1, 8, 16};
 static const char *const dtype_names[COLL_DTYPE_COUNT] = {
-    "int8",     "uint8",   "int32",   "uint32", "int64",  "uint64", "float16",
-    "bfloat16", "float32", "float64", "int16",  "uint16", "bool",
+    "int8",    "uint8",       "int32",       "uint32",    "int64",      "uint64",
+    "float16", "bfloat16",    "float32",     "float64",   "int16",      "uint16",
+    "bool",    "float8_e4m3", "float8_e5m2", "complex64", "complex128",
 };
 static const char *const redop_names[COLL_REDOP_COUNT] = {"sum", "prod", "min", "max",
                                                           "avg", "band", "bor", "bxor"};

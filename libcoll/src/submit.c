@@ -72,16 +72,16 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
     if ((unsigned)a->redop >= COLL_REDOP_COUNT)
         return lc_fail(COLL_ERR_INVALID, "reduction %d out of range", a->redop);
     if (!wire_redop_fits(a->kind, (unsigned)a->dtype, (unsigned)a->redop))
-        return lc_fail(COLL_ERR_INVALID,
-                       "%s: reduction %s of %s (bitwise ones take integers or "
-                       "bool, and bool has no average)",
-                       wire_kind_name(a->kind), coll_redop_name((coll_redop)a->redop),
-                       coll_dtype_name((coll_dtype)a->dtype));
-    if (g->gpu && (a->dtype == COLL_INT16 || a->dtype == COLL_UINT16 ||
-                   (wire_kind_reduces(a->kind) && a->redop >= COLL_BAND)))
-        return lc_fail(COLL_ERR_UNSUPPORTED, "%s of %s with %s: NCCL has no such type or reduction",
+        return lc_fail(COLL_ERR_INVALID, "%s: reduction %s of %s (%s)", wire_kind_name(a->kind),
+                       coll_redop_name((coll_redop)a->redop), coll_dtype_name((coll_dtype)a->dtype),
+                       wire_redop_rule());
+    const char *nccl_no = g->gpu ? wire_nccl_refuses(a->kind, (unsigned)a->dtype,
+                                                     (unsigned)a->redop, (uint32_t)a->tag)
+                                 : NULL;
+    if (nccl_no)
+        return lc_fail(COLL_ERR_UNSUPPORTED, "%s of %s with %s (tag %d) on a GPU group: %s",
                        wire_kind_name(a->kind), coll_dtype_name((coll_dtype)a->dtype),
-                       coll_redop_name((coll_redop)a->redop));
+                       coll_redop_name((coll_redop)a->redop), a->tag, nccl_no);
     if ((a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE || a->kind == WIRE_OP_SEND ||
          a->kind == WIRE_OP_RECV) &&
         (a->peer < 0 || a->peer >= g->info.size))

@@ -191,11 +191,31 @@ int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop)
 {
     if (!wire_kind_reduces(kind)) return 1;
     int bitwise = redop == COLL_BAND || redop == COLL_BOR || redop == COLL_BXOR;
-    int floating = dtype == COLL_FLOAT16 || dtype == COLL_BFLOAT16 || dtype == COLL_FLOAT32 ||
-                   dtype == COLL_FLOAT64;
+    int complex = dtype == COLL_COMPLEX64 || dtype == COLL_COMPLEX128;
+    int floating = complex || dtype == COLL_FLOAT16 || dtype == COLL_BFLOAT16 ||
+                   dtype == COLL_FLOAT32 || dtype == COLL_FLOAT64 || dtype == COLL_FLOAT8_E4M3 ||
+                   dtype == COLL_FLOAT8_E5M2;
     if (bitwise && floating) return 0;
+    if (complex && (redop == COLL_MIN || redop == COLL_MAX)) return 0;
     if (dtype == COLL_BOOL && redop == COLL_AVG) return 0;
     return 1;
+}
+
+const char *wire_redop_rule(void)
+{
+    return "bitwise ones take integers or bool, complex numbers no min or max, and bool has "
+           "no average";
+}
+
+const char *wire_nccl_refuses(unsigned kind, unsigned dtype, unsigned redop, uint32_t p2p_tag)
+{
+    if (dtype == COLL_INT16 || dtype == COLL_UINT16) return "NCCL has no 16-bit integers";
+    if (wire_kind_reduces(kind) && redop >= COLL_BAND) return "NCCL has no bitwise reductions";
+    if (wire_kind_reduces(kind) && redop == COLL_PROD &&
+        (dtype == COLL_COMPLEX64 || dtype == COLL_COMPLEX128))
+        return "NCCL has no complex product";
+    if (p2p_tag != 0) return "NCCL pairs sends and receives in order, with no tags";
+    return NULL;
 }
 
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)

@@ -335,8 +335,13 @@ struct wire_cqe {
  */
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
 /* Whether an op of kind may reduce dtype with redop (bitwise reductions take no
- * floats, bool no average); ops that do not reduce ignore redop. */
+ * floats, complex numbers no min or max, bool no average); ops that do not reduce
+ * ignore redop. wire_redop_rule says that rule in words, for error messages. */
 int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop);
+const char *wire_redop_rule(void);
+/* Why a group on the NCCL backend cannot run an op that fits otherwise (16-bit integers,
+ * bitwise reductions, the complex product, tagged sends and receives), or NULL. */
+const char *wire_nccl_refuses(unsigned kind, unsigned dtype, unsigned redop, uint32_t p2p_tag);
 /* Number of elements an op moves through buf: send side or recv side, for a group of
  * size ranks; sets *elems. Returns -1 on overflow. */
 int wire_sqe_extent(const struct wire_sqe *s, int recv_side, uint32_t size, uint64_t *elems);

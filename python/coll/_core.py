@@ -60,8 +60,7 @@ def version():
 
 # ---- arrays -------------------------------------------------------------------------
 
-# dtypes coll reduces natively; complex ones travel as pairs of their real type
-_COMPLEX = {"complex64": "float32", "complex128": "float64"}
+_COMPLEX = ("complex64", "complex128")
 
 
 class _View:
@@ -116,17 +115,14 @@ def view(x):
 
 
 def _dtype_of(v, reducing):
-    """coll's dtype code and the element-count factor (2 for complex)."""
+    """coll's dtype code and the element-count factor (1: every dtype is native)."""
     name = v.dtype
-    if name in _COMPLEX:
-        if reducing not in (None, "sum", "avg"):
-            raise TypeError("%s with %s: complex numbers reduce with sum and avg only" %
-                            (name, reducing))
-        return L.DTYPES[_COMPLEX[name]], 2
-    code = L.DTYPES.get(name)
+    if name in _COMPLEX and reducing not in (None, "sum", "avg", "prod"):
+        raise TypeError("%s with %s: complex numbers reduce with sum, avg and prod only" %
+                        (name, reducing))
+    code = L.DTYPES.get(L.DTYPE_ALIASES.get(name, name))
     if code is None:
-        raise TypeError("dtype %s: coll carries %s and complex64/complex128" %
-                        (name, ", ".join(L.DTYPES)))
+        raise TypeError("dtype %s: coll carries %s" % (name, ", ".join(L.DTYPES)))
     return code, 1
 
 

@@ -47,8 +47,10 @@ DEVICE_HOST = -1
 DTYPES = {
     "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
     "float16": 6, "bfloat16": 7, "float32": 8, "float64": 9, "int16": 10,
-    "uint16": 11, "bool": 12,
+    "uint16": 11, "bool": 12, "float8_e4m3": 13, "float8_e5m2": 14, "complex64": 15,
+    "complex128": 16,
 }
+DTYPE_ALIASES = {"float8_e4m3fn": "float8_e4m3"}  # torch's name for it
 REDOPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4, "band": 5, "bor": 6, "bxor": 7}
 # enum coll_err: name -> value
 ERRORS = {

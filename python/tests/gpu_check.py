@@ -76,6 +76,28 @@ try:
     check("all_gather_into_tensor, bfloat16", float(o[4]) == 1.5)
     fut = dist.all_reduce(torch.ones(3, device="cuda"), async_op=True).get_future()
     check("a CUDA op's future completes", fut.wait()[0].is_cuda)
+    # the float8s (NCCL's own) and complex numbers (pairs of floats for NCCL; no product)
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        fdt = getattr(torch, name, None)
+        if fdt is None:
+            print("skip %s: torch %s has no such dtype" % (name, torch.__version__))
+            continue
+        f8 = torch.tensor([0.5, -3.0, 448.0 if name == "float8_e4m3fn" else 57344.0],
+                          device="cuda").to(fdt)
+        want = f8.clone()
+        cg.allreduce(f8, op="max")
+        check("allreduce of %s (max, one rank: its own bits)" % name,
+              torch.equal(f8.view(torch.uint8), want.view(torch.uint8)))
+    cz = torch.tensor([1 + 2j, -3j], device="cuda", dtype=torch.complex64)
+    cg.allreduce(cz, op="avg")
+    check("allreduce of complex64 (avg)",
+          torch.equal(cz, torch.tensor([1 + 2j, -3j], device="cuda", dtype=torch.complex64)))
+    try:
+        cg.allreduce(cz, op="prod")
+        check("a complex product on a GPU group is refused", False)
+    except coll.CollError as e:
+        check("a complex product on a GPU group is refused: %s" % e,
+              e.name == "UNSUPPORTED" and "complex product" in str(e))
 
     # timings: coll (coll memory), coll (staged) and ProcessGroupNCCL, interleaved
     nccl = dist.new_group(backend="nccl")

@@ -120,17 +120,21 @@ def _every_op(i, sock, size, in_coll):
     g.allgather(out[r], out=out)
     np.testing.assert_array_equal(out, np.arange(1, size + 1, dtype=np.float32)[:, None]
                                   * np.ones(3, np.float32))
-    # bool or, complex sum (as pairs of floats), bitwise xor
+    # bool or, complex sum and product, bitwise xor
     bl = mk(np.array([r == 0, False, True]))
     g.allreduce(bl, op="max")
     np.testing.assert_array_equal(bl, [True, False, True])
-    c = mk(np.array([1 + 2j, r * 1j], np.complex64))
-    g.allreduce(c)
-    np.testing.assert_array_equal(c, [size * (1 + 2j), sum(range(size)) * 1j])
+    for cdt in (np.complex64, np.complex128):
+        c = mk(np.array([1 + 2j, r * 1j], cdt))
+        g.allreduce(c)
+        np.testing.assert_array_equal(c, [size * (1 + 2j), sum(range(size)) * 1j])
+        c = mk(np.array([1 + 2j, 1j], cdt))
+        g.allreduce(c, op="prod")
+        np.testing.assert_array_equal(c, [(1 + 2j) ** size, 1j ** size])
     x = mk(np.array([1 << r], np.int32))
     g.allreduce(x, op="bxor")
     assert x[0] == (1 << size) - 1
-    with pytest.raises(TypeError, match="complex numbers reduce with sum and avg only"):
+    with pytest.raises(TypeError, match="complex numbers reduce with sum, avg and prod only"):
         g.allreduce(mk(np.zeros(2, np.complex64)), op="max")
     g.barrier()
     g.close()

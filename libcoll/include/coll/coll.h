@@ -99,15 +99,23 @@ typedef enum coll_dtype {
     COLL_FLOAT64,
     COLL_INT16, /* host groups only (NCCL has no 16-bit integers) */
     COLL_UINT16,
-    COLL_BOOL, /* one byte, 0 or 1 (the host backend reads any other value as 1) */
+    COLL_BOOL,        /* one byte, 0 or 1 (the host backend reads any other value as 1) */
+    COLL_FLOAT8_E4M3, /* OCP 8-bit floats: e4m3 (torch's float8_e4m3fn: no infinity, */
+    COLL_FLOAT8_E5M2, /* largest 448) and e5m2 (largest 57344); see below */
+    COLL_COMPLEX64,   /* two float32: real, imaginary (C's float complex) */
+    COLL_COMPLEX128,  /* two float64 */
     COLL_DTYPE_COUNT
 } coll_dtype;
 /* (new dtypes and reductions are added at the end: a value never changes meaning) */
 
 /* Reductions. COLL_AVG is the sum divided by the group size (integer division for
- * integer types). float16 and bfloat16 are reduced in float32 and rounded once. On the
- * host backend, COLL_MIN and COLL_MAX of floats are C's fmin and fmax (a NaN gives way to
- * a number), with -0 below +0. */
+ * integer types). float16, bfloat16 and the float8s are reduced in float32 and rounded
+ * once per step to nearest even; a float8 result out of range (an infinity included)
+ * becomes the largest finite value of its sign, a NaN stays a NaN (NCCL's saturating
+ * conversion). On the host backend, COLL_MIN and COLL_MAX of floats are C's fmin and fmax
+ * (a NaN gives way to a number), with -0 below +0. Complex numbers take SUM, AVG and
+ * PROD (the textbook (ac - bd, ad + bc), no recovery of infinities as C's Annex G does;
+ * host groups only: NCCL has no complex product), never MIN, MAX or the bitwise ones. */
 typedef enum coll_redop {
     COLL_SUM = 0,
     COLL_PROD,
