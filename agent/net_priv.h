@@ -39,8 +39,12 @@
 /* Messages that arrive before their receive is posted are copied into memory of ours only
  * while small and within these bounds; any other waits in the sender's socket (TCP flow
  * control holds the sender back) until its receive is posted, and is then read straight
- * into the receive's buffer. A peer can make the agent hold at most this much. */
-#define UNX_SMALL (64u << 10)
+ * into the receive's buffer. A peer can make the agent hold at most this much. A message
+ * that waits holds back every later one of its pod to ours, other ranks' too, which can
+ * tie up pods of several ranks (a receive posted late behind a send that waits for it):
+ * up to 1 MiB is kept (64 KiB let a gather of 80 KiB blocks among 2 pods of 3 ranks do
+ * so); a rendezvous before large payloads would end it (not yet). */
+#define UNX_SMALL (1u << 20)
 #define UNX_PEER_MAX (4u << 20)
 #define UNX_GROUP_MAX (16u << 20)
 /* Each kept message is charged its payload plus this (its record and the allocator's
