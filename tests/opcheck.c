@@ -243,6 +243,94 @@ static int run_one(struct ctx *x, int kind, int dt, int redop, size_t count, int
     return 0;
 }
 
+/* alltoallv: rank r sends rank j this many elements (both sides compute it) */
+static size_t vcount(size_t count, int r, int j)
+{
+    return count ? (count + (size_t)r + 2 * (size_t)j) % (count + 1) : 0;
+}
+
+/* gather (8), scatter (9), alltoallv (10): byte movers, composed of sends and receives;
+ * alltoallv's blocks are of unequal sizes with a gap of one element between them */
+static int run_v(struct ctx *x, int kind, int dt, size_t count, int inplace, int root)
+{
+    static const char *const vnames[] = {"gather", "scatter", "alltoallv"};
+    const char *name = vnames[kind - 8];
+    size_t es = coll_dtype_size(dt);
+    int n = x->n, rank = x->rank;
+    memset(x->S, 0, (size_t)MAXC * (size_t)n * 16);
+    memset(x->R, GUARD, (size_t)MAXC * (size_t)n * 16 + 64);
+    unsigned char *send = x->S, *recv = x->R;
+    size_t sc[64], sd[64], rc[64], rd[64], out_elems = 0;
+    coll_request req;
+    coll_err e;
+    if (kind == 10) {
+        size_t so = 0, ro = 0;
+        for (int j = 0; j < n; j++) {
+            sc[j] = vcount(count, rank, j), sd[j] = so, so += sc[j] + 1;
+            rc[j] = vcount(count, j, rank), rd[j] = ro, ro += rc[j] + 1;
+            for (size_t i = 0; i < sc[j]; i++)
+                val_put(send, sd[j] + i, dt, val(rank, (size_t)j * 7 + i, COLL_SUM, dt));
+        }
+        out_elems = ro;
+        e = coll_alltoallv(x->g, send, sc, sd, recv, rc, rd, dt, NULL, &req);
+    } else {
+        int ip = inplace && rank == root; /* in place: the root's own block */
+        if (kind == 8) {
+            unsigned char *in = ip ? recv + (size_t)rank * count * es : send;
+            for (size_t i = 0; i < count; i++)
+                val_put(in, i, dt, val(rank, i, COLL_SUM, dt));
+            out_elems = rank == root ? count * (size_t)n : 0;
+            e = coll_gather(x->g, count ? in : NULL, recv, count, dt, root, NULL, &req);
+        } else {
+            if (rank == root)
+                for (size_t i = 0; i < count * (size_t)n; i++)
+                    val_put(
+                        send, i, dt,
+                        val((int)(i / (count ? count : 1)), i % (count ? count : 1), COLL_SUM, dt));
+            unsigned char *out = ip ? send + (size_t)rank * count * es : recv;
+            if (ip) recv = out;
+            out_elems = count;
+            e = coll_scatter(x->g, send, count ? out : NULL, count, dt, root, NULL, &req);
+        }
+    }
+    if (e == COLL_OK) e = coll_wait(x->c, req, 60000);
+    if (e != COLL_OK) {
+        fprintf(stderr, "rank %d: %s dtype=%s count=%zu: %s (%s)\n", rank, name,
+                coll_dtype_name(dt), count, coll_strerror(e), coll_last_error());
+        x->failures++;
+        return -1;
+    }
+    for (int j = 0; kind == 10 && j < n; j++) {
+        for (size_t i = 0; i < rc[j]; i++) {
+            double want = val(j, (size_t)rank * 7 + i, COLL_SUM, dt),
+                   got = val_get(recv, rd[j] + i, dt);
+            if (!close_enough(got, want, dt)) {
+                report(x, name, dt, 0, count, inplace, rd[j] + i, got, want);
+                return -1;
+            }
+        }
+        if (guard_ok(recv, (rd[j] + rc[j]) * es) == 0) { /* the gap is untouched */
+            report(x, "alltoallv gap", dt, 0, count, inplace, rd[j] + rc[j], 0, GUARD);
+            return -1;
+        }
+    }
+    for (size_t i = 0; kind != 10 && i < out_elems; i++) {
+        /* gather: block j is rank j's input; scatter: this rank's block of the root's */
+        double want =
+            kind == 8 ? val((int)(i / count), i % count, COLL_SUM, dt) : val(rank, i, COLL_SUM, dt);
+        double got = val_get(recv, i, dt);
+        if (!close_enough(got, want, dt)) {
+            report(x, name, dt, 0, count, inplace, i, got, want);
+            return -1;
+        }
+    }
+    if (kind == 8 && out_elems && !guard_ok(recv, out_elems * es)) {
+        report(x, "guard", dt, 0, count, inplace, out_elems, recv[out_elems * es], GUARD);
+        return -1;
+    }
+    return 0;
+}
+
 int opcheck_rank_main(void *arg)
 {
     struct opcheck_job *j = arg;
@@ -335,6 +423,15 @@ int opcheck_rank_main(void *arg)
             if (kind == 7) break;
         }
     }
+    /* gather, scatter, alltoallv: host groups; one dtype of each size */
+    static const int vdts[] = {COLL_INT8, COLL_FLOAT16, COLL_FLOAT32, COLL_COMPLEX128};
+    for (int kind = 8; kind <= 10 && !x.gpu && x.n <= 64; kind++)
+        for (size_t d = 0; d < sizeof(vdts) / sizeof(vdts[0]); d++)
+            for (size_t ci = 0; ci < NCOUNTS; ci++)
+                for (int inplace = 0; inplace < (kind == 10 ? 1 : 2); inplace++) {
+                    run_v(&x, kind, vdts[d], counts[ci], inplace, iter++ % x.n);
+                    if (x.failures > 20) goto out;
+                }
 out:
     if (coll_mem_release(&sb) || coll_mem_release(&rb)) x.failures++;
 #ifdef COLL_HAVE_CUDA

@@ -203,6 +203,21 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
                         uint64_t count, const void *send, void *recv, int tag, coll_request *req);
 coll_err lc_span_wait(coll_conn *c, coll_request req, int timeout_ms);
 coll_err lc_span_test(coll_conn *c, coll_request req, int *done);
+/* Composite requests of any host group (span.c; compose.c's gather, scatter, alltoallv):
+ * a slot for an op of g that posts need sends and receives (NULL and *rc: LIMIT), its
+ * request, one send or receive of it on group on (a failure is the op's result), the
+ * wait for g's ones in flight (coll_group_close), and whether [p, p + bytes) lies in a
+ * buffer of g's connection (INVALID with what otherwise). */
+struct lc_span_op *lc_span_op_new(coll_group *g, int need, int *idx, coll_err *rc);
+coll_request lc_span_op_req(const struct lc_span_op *op, int idx);
+void lc_span_post(struct lc_span_op *op, coll_group *on, unsigned kind, const void *send,
+                  void *recv, uint64_t count, int dtype, int peer, uint32_t tag);
+void lc_span_drain(coll_group *g);
+coll_err lc_span_in_coll(coll_group *g, const char *what, const void *p, size_t bytes);
+/* A span child's posting: its root, its ranks in the root, its collectives' tag and the
+ * lock that keeps one op's posts together. */
+void lc_span_route(coll_group *g, coll_group **on, const int **ranks, uint32_t *tag,
+                   pthread_mutex_t **posting);
 /* The pending sends and receives of composite request req (for a sleep), at most cap. */
 size_t lc_span_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
 /* A span child's root group, or NULL once that closed. */

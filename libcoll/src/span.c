@@ -302,7 +302,7 @@ static struct span_scratch *scratch_take(coll_group *g, size_t need, coll_err *r
 }
 
 /* [p, p + bytes) lies in coll memory (bytes 0: anything goes) */
-static coll_err in_coll(coll_group *g, const char *what, const void *p, size_t bytes)
+coll_err lc_span_in_coll(coll_group *g, const char *what, const void *p, size_t bytes)
 {
     if (!bytes) return COLL_OK;
     if (!p) return lc_fail(COLL_ERR_INVALID, "%s buffer is NULL", what);
@@ -333,6 +333,49 @@ static void post(struct lc_span_op *op, coll_group *root, unsigned kind, const v
         op->st = rc;
         snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
     }
+}
+
+/* A free composite request slot for an op of g that posts need sends and receives, taken;
+ * NULL and *rc (LIMIT) when none is free or the connection lacks the requests. */
+struct lc_span_op *lc_span_op_new(coll_group *g, int need, int *idx, coll_err *rc)
+{
+    coll_conn *c = g->conn;
+    pthread_mutex_lock(&c->lock);
+    if (!c->sops) c->sops = calloc(LC_SPAN_OPS, sizeof(*c->sops));
+    int k = -1;
+    for (int i = 0; c->sops && i < LC_SPAN_OPS && k < 0; i++)
+        if (!c->sops[i].used) k = i;
+    if (k < 0 || need > SPAN_SUBS || c->nfree < (uint32_t)need) {
+        pthread_mutex_unlock(&c->lock);
+        *rc = lc_fail(COLL_ERR_LIMIT,
+                      !c->sops           ? "no memory for composite ops (%d, %d)"
+                      : need > SPAN_SUBS ? "an op of %d sends and receives: at most %d"
+                                         : "%d composite ops, or %d requests, in flight: wait "
+                                           "for some first",
+                      need > SPAN_SUBS ? need : LC_SPAN_OPS,
+                      need > SPAN_SUBS ? SPAN_SUBS : WIRE_RING_ENTRIES);
+        return NULL;
+    }
+    struct lc_span_op *op = &c->sops[k];
+    uint32_t gen = op->gen + 1;
+    memset(op, 0, sizeof(*op));
+    op->gen = gen;
+    op->used = 1;
+    op->g = g;
+    pthread_mutex_unlock(&c->lock);
+    *idx = k;
+    return op;
+}
+
+coll_request lc_span_op_req(const struct lc_span_op *op, int idx)
+{
+    return (coll_request){(uint64_t)op->gen << 32 | 0x80000000u | (uint32_t)idx};
+}
+
+void lc_span_post(struct lc_span_op *op, coll_group *on, unsigned kind, const void *send,
+                  void *recv, uint64_t count, int dtype, int peer, uint32_t tag)
+{
+    post(op, on, kind, send, recv, count, dtype, peer, tag);
 }
 
 coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
@@ -386,30 +429,12 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
     default:
         return lc_fail(COLL_ERR_INVALID, "op kind %u", kind);
     }
-    coll_err rc = in_coll(g, "send", send, in);
-    if (rc == COLL_OK) rc = in_coll(g, "recv", recv, out);
+    coll_err rc = lc_span_in_coll(g, "send", send, in);
+    if (rc == COLL_OK) rc = lc_span_in_coll(g, "recv", recv, out);
     if (rc != COLL_OK) return rc;
-    int need = 2 * (n - 1);
-    pthread_mutex_lock(&c->lock);
-    if (!c->sops) c->sops = calloc(LC_SPAN_OPS, sizeof(*c->sops));
-    int idx = -1;
-    for (int i = 0; c->sops && i < LC_SPAN_OPS && idx < 0; i++)
-        if (!c->sops[i].used) idx = i;
-    if (idx < 0 || c->nfree < (uint32_t)need) {
-        pthread_mutex_unlock(&c->lock);
-        return lc_fail(COLL_ERR_LIMIT,
-                       c->sops ? "%d ops of children across pods, or %d requests, in flight: "
-                                 "wait for some first"
-                               : "no memory for ops of children across pods (%d, %d)",
-                       LC_SPAN_OPS, WIRE_RING_ENTRIES);
-    }
-    struct lc_span_op *op = &c->sops[idx];
-    uint32_t gen = op->gen + 1;
-    memset(op, 0, sizeof(*op));
-    op->gen = gen;
-    op->used = 1;
-    op->g = g;
-    pthread_mutex_unlock(&c->lock);
+    int idx;
+    struct lc_span_op *op = lc_span_op_new(g, 2 * (n - 1), &idx, &rc);
+    if (!op) return rc;
 
     uint32_t t = span_tag(sp->id, LC_SPAN_SUB_OPS);
     const int *rr = sp->ranks;
@@ -502,7 +527,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         op->redop = redop;
         op->nsrc = n;
     }
-    req->id = (uint64_t)op->gen << 32 | 0x80000000u | (uint32_t)idx;
+    *req = lc_span_op_req(op, idx);
     return COLL_OK;
 }
 
@@ -631,23 +656,37 @@ size_t lc_span_subs(coll_conn *c, coll_request req, coll_request *out, size_t ca
 
 /* ---- endings ------------------------------------------------------------------------ */
 
-void lc_span_close(coll_group *g)
+void lc_span_drain(coll_group *g)
 {
     coll_conn *c = g->conn;
-    for (int i = 0; i < LC_SPAN_OPS; i++) { /* its ops finish first: they use its scratch */
+    for (int i = 0; i < LC_SPAN_OPS; i++) {
         pthread_mutex_lock(&c->lock);
         struct lc_span_op *op =
             c->sops && c->sops[i].used && c->sops[i].g == g ? &c->sops[i] : NULL;
-        coll_request r = {op ? (uint64_t)op->gen << 32 | 0x80000000u | (uint32_t)i : 0};
+        coll_request r = op ? lc_span_op_req(op, i) : (coll_request){0};
         pthread_mutex_unlock(&c->lock);
         if (op) lc_span_wait(c, r, -1);
     }
+}
+
+void lc_span_close(coll_group *g)
+{
+    lc_span_drain(g); /* its ops finish first: they use its scratch */
     for (int i = 0; i < SPAN_SCRATCH; i++)
         if (g->span->scratch[i].b) coll_mem_release(&g->span->scratch[i].b);
     pthread_mutex_destroy(&g->span->posting);
     free(g->span->ranks);
     free(g->span);
     g->span = NULL;
+}
+
+void lc_span_route(coll_group *g, coll_group **on, const int **ranks, uint32_t *tag,
+                   pthread_mutex_t **posting)
+{
+    *on = lc_span_root(g);
+    *ranks = g->span->ranks;
+    *tag = span_tag(g->span->id, LC_SPAN_SUB_OPS);
+    *posting = &g->span->posting;
 }
 
 coll_group *lc_span_root(coll_group *g)

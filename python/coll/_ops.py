@@ -15,10 +15,6 @@ from ._request import Request
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
            "alltoallv", "gather", "scatter", "send", "recv", "barrier"]
 
-# the tag of the sends and receives that compose alltoallv, gather and scatter on host
-# groups (GPU groups pair in order: tag 0)
-COMPOSED_TAG = L.TAG_MAX - 1
-
 
 class _C:
     """One C call of an op, all its arguments but the request pointer, which submitting
@@ -331,10 +327,6 @@ def alltoall(self, x, out=None, async_op=False, stream=None):
                     async_op)
 
 
-def _composed_tag(g):
-    return 0 if g.backend == "nccl" else COMPOSED_TAG
-
-
 def _rows(what, v, x, splits, name):
     """Byte offsets and sizes of the blocks of x that splits (rows of dim 0) cut."""
     rows = x.shape[0] if len(x.shape) else 1
@@ -367,10 +359,17 @@ def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, str
     p = _Prep(self, what, stream)
     send, recv = p.src(v), p.dst(o)
     item = lib().coll_dtype_size(dt)
-    me, tag, calls = self.rank, _composed_tag(self), []
+    me, tag, calls = self.rank, 0, []  # GPU groups below: tag 0, in order
     if outs[me][1] != ins[me][1]:
         raise ValueError("%s: rank %d sends itself %d bytes but expects %d" %
                          (what, me, ins[me][1], outs[me][1]))
+    if self.backend != "nccl":  # coll.h's own: counts and displacements in elements
+        arr = ctypes.c_size_t * self.size
+        sc, sd = arr(*(b // item for _, b in ins)), arr(*(a // item for a, _ in ins))
+        rc, rd = arr(*(b // item for _, b in outs)), arr(*(a // item for a, _ in outs))
+        # (the call's arguments keep the arrays alive until it is submitted)
+        return p.submit([_C("coll_alltoallv", self.handle, send, sc, sd, recv, rc, rd, dt,
+                             p.stream)], out, async_op)
     for j in range(self.size):
         if j == me:
             continue
@@ -410,10 +409,14 @@ def gather(self, x, out=None, root=0, async_op=False, stream=None):
     v = view(x)
     dt, f = _dtype_of(v, None)
     p = _Prep(self, what, stream)
-    tag = _composed_tag(self)
+    tag = 0  # GPU groups: in order
     n = _count(v, f)
+    native = self.backend != "nccl"  # coll.h's own gather; GPU groups: sends and receives
     if self.rank != root:
         send = p.src(v)
+        if native:
+            return p.submit([_C("coll_gather", self.handle, send, None, n, dt, root, p.stream)],
+                            None, async_op)
         return p.submit([_C("coll_send_tag", self.handle, send, n, dt, root, tag, p.stream)],
                         None, async_op)
     if out is None:
@@ -422,6 +425,9 @@ def gather(self, x, out=None, root=0, async_op=False, stream=None):
     _same_dtype(what, v, o)
     _check_numel(what, o, v.numel * self.size, "out")
     recv, send = p.dst(o), p.src(v)
+    if native:
+        return p.submit([_C("coll_gather", self.handle, send, recv, n, dt, root, p.stream)], out,
+                        async_op)
     calls = [_C("coll_recv_tag", self.handle, recv + j * v.nbytes, n, dt, j, tag, p.stream)
              for j in range(self.size) if j != root]
     _local_copy(p, o, root * v.nbytes, v, 0, v.nbytes, recv, send)
@@ -435,16 +441,23 @@ def scatter(self, x, out, root=0, async_op=False, stream=None):
     o = view(out)
     dt, f = _dtype_of(o, None)
     p = _Prep(self, what, stream)
-    tag = _composed_tag(self)
+    tag = 0  # GPU groups: in order
     n = _count(o, f)
+    native = self.backend != "nccl"  # coll.h's own scatter; GPU groups: sends and receives
     if self.rank != root:
         recv = p.dst(o)
+        if native:
+            return p.submit([_C("coll_scatter", self.handle, None, recv, n, dt, root, p.stream)],
+                            out, async_op)
         return p.submit([_C("coll_recv_tag", self.handle, recv, n, dt, root, tag, p.stream)],
                         out, async_op)
     v = view(x)
     _same_dtype(what, v, o)
     _check_numel(what, v, o.numel * self.size, "x")
     send, recv = p.src(v), p.dst(o)
+    if native:
+        return p.submit([_C("coll_scatter", self.handle, send, recv, n, dt, root, p.stream)], out,
+                        async_op)
     calls = [_C("coll_send_tag", self.handle, send + j * o.nbytes, n, dt, j, tag, p.stream)
              for j in range(self.size) if j != root]
     _local_copy(p, o, 0, v, root * o.nbytes, o.nbytes, recv, send)

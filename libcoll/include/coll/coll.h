@@ -366,12 +366,34 @@ COLL_API coll_err coll_send(coll_group *g, const void *send, size_t count, coll_
 COLL_API coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
                             void *stream, coll_request *req);
 COLL_API coll_err coll_barrier(coll_group *g, void *stream, coll_request *req);
+/* Gather, scatter and all-to-all with blocks of any size: host groups (a child across
+ * pods too), as sends and receives on a tag of coll's own posted all at once (a composite
+ * request: up to 2 x (size - 1) of the connection's 256 requests; LIMIT beyond 192).
+ * GPU groups: UNSUPPORTED (not yet). They pair as collectives do: the n-th of these ops
+ * of every rank meets the n-th of the others, and sizes that disagree fail MISMATCH. */
+/* Every rank's send (count elements) lands in root's recv, in rank order (size x count
+ * elements, written on root only). In place on root: send == recv + root x count. */
+COLL_API coll_err coll_gather(coll_group *g, const void *send, void *recv, size_t count,
+                              coll_dtype dt, int root, void *stream, coll_request *req);
+/* Block i of root's send (size x count elements, read on root only) lands in rank i's
+ * recv (count elements). In place on root: recv == send + root x count. */
+COLL_API coll_err coll_scatter(coll_group *g, const void *send, void *recv, size_t count,
+                               coll_dtype dt, int root, void *stream, coll_request *req);
+/* All-to-all with unequal blocks (a mixture of experts' token exchange): send_counts[j]
+ * elements at send + send_displs[j] go to rank j, which receives them at recv +
+ * recv_displs[i] and must expect as many (recv_counts[i]). Each array holds one entry
+ * per rank; displacements count elements. send and recv must not overlap. */
+COLL_API coll_err coll_alltoallv(coll_group *g, const void *send, const size_t *send_counts,
+                                 const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                 const size_t *recv_displs, coll_dtype dt, void *stream,
+                                 coll_request *req);
 /* Sends and receives that pair by tag too (0 to COLL_TAG_MAX; coll_send and coll_recv
  * are tag 0; the tags above are coll's own, for children across pods): between two ranks, the n-th
  * send of a tag meets the n-th receive of that tag, whatever the order of other tags (torch's and
- * Gloo's tagged send/recv). A message of another tag that arrives first is kept while it is small
- * (up to 64 KiB); a larger one holds the sender's later messages back until its own receive is
- * posted (within the op timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order).
+ * Gloo's tagged send/recv). A message that arrives before its receive is kept while it is small
+ * (up to 1 MiB, within 4 MiB per pod); a larger one holds the later messages of its pod back until
+ * its own receive is posted (within the op timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL
+ * pairs them in order).
  */
 #define COLL_TAG_MAX 0x3fffffff
 COLL_API coll_err coll_send_tag(coll_group *g, const void *send, size_t count, coll_dtype dt,
