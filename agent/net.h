@@ -39,7 +39,9 @@ struct net_task {
     uint8_t kind, dtype, redop;
     int root; /* global rank; send/recv: the remote peer's global rank */
     uint64_t count;
-    int local_slot;                                  /* send/recv: the local participant */
+    int local_slot;    /* send/recv: the local participant */
+    uint8_t p2p_phase; /* a send between pods: its frame (P2P_EAGER, P2P_RTS, P2P_DATA) */
+    uint32_t p2p_no;   /* ... and its number among the frames to that pod (p2p.c) */
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
     int64_t deadline_ns;
     int status;    /* set by the net thread */

@@ -36,15 +36,14 @@
 #define CLAIMS_PER_SOURCE 2
 #define RETRY_FIRST_NS (1 * NS_PER_MS) /* a NOT_YET: connect again after this, doubling */
 #define RETRY_MAX_NS (64 * NS_PER_MS)
-/* Messages that arrive before their receive is posted are copied into memory of ours only
- * while small and within these bounds; any other waits in the sender's socket (TCP flow
- * control holds the sender back) until its receive is posted, and is then read straight
- * into the receive's buffer. A peer can make the agent hold at most this much. A message
- * that waits holds back every later one of its pod to ours, other ranks' too, which can
- * tie up pods of several ranks (a receive posted late behind a send that waits for it):
- * up to 1 MiB is kept (64 KiB let a gather of 80 KiB blocks among 2 pods of 3 ranks do
- * so); a rendezvous before large payloads would end it (not yet). */
-#define UNX_SMALL (1u << 20)
+/* A send of more than UNX_SMALL bytes between pods asks first (P2P_RTS: a header alone)
+ * and sends its payload once the receive is posted (P2P_CTS), so that no payload waits in
+ * the stream ahead of other ranks' messages (one that did could tie up the pods: a
+ * receive posted late behind a send that waited for it). Messages and asks that arrive
+ * before their receive is posted are kept in memory of ours within these bounds; beyond
+ * them the stream waits (TCP flow control holds the sender back) until the receive is
+ * posted. A peer can make the agent hold at most this much. */
+#define UNX_SMALL (64u << 10)
 #define UNX_PEER_MAX (4u << 20)
 #define UNX_GROUP_MAX (16u << 20)
 /* Each kept message is charged its payload plus this (its record and the allocator's
@@ -66,6 +65,8 @@ struct p2p_out {
     /* the receiver's word on each message: a send completes when its receive has
      * taken it (as within a pod), with MISMATCH when the receive disagreed */
     struct net_task *wait_head, *wait_tail; /* sent, waiting for their acks */
+    struct net_task *rts_head, *rts_tail;   /* large: asked to send, waiting for a CTS */
+    uint32_t msgno;                         /* sends framed to this pod so far (p2p.c) */
     struct data_op_hdr *acks; /* acks to write, in order; the first acks_done bytes in */
     size_t nacks, capacks, acks_done;
 };
@@ -177,6 +178,7 @@ struct ngroup {
     struct p2p_out out[RDV_MAX_NODES];
     struct p2p_in in[RDV_MAX_NODES];
     struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
+    struct net_task *cts_head, *cts_tail;       /* ... told clear to send: for its DATA */
     struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
     size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they cost, in all and by peer */
     uint32_t unx_n, unx_n_from[RDV_MAX_NODES];  /* ... and how many there are */

@@ -3,7 +3,10 @@
  * they never wait in the lockstep queue: each is a framed message (a header that names
  * both ranks, then the payload) on the pair's P2P connection, matched here with the
  * posted receive or kept as an unexpected message (bounded: UNX_*), and acknowledged
- * by the receiver, so that a send completes when its receive has taken it.
+ * by the receiver, so that a send completes when its receive has taken it. A large send
+ * (over UNX_SMALL) first asks (P2P_RTS, a header alone, kept like a small message) and
+ * sends its payload (P2P_DATA) only when the receiver, its receive posted, says clear to
+ * send (P2P_CTS): a payload never sits in the stream ahead of other ranks' messages.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -53,6 +56,12 @@ void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
             net_return_task(n, t, code, why);
         }
         o->wait_tail = NULL;
+        while (o->rts_head) {
+            struct net_task *t = o->rts_head;
+            o->rts_head = t->next;
+            net_return_task(n, t, code, why);
+        }
+        o->rts_tail = NULL;
         o->nacks = o->acks_done = 0;
         struct p2p_in *in = &g->in[p];
         if (in->task) net_return_task(n, in->task, code, why);
@@ -65,6 +74,12 @@ void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
         net_return_task(n, t, code, why);
     }
     g->posted_tail = NULL;
+    while (g->cts_head) {
+        struct net_task *t = g->cts_head;
+        g->cts_head = t->next;
+        net_return_task(n, t, code, why);
+    }
+    g->cts_tail = NULL;
     while (g->unx_head) {
         struct unexpected *u = g->unx_head;
         g->unx_head = u->next;
@@ -83,7 +98,7 @@ static int p2p_matches(const struct ngroup *g, const struct net_task *t,
                        const struct data_op_hdr *h)
 {
     return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t) &&
-           h->seq == t->seq; /* a send or receive's seq is its tag */
+           (h->seq & 0xffffffffu) == t->seq; /* a send or receive's seq is its tag */
 }
 
 static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
@@ -93,6 +108,60 @@ static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
 static void p2p_read(struct net *n, struct ngroup *g, int peer);
+
+static void q_append(struct net_task **head, struct net_task **tail, struct net_task *t)
+{
+    t->next = NULL;
+    if (*tail)
+        (*tail)->next = t;
+    else
+        *head = t;
+    *tail = t;
+}
+
+/* A frame's seq: the tag, and above it the number of the send among the sender's
+ * messages to that pod, which acks and CTSs echo, so each finds its own send whatever
+ * order receives complete in. */
+static uint64_t wire_seq(const struct net_task *t)
+{
+    return t->seq | (uint64_t)t->p2p_no << 32;
+}
+
+/* The task of the list whose ranks and frame seq are these (ours: mine, the other
+ * pod's: theirs), taken out; NULL if none. */
+static struct net_task *q_take(const struct ngroup *g, struct net_task **head,
+                               struct net_task **tail, uint32_t theirs, uint32_t mine, uint64_t seq)
+{
+    struct net_task **pp = head, *prev = NULL;
+    for (; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct net_task *t = *pp;
+        if ((uint32_t)t->root != theirs || (uint32_t)my_rank(g, t) != mine || wire_seq(t) != seq)
+            continue;
+        *pp = t->next;
+        if (*tail == t) *tail = prev;
+        t->next = NULL;
+        return t;
+    }
+    return NULL;
+}
+
+/* Queue a header-only frame (an ack or a CTS) to peer; written between messages. */
+static void p2p_say(struct net *n, struct ngroup *g, int peer, const struct data_op_hdr *h)
+{
+    struct p2p_out *o = &g->out[peer];
+    if (o->nacks == o->capacks) {
+        size_t cap = o->capacks ? 2 * o->capacks : 16;
+        struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
+        if (!a) {
+            net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory to answer a message", 0, 1);
+            return;
+        }
+        o->acks = a;
+        o->capacks = cap;
+    }
+    o->acks[o->nacks++] = *h;
+    p2p_write(n, g, peer);
+}
 
 /* Complete receive t with the message of header h: matched, or a mismatch named; the
  * sender is told either way (an ack: kind RECV, root = status, the receive's count). */
@@ -111,23 +180,45 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
                               .root = ok ? COLL_OK : COLL_ERR_MISMATCH,
                               .src_rank = h->dst_rank,
                               .dst_rank = h->src_rank,
-                              .seq = t->seq,
+                              .seq = h->seq, /* the frame's own */
                               .count = t->count};
     net_return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
-    int peer = (int)(h->src_rank / (uint32_t)g->nlocal);
-    struct p2p_out *o = &g->out[peer];
-    if (o->nacks == o->capacks) {
-        size_t cap = o->capacks ? 2 * o->capacks : 16;
-        struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
-        if (!a) {
-            net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory to acknowledge a message", 0, 1);
-            return;
-        }
-        o->acks = a;
-        o->capacks = cap;
+    p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &ack);
+}
+
+/* Receive t meets the ask (RTS) h of a large send: clear to send, and t waits for the
+ * payload; or, when they disagree, the mismatch is said at once (no payload comes). */
+static void p2p_clear(struct net *n, struct ngroup *g, struct net_task *t,
+                      const struct data_op_hdr *h)
+{
+    if (!p2p_agree(t, h)) {
+        p2p_finish(n, g, t, h);
+        return;
     }
-    o->acks[o->nacks++] = ack;
+    struct data_op_hdr cts = {.magic = DATA_MAGIC,
+                              .kind = WIRE_OP_RECV,
+                              .dtype = t->dtype,
+                              .redop = P2P_CTS,
+                              .root = COLL_OK,
+                              .src_rank = h->dst_rank,
+                              .dst_rank = h->src_rank,
+                              .seq = h->seq,
+                              .count = t->count};
+    t->p2p_no = (uint32_t)(h->seq >> 32); /* its DATA comes with this seq */
+    q_append(&g->cts_head, &g->cts_tail, t);
+    p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &cts);
+}
+
+/* A CTS from peer: the oldest large send of that pair and tag that asked goes out. */
+static int p2p_cleared(struct net *n, struct ngroup *g, int peer, const struct data_op_hdr *h)
+{
+    struct p2p_out *o = &g->out[peer];
+    struct net_task *t = q_take(g, &o->rts_head, &o->rts_tail, h->src_rank, h->dst_rank, h->seq);
+    if (!t) return -1;
+    t->p2p_phase = P2P_DATA;
+    q_append(&o->head, &o->tail, t);
     p2p_write(n, g, peer);
+    return 0;
 }
 
 /* An ack from peer for one of our sends (its header h, checked): the oldest send of
@@ -135,25 +226,18 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
 static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct data_op_hdr *h)
 {
     struct p2p_out *o = &g->out[peer];
-    struct net_task **pp = &o->wait_head, *prev = NULL;
-    for (; *pp; prev = *pp, pp = &(*pp)->next) {
-        struct net_task *t = *pp;
-        if ((uint32_t)t->root != h->src_rank || (uint32_t)my_rank(g, t) != h->dst_rank ||
-            t->seq != h->seq)
-            continue;
-        *pp = t->next;
-        if (o->wait_tail == t) o->wait_tail = prev;
-        char w[160] = "";
-        int st = h->root == COLL_OK ? COLL_OK : COLL_ERR_MISMATCH;
-        if (st != COLL_OK)
-            snprintf(
-                w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
-                h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype),
-                h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
-        net_return_task(n, t, st, w);
-        return 0;
-    }
-    return -1;
+    struct net_task *t = q_take(g, &o->wait_head, &o->wait_tail, h->src_rank, h->dst_rank, h->seq);
+    if (!t) /* a large send's receive disagreed: the verdict comes instead of a CTS */
+        t = q_take(g, &o->rts_head, &o->rts_tail, h->src_rank, h->dst_rank, h->seq);
+    if (!t) return -1;
+    char w[160] = "";
+    int st = h->root == COLL_OK ? COLL_OK : COLL_ERR_MISMATCH;
+    if (st != COLL_OK)
+        snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
+                 h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype),
+                 h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype));
+    net_return_task(n, t, st, w);
+    return 0;
 }
 
 /* The send/recv connection to peer broke: that pod is leaving. Collectives already
@@ -170,12 +254,8 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
     t->next = NULL;
     if (t->kind == WIRE_OP_SEND) {
         int peer = t->root / g->nlocal;
-        struct p2p_out *o = &g->out[peer];
-        if (o->tail)
-            o->tail->next = t;
-        else
-            o->head = t;
-        o->tail = t;
+        t->p2p_phase = P2P_EAGER; /* p2p_write decides */
+        q_append(&g->out[peer].head, &g->out[peer].tail, t);
         p2p_write(n, g, peer);
         return;
     }
@@ -186,6 +266,12 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
         if (!p2p_matches(g, t, &u->hdr)) continue;
         *pp = u->next;
         if (g->unx_tail == u) g->unx_tail = prev;
+        if (u->hdr.redop == P2P_RTS) { /* a large send asked: clear it */
+            struct data_op_hdr h = u->hdr;
+            unx_free(g, u);
+            p2p_clear(n, g, t, &h);
+            return;
+        }
         int ok = p2p_agree(t, &u->hdr);
         if (ok && t->count)
             memcpy(t->recv[t->local_slot], u->data,
@@ -198,6 +284,13 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
     /* or parked in its sender's socket: read it straight into this receive */
     int from = t->root / g->nlocal;
     struct p2p_in *in = &g->in[from];
+    if (in->parked && p2p_matches(g, t, &in->hdr) && in->hdr.redop == P2P_RTS) {
+        struct data_op_hdr h = in->hdr; /* an ask, parked for want of room: done with */
+        memset(in, 0, sizeof(*in));
+        p2p_clear(n, g, t, &h);
+        p2p_read(n, g, from);
+        return;
+    }
     if (in->parked && p2p_matches(g, t, &in->hdr)) {
         in->parked = 0;
         in->task = t;
@@ -234,14 +327,21 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
     while (o->head && g->pfds[peer] >= 0) {
         struct net_task *t = o->head;
         size_t bytes = t->count * coll_dtype_size((coll_dtype)t->dtype);
-        if (o->done == 0)
+        if (o->done == 0) {
+            if (t->p2p_phase != P2P_DATA) { /* its first frame: eager, or an ask */
+                t->p2p_no = ++o->msgno;
+                t->p2p_phase = bytes > UNX_SMALL ? P2P_RTS : P2P_EAGER;
+            }
             o->hdr = (struct data_op_hdr){.magic = DATA_MAGIC,
                                           .kind = WIRE_OP_SEND,
                                           .dtype = t->dtype,
+                                          .redop = t->p2p_phase,
                                           .src_rank = (uint32_t)my_rank(g, t),
                                           .dst_rank = (uint32_t)t->root,
-                                          .seq = t->seq, /* the tag */
+                                          .seq = wire_seq(t),
                                           .count = t->count};
+        }
+        if (t->p2p_phase == P2P_RTS) bytes = 0; /* the header alone */
         struct iovec v[2];
         int nv = 0;
         if (o->done < sizeof(o->hdr))
@@ -262,12 +362,10 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
             o->head = t->next;
             if (!o->head) o->tail = NULL;
             o->done = 0;
-            t->next = NULL; /* now its receive's ack completes it */
-            if (o->wait_tail)
-                o->wait_tail->next = t;
-            else
-                o->wait_head = t;
-            o->wait_tail = t;
+            if (t->p2p_phase == P2P_RTS) /* its CTS sends it again, with the payload */
+                q_append(&o->rts_head, &o->rts_tail, t);
+            else /* now its receive's ack completes it */
+                q_append(&o->wait_head, &o->wait_tail, t);
             if (o->nacks) {
                 p2p_write(n, g, peer); /* acks queued meanwhile */
                 return;
@@ -323,19 +421,68 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 return;
             }
             in->plen = (size_t)plen;
-            if (h->kind == WIRE_OP_RECV) { /* an ack: no payload */
+            if (h->kind == WIRE_OP_RECV) { /* an ack or a CTS: no payload */
                 struct data_op_hdr ack = *h;
                 memset(in, 0, sizeof(*in));
-                if (p2p_acked(n, g, peer, &ack) < 0) {
+                if ((ack.redop == P2P_CTS ? p2p_cleared(n, g, peer, &ack)
+                                          : p2p_acked(n, g, peer, &ack)) < 0) {
                     char why[160];
-                    snprintf(why, sizeof(why), "node %d acknowledged a send it was never sent",
-                             peer);
+                    snprintf(why, sizeof(why), "node %d %s a send it was never %s", peer,
+                             ack.redop == P2P_CTS ? "cleared" : "acknowledged",
+                             ack.redop == P2P_CTS ? "asked for" : "sent");
                     net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                     return;
                 }
                 continue;
             }
             in->pgot = 0;
+            if (h->redop == P2P_DATA) { /* the payload of a send we cleared */
+                in->task = q_take(g, &g->cts_head, &g->cts_tail, h->src_rank, h->dst_rank, h->seq);
+                if (!in->task) {
+                    char why[160];
+                    snprintf(why, sizeof(why), "node %d sent a payload nobody cleared", peer);
+                    net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    return;
+                }
+                continue;
+            }
+            if (h->redop == P2P_RTS) { /* a large send asks: its receive may be posted */
+                struct data_op_hdr rh = *h;
+                struct net_task **pp = &g->posted_head, *prev = NULL, *m = NULL;
+                for (; *pp && !m; prev = *pp, pp = &(*pp)->next) {
+                    if (!p2p_matches(g, *pp, &rh)) continue;
+                    m = *pp;
+                    *pp = m->next;
+                    if (g->posted_tail == m) g->posted_tail = prev;
+                }
+                if (!m && !unx_fits(g, peer, 0)) {
+                    in->parked = 1; /* no room to keep the ask: the stream waits */
+                    return;
+                }
+                memset(in, 0, sizeof(*in));
+                if (m) {
+                    p2p_clear(n, g, m, &rh);
+                    continue;
+                }
+                struct unexpected *u = calloc(1, sizeof(*u));
+                if (!u) {
+                    net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    return;
+                }
+                u->hdr = rh;
+                u->from = peer;
+                u->cost = UNX_MSG_COST;
+                g->unx_bytes += u->cost;
+                g->unx_from[peer] += u->cost;
+                g->unx_n++;
+                g->unx_n_from[peer]++;
+                if (g->unx_tail)
+                    g->unx_tail->next = u;
+                else
+                    g->unx_head = u;
+                g->unx_tail = u;
+                continue;
+            }
             struct net_task **pp = &g->posted_head, *prev = NULL;
             for (; *pp; prev = *pp, pp = &(*pp)->next) {
                 if (!p2p_matches(g, *pp, h)) continue;
@@ -421,11 +568,15 @@ int64_t p2p_oldest_deadline(const struct ngroup *g)
 {
     int64_t oldest = INT64_MAX;
     if (g->posted_head) oldest = g->posted_head->deadline_ns;
+    for (const struct net_task *t = g->cts_head; t; t = t->next) /* cleared in any order */
+        if (t->deadline_ns < oldest) oldest = t->deadline_ns;
     for (int p = 0; p < g->nodes; p++) {
-        if (g->out[p].head && g->out[p].head->deadline_ns < oldest)
-            oldest = g->out[p].head->deadline_ns;
-        if (g->out[p].wait_head && g->out[p].wait_head->deadline_ns < oldest)
-            oldest = g->out[p].wait_head->deadline_ns;
+        const struct p2p_out *o = &g->out[p];
+        if (o->head && o->head->deadline_ns < oldest) oldest = o->head->deadline_ns;
+        for (const struct net_task *t = o->wait_head; t; t = t->next)
+            if (t->deadline_ns < oldest) oldest = t->deadline_ns;
+        for (const struct net_task *t = o->rts_head; t; t = t->next)
+            if (t->deadline_ns < oldest) oldest = t->deadline_ns;
     }
     return oldest;
 }

@@ -343,11 +343,17 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
                  h->src_rank, h->dst_rank, peer, me);
         return -1;
     }
+    if (h->redop > (h->kind == WIRE_OP_SEND ? P2P_DATA : P2P_CTS)) {
+        snprintf(why, whylen, "%s frame of phase %u", h->kind == WIRE_OP_SEND ? "send" : "ack",
+                 h->redop);
+        return -1;
+    }
     if (h->count > (1ull << 40) / es) {
         snprintf(why, whylen, "send of %llu elements", (unsigned long long)h->count);
         return -1;
     }
-    *bytes = h->kind == WIRE_OP_SEND ? h->count * es : 0; /* an ack carries no payload */
+    /* an ack, a CTS and an RTS carry no payload */
+    *bytes = h->kind == WIRE_OP_SEND && h->redop != P2P_RTS ? h->count * es : 0;
     return 0;
 }
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 9
+#define RDV_VERSION 10        /* 10: sends and receives with a rendezvous (P2P_RTS) */
 #define RDV_NAME_MAX 64
 #define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64
@@ -238,6 +238,14 @@ struct data_op_hdr {
     uint64_t count;
 };
 
+/* A send/recv frame's phase, in data_op_hdr.redop (p2p.c). A send's payload follows its
+ * header (EAGER), or, when large, the header alone asks to send (RTS) and the payload
+ * follows the receiver's clear to send (CTS) in a frame of its own (DATA), so that a
+ * payload never waits in the stream for a receive not yet posted. A RECV frame is the
+ * receiver's last word (ACK: root is the receive's status) or its CTS. */
+enum { P2P_EAGER = 0, P2P_RTS = 1, P2P_DATA = 2 };
+enum { P2P_ACK = 0, P2P_CTS = 1 };
+
 /* Three connections per pair of pods and epoch, all opened by the pod of the higher
  * index. Collectives run in lockstep on two, one per direction (COLL: the opener's bytes
  * to the other pod; COLL_BACK: the other pod's bytes to the opener), so that a pod's
@@ -253,9 +261,9 @@ int data_challenge_check(const struct data_challenge *c, char *why, size_t whyle
 int data_welcome_check(const struct data_welcome *w, const struct data_hello *h, uint32_t to_index,
                        char *why, size_t whylen);
 /* The header of a send/recv message that node peer sent to node me (nlocal ranks per
- * node), or of an ack of one of our sends (kind RECV: root = the receive's status, count
- * its count, no payload): magic, kind, dtype, both ranks on those nodes, a size below
- * 1 TiB. Sets *bytes to the payload's size. 0, or -1 with why. */
+ * node), or of an ack or CTS of one of our sends (kind RECV: root = the receive's status,
+ * count its count, no payload): magic, kind, phase, dtype, both ranks on those nodes, a
+ * size below 1 TiB. Sets *bytes to the payload's size (0 for an RTS). 0, or -1 with why. */
 int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t peer, uint32_t me,
                         uint64_t *bytes, char *why, size_t whylen);
 

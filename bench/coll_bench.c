@@ -51,8 +51,9 @@ static double now_us(void)
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-static const char *const op_names[] = {"allreduce",      "broadcast", "reduce",  "allgather",
-                                       "reduce_scatter", "alltoall",  "barrier", NULL};
+static const char *const op_names[] = {"allreduce", "broadcast",      "reduce",
+                                       "allgather", "reduce_scatter", "alltoall",
+                                       "barrier",   "gather",         NULL};
 
 struct opts {
     size_t minb, maxb;
@@ -191,6 +192,8 @@ static int submit(const struct opts *o, coll_group *g, void *s, void *r, size_t 
         return coll_reduce_scatter(g, s, r, count, o->dtype, COLL_SUM, NULL, req);
     case 5:
         return coll_alltoall(g, s, r, count, o->dtype, NULL, req);
+    case 7: /* to rank 0: sends and receives between pods */
+        return coll_gather(g, s, r, count, o->dtype, 0, NULL, req);
     default:
         return coll_barrier(g, NULL, req);
     }
@@ -200,8 +203,8 @@ static int submit(const struct opts *o, coll_group *g, void *s, void *r, size_t 
 static long check(const struct opts *o, const void *r, size_t count, int rank, int n)
 {
     long wrong = 0;
-    size_t total = o->op == 3 || o->op == 5 ? count * (size_t)n : count;
-    if (o->op == 2 && rank != 0) return 0;
+    size_t total = o->op == 3 || o->op == 5 || o->op == 7 ? count * (size_t)n : count;
+    if ((o->op == 2 || o->op == 7) && rank != 0) return 0;
     if (o->op == 6) return 0;
     for (size_t i = 0; i < total; i++) {
         double want = 0;
@@ -218,6 +221,7 @@ static long check(const struct opts *o, const void *r, size_t count, int rank, i
             want = (1 + (int)(i % 3)) % 4;
             break;
         case 3:
+        case 7:
             want = (int)(i / count) + 1 + (int)((i % count) % 3);
             want = (int)want % 4;
             break;

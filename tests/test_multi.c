@@ -2190,6 +2190,106 @@ static void early_large_send_waits_in_the_socket(void **state)
     stop_all(a, 2);
 }
 
+/* Found by the gather sweep on bf2af60: a large message whose receive was not posted yet
+ * waited in the stream from its pod, and every later message of that pod to ours waited
+ * behind it, other ranks' too; a receive that had to complete before the large one's
+ * was posted then never could. Pods of 2 ranks: rank 0 sends 8 MiB to rank 2, which
+ * posts its receive only after rank 3 has received rank 1's small message (sent after
+ * rank 0's). Now a large send asks first and its payload follows the receive. */
+#define HOL_FLOATS (2u << 20)
+
+struct hol {
+    const char *sock;
+    char done[128]; /* rank 3 made it: its receive completed */
+};
+
+static int hol_rank_main(void *arg)
+{
+    struct hol *h = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(h->sock, (size_t)HOL_FLOATS * 4, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    coll_request r;
+    switch (info.rank) {
+    case 0:
+        for (size_t i = 0; i < HOL_FLOATS; i++)
+            x[i] = (float)(i % 977);
+        if (coll_send(g, x, HOL_FLOATS, COLL_FLOAT32, 2, NULL, &r) || coll_wait(c, r, 30000)) {
+            fprintf(stderr, "rank 0: %s\n", coll_last_error());
+            return 110;
+        }
+        break;
+    case 1:
+        usleep(300 * 1000); /* behind rank 0's message, most likely */
+        x[0] = 1, x[1] = 2, x[2] = 3, x[3] = 4;
+        if (coll_send(g, x, 4, COLL_FLOAT32, 3, NULL, &r) || coll_wait(c, r, 30000)) return 111;
+        break;
+    case 2: {
+        double end = now_ms() + 30000; /* rank 3 first */
+        while (access(h->done, F_OK) != 0 && now_ms() < end)
+            usleep(10 * 1000);
+        if (access(h->done, F_OK) != 0) return 112;
+        if (coll_recv(g, x, HOL_FLOATS, COLL_FLOAT32, 0, NULL, &r) || coll_wait(c, r, 30000))
+            return 113;
+        for (size_t i = 0; i < HOL_FLOATS; i++)
+            if (x[i] != (float)(i % 977)) return 114;
+        break;
+    }
+    default:
+        if (coll_recv(g, x, 4, COLL_FLOAT32, 1, NULL, &r) || coll_wait(c, r, 30000)) {
+            fprintf(stderr, "rank 3: %s\n", coll_last_error());
+            return 115;
+        }
+        if (x[0] != 1 || x[3] != 4) return 116;
+        FILE *f = fopen(h->done, "w");
+        if (!f) return 117;
+        fclose(f);
+        break;
+    }
+    /* stay until every rank is done (a participant that leaves ends the epoch) */
+    char mine[160], other[160];
+    snprintf(mine, sizeof(mine), "%s.r%d", h->done, info.rank);
+    FILE *f = fopen(mine, "w");
+    if (!f) return 118;
+    fclose(f);
+    for (int k = 0; k < 4; k++) {
+        snprintf(other, sizeof(other), "%s.r%d", h->done, k);
+        double end = now_ms() + 30000;
+        while (access(other, F_OK) != 0 && now_ms() < end)
+            usleep(10 * 1000);
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_large_early_send_holds_no_other_rank_back(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 2, &port);
+    struct hol h[4];
+    char done[128];
+    tmp_path(done, sizeof(done), "hol-done", 0);
+    unlink(done);
+    for (int i = 0; i < 4; i++) {
+        h[i].sock = a[i / 2].sock;
+        snprintf(h[i].done, sizeof(h[i].done), "%s", done);
+    }
+    run_ranks(hol_rank_main, h, sizeof(h[0]), 4, 60000);
+    unlink(done);
+    for (int k = 0; k < 4; k++) {
+        char r[160];
+        snprintf(r, sizeof(r), "%s.r%d", done, k);
+        unlink(r);
+    }
+    stop_all(a, 2);
+}
+
 /* ---- hostile peers ------------------------------------------------------------------- */
 
 /* A deployment's CURVE keys, made by the real `coll-agent keygen`, in a fresh directory. */
@@ -3342,6 +3442,7 @@ int main(void)
         cmocka_unit_test(garbage_frames_are_dropped),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
+        cmocka_unit_test(a_large_early_send_holds_no_other_rank_back),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(the_accepting_side_proves_the_secret_too),
         cmocka_unit_test(a_flood_of_empty_early_sends_is_bounded),

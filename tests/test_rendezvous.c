@@ -17,7 +17,9 @@
 #include "coll/coll.h"
 #include "harness.h"
 #include "net_commid.h"
+#include "rdv_wire.h"
 #include "rendezvous.h"
+#include "wire.h"
 
 #define HB_MS 100
 #define JOIN_MS 1000
@@ -797,6 +799,41 @@ static void the_coordinator_tells_which_pods_may_share_a_cpu(void **state)
 
 /* The flags travel in COMMIT to every member, each pod's the same everywhere, and a
  * pod that re-forms in another place is told anew. */
+/* The send/recv frames' phases (p2p.c): a send's payload follows its eager or DATA
+ * header, an ask (RTS), an ack and a CTS carry none; other phases are refused, named. */
+static void send_frames_say_their_phase_and_payload(void **state)
+{
+    (void)state;
+    struct data_op_hdr h = {.magic = DATA_MAGIC,
+                            .kind = WIRE_OP_SEND,
+                            .dtype = COLL_FLOAT32,
+                            .src_rank = 2, /* node 1 of 2 ranks each, to node 0 */
+                            .dst_rank = 0,
+                            .count = 100000};
+    uint64_t bytes = 1;
+    char why[128];
+    const struct {
+        uint8_t kind, phase;
+        int ok;
+        uint64_t bytes;
+    } cases[] = {
+        {WIRE_OP_SEND, P2P_EAGER, 1, 400000}, {WIRE_OP_SEND, P2P_RTS, 1, 0},
+        {WIRE_OP_SEND, P2P_DATA, 1, 400000},  {WIRE_OP_SEND, 3, 0, 0},
+        {WIRE_OP_RECV, P2P_ACK, 1, 0},        {WIRE_OP_RECV, P2P_CTS, 1, 0},
+        {WIRE_OP_RECV, P2P_DATA, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        h.kind = cases[i].kind;
+        h.redop = cases[i].phase;
+        int rc = data_send_hdr_check(&h, 2, 1, 0, &bytes, why, sizeof(why));
+        assert_int_equal(rc == 0, cases[i].ok);
+        if (cases[i].ok)
+            assert_int_equal(bytes, cases[i].bytes);
+        else
+            assert_non_null(strstr(why, "phase"));
+    }
+}
+
 static void each_member_learns_where_the_others_run(void **state)
 {
     (void)state;
@@ -859,6 +896,7 @@ int main(void)
         cmocka_unit_test(forged_and_replayed_leaves_change_nothing),
         cmocka_unit_test(the_coordinator_tells_which_pods_may_share_a_cpu),
         cmocka_unit_test(each_member_learns_where_the_others_run),
+        cmocka_unit_test(send_frames_say_their_phase_and_payload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

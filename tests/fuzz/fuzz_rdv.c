@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "rdv_wire.h"
+#include "wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -34,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t nlocal = size ? data[0] : 1;
     if (data_send_hdr_check(&o, nlocal, size > 1 ? data[1] : 0, size > 2 ? data[2] : 0, &bytes, why,
                             sizeof(why)) == 0 &&
-        bytes > (1ull << 40))
-        __builtin_trap();
+        (bytes > (1ull << 40) || (bytes && (o.kind != WIRE_OP_SEND || o.redop == P2P_RTS))))
+        __builtin_trap(); /* a payload past 1 TiB, or on a frame that carries none */
     return 0;
 }

@@ -390,10 +390,10 @@ COLL_API coll_err coll_alltoallv(coll_group *g, const void *send, const size_t *
 /* Sends and receives that pair by tag too (0 to COLL_TAG_MAX; coll_send and coll_recv
  * are tag 0; the tags above are coll's own, for children across pods): between two ranks, the n-th
  * send of a tag meets the n-th receive of that tag, whatever the order of other tags (torch's and
- * Gloo's tagged send/recv). A message that arrives before its receive is kept while it is small
- * (up to 1 MiB, within 4 MiB per pod); a larger one holds the later messages of its pod back until
- * its own receive is posted (within the op timeout). GPU groups: tag 0 only (UNSUPPORTED: NCCL
- * pairs them in order).
+ * Gloo's tagged send/recv). Between pods, a message that arrives before its receive is kept
+ * while it is small (up to 64 KiB, within 4 MiB per pod); a larger one waits at its sender until
+ * the receive is posted (the two agents agree first; within the op timeout), holding no other
+ * message back. GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order).
  */
 #define COLL_TAG_MAX 0x3fffffff
 COLL_API coll_err coll_send_tag(coll_group *g, const void *send, size_t count, coll_dtype dt,
