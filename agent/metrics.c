@@ -38,6 +38,17 @@ static void put(struct out *o, const char *fmt, ...)
     if (o->len > o->cap) o->len = o->cap;
 }
 
+/* The groups of one config group in depth-first order: the group, then its children made
+ * at run time (group_child.c), theirs, ...: each with its own op series, under its own
+ * name ("<parent>/<first rank>+<n - 1>"). */
+static const struct group *next_of(const struct group *root, const struct group *g)
+{
+    if (g->children) return g->children;
+    for (; g && g != root; g = g->parent)
+        if (g->next_child) return g->next_child;
+    return NULL;
+}
+
 size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
 {
     struct out o = {.p = buf, .cap = cap};
@@ -79,40 +90,39 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
     put(&o, "# HELP coll_ops_total Ops finished, by group, kind and status (direct ops: as their "
             "clients count them).\n"
             "# TYPE coll_ops_total counter\n");
-    for (int i = 0; i < in->ngroups; i++) {
-        const struct group *g = &in->groups[i];
-        for (int k = 0; k < WIRE_OP_KIND_COUNT; k++)
-            for (int st = 0; st < GROUP_STATUS_MAX; st++)
-                if (g->m.ops[k][st] || (st == 0 && k == WIRE_OP_ALLREDUCE))
-                    put(&o, "coll_ops_total{group=\"%s\",kind=\"%s\",status=\"%s\"} %llu\n",
-                        g->cfg->name, wire_kind_name((unsigned)k), status_names[st],
-                        (unsigned long long)g->m.ops[k][st]);
-    }
+    for (int i = 0; i < in->ngroups; i++)
+        for (const struct group *g = &in->groups[i]; g; g = next_of(&in->groups[i], g))
+            for (int k = 0; k < WIRE_OP_KIND_COUNT; k++)
+                for (int st = 0; st < GROUP_STATUS_MAX; st++)
+                    if (g->m.ops[k][st] || (st == 0 && k == WIRE_OP_ALLREDUCE))
+                        put(&o, "coll_ops_total{group=\"%s\",kind=\"%s\",status=\"%s\"} %llu\n",
+                            g->cfg->name, wire_kind_name((unsigned)k), status_names[st],
+                            (unsigned long long)g->m.ops[k][st]);
     put(&o, "# HELP coll_op_bytes_total Bytes of the ops that finished well (each participant's "
             "count x element size), by group and kind.\n# TYPE coll_op_bytes_total counter\n");
-    for (int i = 0; i < in->ngroups; i++) {
-        const struct group *g = &in->groups[i];
-        for (int k = 0; k < WIRE_OP_KIND_COUNT; k++)
-            if (g->m.bytes[k] || k == WIRE_OP_ALLREDUCE)
-                put(&o, "coll_op_bytes_total{group=\"%s\",kind=\"%s\"} %llu\n", g->cfg->name,
-                    wire_kind_name((unsigned)k), (unsigned long long)g->m.bytes[k]);
-    }
+    for (int i = 0; i < in->ngroups; i++)
+        for (const struct group *g = &in->groups[i]; g; g = next_of(&in->groups[i], g))
+            for (int k = 0; k < WIRE_OP_KIND_COUNT; k++)
+                if (g->m.bytes[k] || k == WIRE_OP_ALLREDUCE)
+                    put(&o, "coll_op_bytes_total{group=\"%s\",kind=\"%s\"} %llu\n", g->cfg->name,
+                        wire_kind_name((unsigned)k), (unsigned long long)g->m.bytes[k]);
     put(&o, "# HELP coll_op_duration_seconds From an op's submission to its completion.\n"
             "# TYPE coll_op_duration_seconds histogram\n");
     for (int i = 0; i < in->ngroups; i++) {
-        const struct group *g = &in->groups[i];
-        uint64_t cum = 0;
-        for (int b = 0; b < GROUP_HIST_BUCKETS; b++) {
-            cum += g->m.hist[b];
-            put(&o, "coll_op_duration_seconds_bucket{group=\"%s\",le=\"%g\"} %llu\n", g->cfg->name,
-                group_hist_bounds[b], (unsigned long long)cum);
+        for (const struct group *g = &in->groups[i]; g; g = next_of(&in->groups[i], g)) {
+            uint64_t cum = 0;
+            for (int b = 0; b < GROUP_HIST_BUCKETS; b++) {
+                cum += g->m.hist[b];
+                put(&o, "coll_op_duration_seconds_bucket{group=\"%s\",le=\"%g\"} %llu\n",
+                    g->cfg->name, group_hist_bounds[b], (unsigned long long)cum);
+            }
+            cum += g->m.hist[GROUP_HIST_BUCKETS];
+            put(&o, "coll_op_duration_seconds_bucket{group=\"%s\",le=\"+Inf\"} %llu\n",
+                g->cfg->name, (unsigned long long)cum);
+            put(&o, "coll_op_duration_seconds_sum{group=\"%s\"} %.9f\n", g->cfg->name, g->m.sum_s);
+            put(&o, "coll_op_duration_seconds_count{group=\"%s\"} %llu\n", g->cfg->name,
+                (unsigned long long)g->m.count);
         }
-        cum += g->m.hist[GROUP_HIST_BUCKETS];
-        put(&o, "coll_op_duration_seconds_bucket{group=\"%s\",le=\"+Inf\"} %llu\n", g->cfg->name,
-            (unsigned long long)cum);
-        put(&o, "coll_op_duration_seconds_sum{group=\"%s\"} %.9f\n", g->cfg->name, g->m.sum_s);
-        put(&o, "coll_op_duration_seconds_count{group=\"%s\"} %llu\n", g->cfg->name,
-            (unsigned long long)g->m.count);
     }
     /* two families from group_state, one family at a time */
     for (int f = 0; f < 2; f++) {

@@ -247,6 +247,94 @@ static void members_create_without_the_others(void **state)
     assert_int_equal(agent_stop(&a), 0);
 }
 
+/* /metrics counts a child's ops under the child's name, apart from its parent's: ranks
+ * 0 and 1 of 2 make the child of both and run 5 allreduces on it, then hold it (a child
+ * nobody holds goes, and its series with it) until the test has read the count. */
+static int metrics_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *k;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    const int both[2] = {0, 1};
+    if (coll_group_create(g, both, 2, &k) != COLL_OK) return 120;
+    for (int i = 0; i < 5; i++)
+        if ((rc = sum_check(c, k, x, j->rank, 3)) != 0) return rc;
+    char done[160];
+    snprintf(done, sizeof(done), "%s.%d", j->hold, j->rank);
+    FILE *f = fopen(done, "w");
+    if (!f) return 121;
+    fclose(f);
+    struct stat st;
+    for (int i = 0; i < 3000 && stat(j->hold, &st) != 0; i++)
+        usleep(10000);
+    coll_disconnect(&c);
+    return 0;
+}
+
+/* the value of the series named line (its whole name and labels) in file, or -1 */
+static long series(const char *file, const char *line)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return -1;
+    char buf[512];
+    long v = -1;
+    size_t n = strlen(line);
+    while (fgets(buf, sizeof(buf), f))
+        if (!strncmp(buf, line, n) && buf[n] == ' ') v = atol(buf + n + 1);
+    fclose(f);
+    return v;
+}
+
+static void a_childs_ops_are_counted_under_its_name(void **state)
+{
+    (void)state;
+    struct agent a;
+    char body[256], extra[96];
+    int hport = http_extra(extra, sizeof(extra), 0);
+    snprintf(body, sizeof(body),
+             "%sgroups:\n  - name: g\n    local_slots: 2\n    timeouts: {op_ms: 20000}\n", extra);
+    assert_int_equal(agent_start(&a, NULL, body), 0);
+    char hold[128], scrape[128], url[96];
+    tmp_path(hold, sizeof(hold), "hold", 0);
+    tmp_path(scrape, sizeof(scrape), "metrics", 0);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    struct job jobs[2] = {{.sock = a.sock, .hold = hold, .rank = 0},
+                          {.sock = a.sock, .hold = hold, .rank = 1}};
+    pid_t p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = child_run(metrics_main, &jobs[i]);
+    struct stat st;
+    char d0[160], d1[160];
+    snprintf(d0, sizeof(d0), "%s.0", hold);
+    snprintf(d1, sizeof(d1), "%s.1", hold);
+    for (int i = 0; i < 2000 && (stat(d0, &st) != 0 || stat(d1, &st) != 0); i++)
+        usleep(10000);
+    /* the published text is up to a second old: read until the child's ops are there */
+    const char *child = "coll_ops_total{group=\"g/0+1\",kind=\"allreduce\",status=\"ok\"}";
+    const char *parent = "coll_ops_total{group=\"g\",kind=\"allreduce\",status=\"ok\"}";
+    long got = -1;
+    for (int i = 0; i < 50 && got != 10; i++) {
+        assert_int_equal(http_get(url, scrape), 200);
+        got = series(scrape, child);
+        if (got != 10) usleep(100 * 1000);
+    }
+    assert_int_equal(got, 10); /* 5 ops of each of its 2 ranks */
+    assert_int_equal(series(scrape, parent), 0);
+    FILE *f = fopen(hold, "w");
+    assert_non_null(f);
+    fclose(f);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(p[i], 30000), 0);
+    unlink(hold);
+    unlink(d0);
+    unlink(d1);
+    unlink(scrape);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 /* two ranks: one splits, the other runs an allreduce: both fail with MISMATCH, and an
  * agreed split works after it */
 static int mismatch_main(void *arg)
@@ -644,6 +732,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(splits_of_every_shape_run_every_op),
         cmocka_unit_test(members_create_without_the_others),
+        cmocka_unit_test(a_childs_ops_are_counted_under_its_name),
         cmocka_unit_test(a_split_answered_by_another_op_fails_on_both),
         cmocka_unit_test(a_parent_that_moves_on_ends_its_children),
         cmocka_unit_test(limits_and_bad_arguments_are_refused),
