@@ -391,7 +391,7 @@ COLL_API coll_err coll_alltoallv(coll_group *g, const void *send, const size_t *
  * are tag 0; the tags above are coll's own, for children across pods): between two ranks, the n-th
  * send of a tag meets the n-th receive of that tag, whatever the order of other tags (torch's and
  * Gloo's tagged send/recv). Between pods, a message that arrives before its receive is kept
- * while it is small (up to 64 KiB, within 4 MiB per pod); a larger one waits at its sender until
+ * while it is small (up to 1 MiB, within 4 MiB per pod); a larger one waits at its sender until
  * the receive is posted (the two agents agree first; within the op timeout), holding no other
  * message back. GPU groups: tag 0 only (UNSUPPORTED: NCCL pairs them in order).
  */
