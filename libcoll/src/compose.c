@@ -1,7 +1,10 @@
 /*
- * compose.c: gather, scatter and all-to-all with blocks of any size, for every host group,
- * as composite requests of tagged sends and receives (span.c's machinery): the group's own
- * for a group with an agent handle, its root's for a child across pods. Each op posts
+ * compose.c: composite requests, ops made of tagged sends and receives posted at once and
+ * a local step once they are all done (a reduction in rank order), whose ids have bit 31
+ * of the low word set (coll_wait and the others hand them here); children across pods
+ * (span.c) run every op so. On them, gather, scatter and all-to-all with blocks of any
+ * size for every host group: on the group's own sends and receives for a group with an
+ * agent handle, its root's for a child across pods. Each op posts
  * all its sends and receives at once under a lock, on one tag of coll's own, so the n-th
  * such op of two ranks pairs with the n-th of the other whatever else runs. A block whose
  * sizes disagree between sender and receiver fails both with MISMATCH (the sends and
@@ -9,15 +12,222 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lc.h"
+#include "reduce.h"
 
 /* the tag of a group with an agent handle: above every child's (span.c: ids below
  * LC_SPAN_IDS) and below creation's */
 #define COMPOSE_TAG (LC_SPAN_TAG_BASE | LC_SPAN_IDS << 13 | (LC_SPAN_SUB_OPS - 1))
 
 static pthread_mutex_t compose_posting = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- composite requests ---------------------------------------------------------- */
+
+/* [p, p + bytes) lies in coll memory (bytes 0: anything goes) */
+coll_err lc_cop_in_coll(coll_group *g, const char *what, const void *p, size_t bytes)
+{
+    if (!bytes) return COLL_OK;
+    if (!p) return lc_fail(COLL_ERR_INVALID, "%s buffer is NULL", what);
+    pthread_mutex_lock(&g->conn->lock);
+    coll_buffer *b = lc_find_buffer(g->conn, p, bytes);
+    pthread_mutex_unlock(&g->conn->lock);
+    if (!b)
+        return lc_fail(COLL_ERR_INVALID,
+                       "%s range %p + %zu bytes is not inside a buffer shared with the agent", what,
+                       p, bytes);
+    return COLL_OK;
+}
+
+/* A free composite request slot for an op of g that posts need sends and receives, taken;
+ * NULL and *rc (LIMIT) when none is free or the connection lacks the requests. */
+struct lc_cop *lc_cop_new(coll_group *g, int need, int *idx, coll_err *rc)
+{
+    coll_conn *c = g->conn;
+    pthread_mutex_lock(&c->lock);
+    if (!c->sops) c->sops = calloc(LC_COP_OPS, sizeof(*c->sops));
+    int k = -1;
+    for (int i = 0; c->sops && i < LC_COP_OPS && k < 0; i++)
+        if (!c->sops[i].used) k = i;
+    if (k < 0 || need > LC_COP_SUBS || c->nfree < (uint32_t)need) {
+        pthread_mutex_unlock(&c->lock);
+        *rc = lc_fail(COLL_ERR_LIMIT,
+                      !c->sops             ? "no memory for composite ops (%d, %d)"
+                      : need > LC_COP_SUBS ? "an op of %d sends and receives: at most %d"
+                                           : "%d composite ops, or %d requests, in flight: wait "
+                                             "for some first",
+                      need > LC_COP_SUBS ? need : LC_COP_OPS,
+                      need > LC_COP_SUBS ? LC_COP_SUBS : WIRE_RING_ENTRIES);
+        return NULL;
+    }
+    struct lc_cop *op = &c->sops[k];
+    uint32_t gen = op->gen + 1;
+    memset(op, 0, sizeof(*op));
+    op->gen = gen;
+    op->used = 1;
+    op->g = g;
+    pthread_mutex_unlock(&c->lock);
+    *idx = k;
+    return op;
+}
+
+coll_request lc_cop_req(const struct lc_cop *op, int idx)
+{
+    return (coll_request){(uint64_t)op->gen << 32 | 0x80000000u | (uint32_t)idx};
+}
+
+void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void *send, void *recv,
+                 uint64_t count, int dtype, int peer, uint32_t tag)
+{
+    if (op->st != COLL_OK) return;
+    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, &op->sub[op->nsub]);
+    if (rc == COLL_OK) {
+        op->nsub++;
+    } else {
+        op->st = rc;
+        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
+    }
+}
+
+/* ---- completion ------------------------------------------------------------------- */
+
+static struct lc_cop *op_of(coll_conn *c, coll_request req)
+{
+    uint32_t idx = (uint32_t)req.id & 0x7fffffffu, gen = (uint32_t)(req.id >> 32);
+    if (!c->sops || idx >= LC_COP_OPS) return NULL;
+    struct lc_cop *op = &c->sops[idx];
+    return op->used && op->gen == gen ? op : NULL;
+}
+
+/* Take the op to move it: NULL (and INVALID) when it is unknown, *busy when another
+ * thread moves it. */
+static struct lc_cop *take(coll_conn *c, coll_request req, int *busy)
+{
+    pthread_mutex_lock(&c->lock);
+    struct lc_cop *op = op_of(c, req);
+    *busy = op && op->waiting;
+    if (op && !*busy) op->waiting = 1;
+    pthread_mutex_unlock(&c->lock);
+    return op;
+}
+
+static void sub_done(struct lc_cop *op, int i, coll_err st)
+{
+    op->subdone[i] = 1;
+    if (st != COLL_OK && op->st == COLL_OK) {
+        op->st = st;
+        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
+    }
+}
+
+/* Every send and receive is done: the local step, then the op's slot is free. */
+static coll_err finish(coll_conn *c, struct lc_cop *op)
+{
+    if (op->st == COLL_OK && op->reduce) {
+        const void *srcs[WIRE_CHILD_MAX];
+        size_t es = coll_dtype_size((coll_dtype)op->dtype);
+        for (uint64_t off = 0; off < op->count; off += REDUCE_CHUNK) {
+            size_t k = op->count - off < REDUCE_CHUNK ? (size_t)(op->count - off) : REDUCE_CHUNK;
+            for (int j = 0; j < op->nsrc; j++)
+                srcs[j] = op->src + (size_t)j * op->bytes + off * es;
+            reduce_n(op->dtype, op->redop, (char *)op->dst + off * es, srcs, op->nsrc, k,
+                     (uint32_t)op->nsrc);
+        }
+    }
+    coll_err st = op->st;
+    char why[WIRE_ERRMSG_MAX];
+    snprintf(why, sizeof(why), "%s", op->why);
+    pthread_mutex_lock(&c->lock);
+    if (op->sc) op->sc->busy = 0;
+    op->used = 0;
+    op->waiting = 0;
+    pthread_mutex_unlock(&c->lock);
+    return st == COLL_OK ? COLL_OK : lc_fail(st, "%s", why);
+}
+
+static void let_go(coll_conn *c, struct lc_cop *op)
+{
+    pthread_mutex_lock(&c->lock);
+    op->waiting = 0;
+    pthread_mutex_unlock(&c->lock);
+}
+
+coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms)
+{
+    int busy;
+    struct lc_cop *op = take(c, req, &busy);
+    if (!op) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    if (busy) return lc_fail(COLL_ERR_INVALID, "another thread waits for this request");
+    int64_t deadline = timeout_ms >= 0 ? now_ns() + (int64_t)timeout_ms * NS_PER_MS : 0;
+    for (int i = 0; i < op->nsub; i++) {
+        if (op->subdone[i]) continue;
+        int left = -1;
+        if (deadline) {
+            int64_t l = deadline - now_ns();
+            left = l <= 0 ? 0 : (int)(l / NS_PER_MS);
+        }
+        coll_err st = coll_wait(c, op->sub[i], left);
+        if (lc_req_live(c, op->sub[i])) { /* still pending: the time given is up */
+            let_go(c, op);
+            return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
+        }
+        sub_done(op, i, st);
+    }
+    return finish(c, op);
+}
+
+coll_err lc_cop_test(coll_conn *c, coll_request req, int *done)
+{
+    int busy;
+    *done = 0;
+    struct lc_cop *op = take(c, req, &busy);
+    if (!op) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    if (busy) return COLL_OK; /* another thread moves it: pending for this one */
+    int all = 1;
+    for (int i = 0; i < op->nsub; i++) {
+        if (op->subdone[i]) continue;
+        int d = 0;
+        coll_err st = coll_test(c, op->sub[i], &d);
+        if (d)
+            sub_done(op, i, st);
+        else
+            all = 0;
+    }
+    if (!all) {
+        let_go(c, op);
+        return COLL_OK;
+    }
+    *done = 1;
+    return finish(c, op);
+}
+
+size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&c->lock);
+    struct lc_cop *op = op_of(c, req);
+    for (int i = 0; op && i < op->nsub && k < cap; i++)
+        if (!op->subdone[i]) out[k++] = op->sub[i];
+    pthread_mutex_unlock(&c->lock);
+    return k;
+}
+
+void lc_cop_drain(coll_group *g)
+{
+    coll_conn *c = g->conn;
+    for (int i = 0; i < LC_COP_OPS; i++) {
+        pthread_mutex_lock(&c->lock);
+        struct lc_cop *op = c->sops && c->sops[i].used && c->sops[i].g == g ? &c->sops[i] : NULL;
+        coll_request r = op ? lc_cop_req(op, i) : (coll_request){0};
+        pthread_mutex_unlock(&c->lock);
+        if (op) lc_cop_wait(c, r, -1);
+    }
+}
+
+/* ---- gather, scatter, alltoallv ------------------------------------------------------ */
 
 enum { GATHER, SCATTER, ALLTOALLV };
 static const char *const names[] = {"gather", "scatter", "alltoallv"};
@@ -90,8 +300,8 @@ static coll_err check(coll_group *g, const struct vop *v, int n, int me, size_t 
         if (in && out && v->send < v->recv + out && v->recv < v->send + in)
             return lc_fail(COLL_ERR_INVALID, "alltoallv: send and recv overlap (no in-place form)");
     }
-    coll_err rc = lc_span_in_coll(g, "send", v->send, in);
-    return rc == COLL_OK ? lc_span_in_coll(g, "recv", v->recv, out) : rc;
+    coll_err rc = lc_cop_in_coll(g, "send", v->send, in);
+    return rc == COLL_OK ? lc_cop_in_coll(g, "recv", v->recv, out) : rc;
 }
 
 static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
@@ -109,8 +319,13 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
     const int *ranks = NULL;
     uint32_t tag = COMPOSE_TAG;
     pthread_mutex_t *posting = &compose_posting;
-    if (g->span) {
-        lc_span_route(g, &on, &ranks, &tag, &posting);
+    if (g->span) { /* a child across pods: its root's sends and receives, on its own tag */
+        pthread_mutex_lock(&g->conn->lock);
+        on = g->span->root;
+        pthread_mutex_unlock(&g->conn->lock);
+        ranks = g->span->ranks;
+        tag = lc_span_tag(g->span->id, LC_SPAN_SUB_OPS);
+        posting = &g->span->posting;
         if (!on)
             return lc_fail(COLL_ERR_INVALID,
                            "group '%s': the group it was made from is closed; close this one too",
@@ -119,7 +334,7 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
     int need = v->kind == ALLTOALLV ? 2 * (n - 1) : me == v->root ? n - 1 : 1;
     if (n == 1) need = 0;
     int idx;
-    struct lc_span_op *op = lc_span_op_new(g, need, &idx, &rc);
+    struct lc_cop *op = lc_cop_new(g, need, &idx, &rc);
     if (!op) return rc;
     size_t bytes = v->count * es;
     pthread_mutex_lock(posting);
@@ -131,30 +346,30 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
                     memmove(v->recv + v->rd[j] * es, v->send + v->sd[j] * es, v->sc[j] * es);
                 continue;
             }
-            lc_span_post(op, on, WIRE_OP_RECV, NULL, v->recv + v->rd[j] * es, v->rc[j], v->dtype,
-                         peer, tag);
-            lc_span_post(op, on, WIRE_OP_SEND, v->send + v->sd[j] * es, NULL, v->sc[j], v->dtype,
-                         peer, tag);
+            lc_cop_post(op, on, WIRE_OP_RECV, NULL, v->recv + v->rd[j] * es, v->rc[j], v->dtype,
+                        peer, tag);
+            lc_cop_post(op, on, WIRE_OP_SEND, v->send + v->sd[j] * es, NULL, v->sc[j], v->dtype,
+                        peer, tag);
         } else if (me != v->root) { /* one send or receive, with the root */
             if (j != v->root) continue;
             if (v->kind == GATHER)
-                lc_span_post(op, on, WIRE_OP_SEND, v->send, NULL, v->count, v->dtype, peer, tag);
+                lc_cop_post(op, on, WIRE_OP_SEND, v->send, NULL, v->count, v->dtype, peer, tag);
             else
-                lc_span_post(op, on, WIRE_OP_RECV, NULL, v->recv, v->count, v->dtype, peer, tag);
+                lc_cop_post(op, on, WIRE_OP_RECV, NULL, v->recv, v->count, v->dtype, peer, tag);
         } else if (j == me) { /* the root's own block; in place: already there */
             char *dst = v->kind == GATHER ? v->recv + (size_t)j * bytes : v->recv;
             const char *src = v->kind == GATHER ? v->send : v->send + (size_t)j * bytes;
             if (bytes && dst != src) memmove(dst, src, bytes);
         } else if (v->kind == GATHER) {
-            lc_span_post(op, on, WIRE_OP_RECV, NULL, v->recv + (size_t)j * bytes, v->count,
-                         v->dtype, peer, tag);
+            lc_cop_post(op, on, WIRE_OP_RECV, NULL, v->recv + (size_t)j * bytes, v->count, v->dtype,
+                        peer, tag);
         } else {
-            lc_span_post(op, on, WIRE_OP_SEND, v->send + (size_t)j * bytes, NULL, v->count,
-                         v->dtype, peer, tag);
+            lc_cop_post(op, on, WIRE_OP_SEND, v->send + (size_t)j * bytes, NULL, v->count, v->dtype,
+                        peer, tag);
         }
     }
     pthread_mutex_unlock(posting);
-    *req = lc_span_op_req(op, idx);
+    *req = lc_cop_req(op, idx);
     return COLL_OK;
 }
 

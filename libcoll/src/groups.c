@@ -295,7 +295,7 @@ void coll_group_close(coll_group **group)
     if (span)
         lc_span_close(g); /* its ops finish first; no handle of the agent's */
     else
-        lc_span_drain(g); /* its gathers, scatters and alltoallvs (compose.c) */
+        lc_cop_drain(g); /* its gathers, scatters and alltoallvs (compose.c) */
     lc_span_root_closed(g);
     lc_direct_fini(g, 1); /* its ops finish and its connections go back first */
     union wire_msg m, r;

@@ -124,7 +124,7 @@ struct coll_conn {
     coll_buffer **bufs; /* sorted by ptr */
     size_t nbufs, capbufs;
     coll_group *groups;
-    struct lc_span_op *sops; /* composite requests (span.c), LC_SPAN_OPS; guarded by lock */
+    struct lc_cop *sops; /* composite requests (span.c), LC_COP_OPS; guarded by lock */
 };
 
 /* conn.c */
@@ -179,19 +179,81 @@ void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try);
 /* Group close or disconnect: drop the lease (give it back if give_back) and free g->d. */
 void lc_direct_fini(coll_group *g, int give_back);
 
-/* span.c: children whose ranks span pods, run here over their root group's tagged
- * sends and receives (docs/decisions/0025-children-across-pods.md). A composite request
- * (one op of such a child: several sends and receives, then a local step) has bit 31 of
- * its id's low word set. */
+/* compose.c: composite requests, ops made of tagged sends and receives posted at once,
+ * then a local step (a reduction in rank order); their ids have bit 31 of the low word
+ * set. Children across pods run every op so; gather, scatter and alltoallv of every host
+ * group too. Tags from LC_SPAN_TAG_BASE on are coll's own. */
 #define LC_SPAN_TAG_BASE 0x40000000u /* tags from here on are coll's own (COLL_TAG_MAX) */
 #define LC_SPAN_IDS 0x1ffffu         /* ids 0..LC_SPAN_IDS - 1; LC_SPAN_IDS: creation */
 #define LC_SPAN_SUB_OPS 0x1fffu      /* a child's collectives; 0..LC_SPAN_SUB_OPS - 1: its tags */
-#define LC_SPAN_OPS 64               /* composite requests in flight per connection */
-struct lc_span_op;
-static inline int lc_span_req(coll_request r)
+#define LC_COP_OPS 64                /* composite requests in flight per connection */
+#define LC_COP_SUBS (2 * WIRE_CHILD_MAX) /* sends and receives of one composite op */
+#define SPAN_SCRATCH 8                   /* scratch buffers of a child: ops that need one */
+
+struct span_scratch {
+    coll_buffer *b;
+    int busy; /* guarded by conn->lock */
+};
+
+/* A child across pods (span.c). */
+struct lc_span {
+    coll_group *root; /* whose sends and receives carry ours; NULL once it closed (lock) */
+    int *ranks;       /* the root rank of each rank of the child */
+    int n, me;
+    uint32_t id;
+    struct span_scratch scratch[SPAN_SCRATCH];
+    /* held while an op posts its sends and receives: each op's are contiguous, so ops
+     * submitted one after the other pair in that order on every rank */
+    pthread_mutex_t posting;
+};
+
+/* A composite request: the sends and receives of one op, then its local step. */
+struct lc_cop {
+    uint32_t gen;
+    uint8_t used, waiting; /* guarded by conn->lock */
+    coll_group *g;
+    int nsub;
+    coll_request sub[LC_COP_SUBS];
+    uint8_t subdone[LC_COP_SUBS];
+    coll_err st;
+    char why[WIRE_ERRMSG_MAX];
+    /* the local step, once every send and receive is done: dst = reduce(nsrc blocks of
+     * src, in rank order) */
+    int reduce;
+    void *dst;
+    const char *src;
+    uint64_t count;
+    size_t bytes;
+    int dtype, redop, nsrc;
+    struct span_scratch *sc; /* released when the op is done */
+};
+
+static inline uint32_t lc_span_tag(uint32_t id, uint32_t sub)
+{
+    return LC_SPAN_TAG_BASE | id << 13 | sub;
+}
+static inline int lc_cop_is(coll_request r)
 {
     return (r.id & 0x80000000u) != 0;
 }
+/* A slot for an op of g that posts need sends and receives (NULL and *rc: LIMIT), its
+ * request, one send or receive of it on group on (a failure is the op's result), the
+ * wait for g's ones in flight (coll_group_close), whether [p, p + bytes) lies in a buffer
+ * of g's connection (INVALID with what otherwise), and wait, test and the pending parts
+ * (for a sleep) of a composite request. */
+struct lc_cop *lc_cop_new(coll_group *g, int need, int *idx, coll_err *rc);
+coll_request lc_cop_req(const struct lc_cop *op, int idx);
+void lc_cop_post(struct lc_cop *op, coll_group *on, unsigned kind, const void *send, void *recv,
+                 uint64_t count, int dtype, int peer, uint32_t tag);
+void lc_cop_drain(coll_group *g);
+coll_err lc_cop_in_coll(coll_group *g, const char *what, const void *p, size_t bytes);
+coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms);
+coll_err lc_cop_test(coll_conn *c, coll_request req, int *done);
+size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
+
+/* span.c: children whose ranks span pods, run here over their root group's tagged
+ * sends and receives (docs/decisions/0025-children-across-pods.md), every op a
+ * composite request. */
 /* coll_group_create's part for a list that spans pods (parent a host group with an agent
  * handle, or a span child): 1 and *rc when it made (or failed to make) the child here,
  * 0 when the agent makes it (the list is on one pod): from *on (parent, or a span
@@ -201,25 +263,6 @@ int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **chi
 /* An op of a span child (kind as the ring's, a tag for send and recv). */
 coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
                         uint64_t count, const void *send, void *recv, int tag, coll_request *req);
-coll_err lc_span_wait(coll_conn *c, coll_request req, int timeout_ms);
-coll_err lc_span_test(coll_conn *c, coll_request req, int *done);
-/* Composite requests of any host group (span.c; compose.c's gather, scatter, alltoallv):
- * a slot for an op of g that posts need sends and receives (NULL and *rc: LIMIT), its
- * request, one send or receive of it on group on (a failure is the op's result), the
- * wait for g's ones in flight (coll_group_close), and whether [p, p + bytes) lies in a
- * buffer of g's connection (INVALID with what otherwise). */
-struct lc_span_op *lc_span_op_new(coll_group *g, int need, int *idx, coll_err *rc);
-coll_request lc_span_op_req(const struct lc_span_op *op, int idx);
-void lc_span_post(struct lc_span_op *op, coll_group *on, unsigned kind, const void *send,
-                  void *recv, uint64_t count, int dtype, int peer, uint32_t tag);
-void lc_span_drain(coll_group *g);
-coll_err lc_span_in_coll(coll_group *g, const char *what, const void *p, size_t bytes);
-/* A span child's posting: its root, its ranks in the root, its collectives' tag and the
- * lock that keeps one op's posts together. */
-void lc_span_route(coll_group *g, coll_group **on, const int **ranks, uint32_t *tag,
-                   pthread_mutex_t **posting);
-/* The pending sends and receives of composite request req (for a sleep), at most cap. */
-size_t lc_span_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
 /* A span child's root group, or NULL once that closed. */
 coll_group *lc_span_root(coll_group *g);
 /* A span child closed: its ops finish first. root closed: its span children orphaned. */

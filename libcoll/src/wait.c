@@ -249,7 +249,7 @@ int lc_req_live(coll_conn *c, coll_request req)
 coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
-    if (lc_span_req(req)) return lc_span_wait(c, req, timeout_ms);
+    if (lc_cop_is(req)) return lc_cop_wait(c, req, timeout_ms);
     coll_err st;
     coll_group *dg;
     int r = try_complete(c, req, &st, &dg);
@@ -303,7 +303,7 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
 coll_err coll_test(coll_conn *c, coll_request req, int *done)
 {
     if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
-    if (lc_span_req(req)) return lc_span_test(c, req, done);
+    if (lc_cop_is(req)) return lc_cop_test(c, req, done);
     coll_err st = COLL_OK;
     coll_group *dg;
     int r = try_complete(c, req, &st, &dg);
@@ -320,7 +320,7 @@ coll_err coll_test(coll_conn *c, coll_request req, int *done)
 static coll_err wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
 {
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
-    if (lc_span_req(req))
+    if (lc_cop_is(req))
         return lc_fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
     pthread_mutex_lock(&c->lock);
     struct req *r = lookup(c, req);
@@ -388,9 +388,9 @@ coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t 
         for (size_t i = 0; i < n; i++) {
             coll_err st = COLL_OK;
             coll_group *dg;
-            if (lc_span_req(reqs[i])) { /* a child across pods' op: its parts looked at */
+            if (lc_cop_is(reqs[i])) { /* a child across pods' op: its parts looked at */
                 int d = 0;
-                st = lc_span_test(c, reqs[i], &d);
+                st = lc_cop_test(c, reqs[i], &d);
                 if (!d && st != COLL_OK)
                     return lc_fail(COLL_ERR_INVALID, "request %zu: unknown or already completed",
                                    i);
@@ -429,8 +429,8 @@ coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t 
         coll_request parts[WIRE_RING_ENTRIES];
         size_t k = 0;
         for (size_t i = 0; i < n && k < WIRE_RING_ENTRIES; i++)
-            if (lc_span_req(reqs[i]))
-                k += lc_span_subs(c, reqs[i], parts + k, WIRE_RING_ENTRIES - k);
+            if (lc_cop_is(reqs[i]))
+                k += lc_cop_subs(c, reqs[i], parts + k, WIRE_RING_ENTRIES - k);
             else
                 parts[k++] = reqs[i];
         lc_sleep_for_completion(c, until, parts, k);
