@@ -504,102 +504,132 @@ static int run_ready_ops(struct net *n)
     return ran;
 }
 
-void *net_main(void *arg)
+/* ---- the loop -------------------------------------------------------------------------- */
+
+/* Whether to spin on instead of sleeping: ops flowed within the learnt budget and the
+ * engine has handed nothing over (spin.h), like the engine's own loop. */
+static int spin_on(struct net *n, int64_t last_work, int64_t budget)
 {
-    struct net *n = arg;
-    int64_t last_work = 0, budget = 0;
-    int slept = 0; /* since the last op ran */
-    while (!atomic_load(&n->stop)) {
-        atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
-        /* spin while ops flow, like the engine (as long as spinning has paid, yielding
-         * while safe: spin.h), then sleep in zmq_poll */
-        int64_t now = now_ns();
-        if (now - last_work < budget &&
-            !atomic_load_explicit(&n->in_pending, memory_order_acquire)) {
-            spin_relax(n->gate, now);
-            continue;
-        }
-        zmq_pollitem_t items[ITEMS_MAX];
-        int ni = 0;
-        for (int i = 0; i < n->ngroups; i++) {
-            struct ngroup *g = n->groups[i];
-            for (int p = 0; g && g->ready && p < g->nodes && ni < 256; p++)
-                if (g->pfds[p] >= 0)
-                    items[ni++] = (zmq_pollitem_t){
-                        .fd = g->pfds[p],
-                        .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
-                                          (g->out[p].head || g->out[p].nacks ? ZMQ_POLLOUT : 0))};
-        }
-        int retry = 0; /* a connection to open again shortly (NOT_YET): look up soon */
-        for (int i = 0; i < n->ngroups; i++) {
-            struct ngroup *g = n->groups[i];
-            for (int k = 0; g && k < g->nog && ni < ITEMS_MAX - 4 - MAX_PENDING_ACCEPTS; k++) {
-                if (g->og[k].fd < 0) {
-                    retry = 1;
-                    continue;
-                }
+    int64_t now = now_ns();
+    if (now - last_work >= budget || atomic_load_explicit(&n->in_pending, memory_order_acquire))
+        return 0;
+    spin_relax(n->gate, now);
+    return 1;
+}
+
+/* The poll set: every P2P connection of a formed group, every connection on its way up,
+ * then the fixed ones (ZAP, the rendezvous socket, the data listener, the engine's
+ * eventfd) and the accepts pending. The fixed ones and the accepts are counted first, so
+ * the bound holds whatever this node is (ITEMS_MAX). *retry: a connection is to be
+ * opened again shortly (the peer said NOT_YET), so the wait must be short. */
+static int poll_set(struct net *n, zmq_pollitem_t *items, int *retry)
+{
+    void *fixed_socks[3] = {n->zap, n->router, n->dealer};
+    int fixed = 2; /* the data listener and the engine's eventfd */
+    for (int k = 0; k < 3; k++)
+        fixed += fixed_socks[k] != NULL;
+    for (int i = 0; i < n->npend; i++)
+        fixed += n->pend[i].fd >= 0;
+    int room = ITEMS_MAX - fixed, ni = 0;
+    *retry = 0;
+    for (int i = 0; i < n->ngroups; i++) {
+        struct ngroup *g = n->groups[i];
+        for (int p = 0; g && g->ready && p < g->nodes && ni < room; p++)
+            if (g->pfds[p] >= 0)
                 items[ni++] = (zmq_pollitem_t){
-                    .fd = g->og[k].fd,
-                    .events = (short)(g->og[k].connected ? ZMQ_POLLIN : ZMQ_POLLOUT)};
-            }
-        }
-        if (n->zap) items[ni++] = (zmq_pollitem_t){.socket = n->zap, .events = ZMQ_POLLIN};
-        if (n->router) items[ni++] = (zmq_pollitem_t){.socket = n->router, .events = ZMQ_POLLIN};
-        if (n->dealer) items[ni++] = (zmq_pollitem_t){.socket = n->dealer, .events = ZMQ_POLLIN};
-        items[ni++] = (zmq_pollitem_t){.fd = n->lfd, .events = ZMQ_POLLIN};
-        items[ni++] = (zmq_pollitem_t){.fd = n->in_efd, .events = ZMQ_POLLIN};
-        for (int i = 0; i < n->npend; i++)
-            if (n->pend[i].fd >= 0)
-                items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
-        atomic_store_explicit(&n->sleeping, 1, memory_order_relaxed);
-        atomic_thread_fence(memory_order_seq_cst);
-        int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
-        slept |= !busy;
-        zmq_poll(items, ni, busy ? 0 : retry ? 1 : 20);
-        atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
-        lock_from_engine(n); /* the engine may run a tiny op, asleep in it */
-        for (int i = 0; i < n->ngroups; i++) {
-            struct ngroup *g = n->groups[i];
-            if (g && g->inline_abort) {
-                int code = g->inline_abort;
-                g->inline_abort = 0;
-                net_epoch_op_failed(n, g, code, g->inline_why);
-            }
-            if (g && g->ngrave && now_ns() >= g->grave_until) dataconn_close_grave(g);
-        }
-        net_epoch_drain(n);
-        dataconn_accept(n);
-        dataconn_progress_pending(n);
-        for (int i = 0; i < n->ngroups; i++)
-            if (n->groups[i] && n->groups[i]->nog) dataconn_progress_outgoing(n, n->groups[i]);
-        take_engine_tasks(n);
-        int64_t t = now_ns();
-        for (int i = 0; i < n->ngroups; i++) {
-            if (!n->groups[i]) continue;
-            timers(n, n->groups[i], t);
-            p2p_progress(n, n->groups[i]);
-        }
-        if (run_ready_ops(n)) {
-            spin_learn(&n->idle, !slept, (int32_t)n->spin_cap);
-            budget = spin_budget(&n->idle);
-            slept = 0;
-            last_work = now_ns();
-        }
-        net_discovery_tick(n, t);
-        for (int i = 0; i < n->ngroups; i++) {
-            struct ngroup *g = n->groups[i];
-            if (g && g->abort_pending && !g->handoff &&
-                (!g->q_head || !g->ready || g->awaiting_mark) &&
-                (!g->lent || now_ns() >= g->drain_until))
-                net_epoch_end_finish(n, g); /* lent: the client gave up, or never gave back */
-        }
-        pthread_mutex_unlock(&n->coll_lock);
+                    .fd = g->pfds[p],
+                    .events = (short)((g->in[p].parked ? 0 : ZMQ_POLLIN) |
+                                      (g->out[p].head || g->out[p].nacks ? ZMQ_POLLOUT : 0))};
     }
-    /* stopping: say goodbye (LEAVE, or the coordinator's ABORT), so that peers move on at
-     * once instead of waiting for silence; the sockets linger briefly to send it */
+    for (int i = 0; i < n->ngroups; i++) {
+        struct ngroup *g = n->groups[i];
+        for (int k = 0; g && k < g->nog && ni < room; k++) {
+            if (g->og[k].fd < 0) {
+                *retry = 1;
+                continue;
+            }
+            items[ni++] =
+                (zmq_pollitem_t){.fd = g->og[k].fd,
+                                 .events = (short)(g->og[k].connected ? ZMQ_POLLIN : ZMQ_POLLOUT)};
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        if (fixed_socks[k])
+            items[ni++] = (zmq_pollitem_t){.socket = fixed_socks[k], .events = ZMQ_POLLIN};
+    items[ni++] = (zmq_pollitem_t){.fd = n->lfd, .events = ZMQ_POLLIN};
+    items[ni++] = (zmq_pollitem_t){.fd = n->in_efd, .events = ZMQ_POLLIN};
+    for (int i = 0; i < n->npend; i++)
+        if (n->pend[i].fd >= 0)
+            items[ni++] = (zmq_pollitem_t){.fd = n->pend[i].fd, .events = ZMQ_POLLIN};
+    return ni;
+}
+
+/* Sleep in zmq_poll until a socket is ready, the engine knocks or a short while passes
+ * (not at all when the engine has work pending); *slept: whether it slept. */
+static void wait_for_work(struct net *n, zmq_pollitem_t *items, int ni, int retry, int *slept)
+{
+    atomic_store_explicit(&n->sleeping, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    int busy = atomic_load_explicit(&n->in_pending, memory_order_relaxed);
+    *slept |= !busy;
+    zmq_poll(items, ni, busy ? 0 : retry ? 1 : 20);
+    atomic_store_explicit(&n->sleeping, 0, memory_order_relaxed);
+}
+
+/* What the engine left while it ran a tiny op inline (an abort to act on), and the
+ * connections of ended epochs whose grace is over. */
+static void settle_inline(struct net *n)
+{
+    for (int i = 0; i < n->ngroups; i++) {
+        struct ngroup *g = n->groups[i];
+        if (g && g->inline_abort) {
+            int code = g->inline_abort;
+            g->inline_abort = 0;
+            net_epoch_op_failed(n, g, code, g->inline_why);
+        }
+        if (g && g->ngrave && now_ns() >= g->grave_until) dataconn_close_grave(g);
+    }
+}
+
+/* Connections: the rendezvous drained, accepts taken, those on their way up moved on. */
+static void move_connections(struct net *n)
+{
+    net_epoch_drain(n);
+    dataconn_accept(n);
+    dataconn_progress_pending(n);
+    for (int i = 0; i < n->ngroups; i++)
+        if (n->groups[i] && n->groups[i]->nog) dataconn_progress_outgoing(n, n->groups[i]);
+}
+
+/* Each group's timers (heartbeats, deadlines) and its sends and receives. */
+static void move_groups(struct net *n, int64_t t)
+{
+    for (int i = 0; i < n->ngroups; i++) {
+        if (!n->groups[i]) continue;
+        timers(n, n->groups[i], t);
+        p2p_progress(n, n->groups[i]);
+    }
+}
+
+/* Epochs whose end waited for their queue to drain (or for a lender that never gave
+ * back), ended. */
+static void end_drained_epochs(struct net *n)
+{
+    for (int i = 0; i < n->ngroups; i++) {
+        struct ngroup *g = n->groups[i];
+        if (g && g->abort_pending && !g->handoff && (!g->q_head || !g->ready || g->awaiting_mark) &&
+            (!g->lent || now_ns() >= g->drain_until))
+            net_epoch_end_finish(n, g); /* lent: the client gave up, or never gave back */
+    }
+}
+
+/* Stopping: say goodbye (LEAVE, or the coordinator's ABORT), so that peers move on at
+ * once instead of waiting for silence (the sockets linger briefly to send it), then
+ * hand back everything. */
+static void stop_groups(struct net *n)
+{
     for (int i = 0; i < n->ngroups; i++)
         if (n->groups[i]) rendezvous_leave(&n->groups[i]->rdv);
-    /* stopping: hand back everything */
     pthread_mutex_lock(&n->coll_lock);
     take_engine_tasks(n);
     for (int i = 0; i < n->ngroups; i++)
@@ -608,5 +638,37 @@ void *net_main(void *arg)
             p2p_reset(n, n->groups[i], COLL_ERR_SHUTDOWN, "the agent is stopping");
         }
     pthread_mutex_unlock(&n->coll_lock);
+}
+
+/* The net thread: spin or sleep, then, holding coll_lock (the engine may run a tiny op
+ * inline meanwhile, asleep in it), one turn of every step. */
+void *net_main(void *arg)
+{
+    struct net *n = arg;
+    int64_t last_work = 0, budget = 0;
+    int slept = 0; /* since the last op ran */
+    while (!atomic_load(&n->stop)) {
+        atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
+        if (spin_on(n, last_work, budget)) continue;
+        zmq_pollitem_t items[ITEMS_MAX];
+        int retry, ni = poll_set(n, items, &retry);
+        wait_for_work(n, items, ni, retry, &slept);
+        lock_from_engine(n);
+        settle_inline(n);
+        move_connections(n);
+        take_engine_tasks(n);
+        int64_t t = now_ns();
+        move_groups(n, t);
+        if (run_ready_ops(n)) {
+            spin_learn(&n->idle, !slept, (int32_t)n->spin_cap);
+            budget = spin_budget(&n->idle);
+            slept = 0;
+            last_work = now_ns();
+        }
+        net_discovery_tick(n, t);
+        end_drained_epochs(n);
+        pthread_mutex_unlock(&n->coll_lock);
+    }
+    stop_groups(n);
     return NULL;
 }

@@ -53,8 +53,10 @@
 #define UNX_MSG_COST 128u
 #define UNX_PEER_MSGS 1024u
 #define UNX_GROUP_MSGS 4096u
-/* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, 4 more */
-#define ITEMS_MAX (256 + DATA_CH_COUNT * RDV_MAX_NODES + MAX_PENDING_ACCEPTS + 4)
+/* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, and 5 more
+ * (ZAP, the ROUTER, the DEALER, the data listener, the engine's eventfd); poll_set counts
+ * the fixed ones first, so the bound holds whatever a node has */
+#define ITEMS_MAX (256 + DATA_CH_COUNT * RDV_MAX_NODES + MAX_PENDING_ACCEPTS + 5)
 #define EV_POOL 16 /* events a group may have waiting for the engine before malloc */
 
 /* Sends to one pod: a FIFO, the head partly written. */
