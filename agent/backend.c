@@ -1,35 +1,13 @@
 /*
- * backend.c: choosing a group's backend, and the placement rule they share.
+ * backend.c: choosing a group's backend. It sits above the backends (it names
+ * each one's ops table); what the backends share lives below it, in backends/host.c.
  */
 #include "backend.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "buffer.h"
 #include "config.h"
-#include "group.h"
-#include "wire.h"
-
-int backend_check_placement(const struct group *g, int slot, const struct op *op, int want,
-                            char *why, size_t whylen)
-{
-    int gpu_group = want >= 0;
-    int gpu_op = (op->sqe.flags & WIRE_SQE_F_GPU) != 0;
-    const struct buffer *bad = op->sb && op->sb->device != want   ? op->sb
-                               : op->rb && op->rb->device != want ? op->rb
-                                                                  : NULL;
-    if (gpu_group != gpu_op)
-        snprintf(why, whylen, "group '%s' runs on %s: its ops need %s", g->cfg->name, g->be->name,
-                 gpu_group ? "GPU buffers and a stream" : "host buffers");
-    else if (bad)
-        snprintf(why, whylen, "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
-                 slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
-                 bad->device < 0 ? "the host" : "GPU", bad->device);
-    else
-        return 0;
-    return -1;
-}
 
 const struct backend_ops *backend_choose(const struct group_config *gc, char *why, size_t whylen)
 {

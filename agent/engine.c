@@ -120,7 +120,7 @@ int engine_init(struct engine *eng, struct config *cfg)
     if (!eng->groups) return -1;
     for (int i = 0; i < cfg->ngroups; i++) {
         /* a group whose backend cannot run stays listed and refuses opens with why */
-        group_init(&eng->groups[i], &cfg->groups[i], cfg->node.index, session_complete);
+        group_init(&eng->groups[i], &cfg->groups[i], cfg->node.index, &session_group_up);
         eng->ngroups++;
     }
     eng->epfd = epoll_create1(EPOLL_CLOEXEC);

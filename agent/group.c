@@ -17,20 +17,21 @@
 #include "coll/coll.h"
 #include "log.h"
 #include "net.h"
-#include "session.h"
 #include "backend.h"
 #include "util.h"
 
 #define WMASK (WIRE_RING_ENTRIES - 1u)
 
 static void finish_op(struct group *g, struct op *op, int status, const char *why);
+static void children_orphan(struct group *g, const char *why);
+static void children_free(struct group *g);
 
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
-               group_complete_fn complete)
+               const struct group_up *up)
 {
     memset(g, 0, sizeof(*g));
     g->cfg = cfg;
-    g->complete = complete;
+    g->up = up;
     g->nslots = cfg->local_slots;
     g->nodes = cfg->members;
     g->node_index = node_index;
@@ -74,7 +75,7 @@ fail_memory:
 void group_fini(struct group *g)
 {
     if (!g->cfg) return; /* zeroed or finished already */
-    group_children_free(g);
+    children_free(g);
     if (g->be) g->be->fini(g);
     free(g->rounds[0].ops);
     free(g->rounds[0].present);
@@ -156,7 +157,7 @@ static void finish_op(struct group *g, struct op *op, int status, const char *wh
     else
         g->ops_failed++;
     count_op(g, op, status);
-    g->complete(op, status, status == COLL_OK ? NULL : why);
+    g->up->complete(op, status, status == COLL_OK ? NULL : why);
 }
 
 static void send_mark(struct group *g);
@@ -235,7 +236,7 @@ static uint64_t grew(const _Atomic uint64_t *w, uint64_t *seen)
 /* What the client's counts grew by since the last look, added to m (NULL: only looked). */
 static void take_counts(struct group *g, struct group_metrics *m)
 {
-    const struct wire_direct_counts *k = &g->dc_s->shm->direct[g->dc_handle];
+    const struct wire_direct_counts *k = g->dc_counts;
     struct group_metrics none = {0};
     if (!m) m = &none;
     uint64_t ops = 0;
@@ -258,15 +259,17 @@ static void take_counts(struct group *g, struct group_metrics *m)
 
 void group_direct_fold(struct group *g)
 {
-    if (g->dc_s && g->dc_s->shm) take_counts(g, &g->m);
+    if (g->dc_s && g->dc_counts) take_counts(g, &g->m);
 }
 
-void group_direct_follow(struct group *g, struct session *s, uint32_t handle)
+void group_direct_follow(struct group *g, struct session *s, uint32_t handle,
+                         const struct wire_direct_counts *counts)
 {
     if (g->dc_s == s && g->dc_handle == handle) return;
     group_direct_fold(g); /* the one before, if any */
     g->dc_s = s;
     g->dc_handle = handle;
+    g->dc_counts = counts;
     /* from now on: what the words say already was never this group's */
     memset(&g->dc_seen, 0, sizeof(g->dc_seen));
     take_counts(g, NULL);
@@ -291,7 +294,7 @@ int group_idle(const struct group *g)
 void group_void_lease(struct group *g, int err, const char *why)
 {
     if (!g->lent_to) return;
-    session_lease_void(g->lent_to, g->lease_id, err, why);
+    g->up->lease_void(g->lent_to, g->lease_id, err, why);
     /* its region may go next (the session ends): the net must not look at it again
      * (no net: stopped, its thread gone) */
     if (g->net) net_lease_forget(g->net, g->index, g->lease_id);
@@ -331,7 +334,7 @@ static void break_local(struct group *g, int err, const char *why)
     log_msg(failed && err != COLL_ERR_SHUTDOWN ? LOG_WARN : LOG_INFO, "group.epoch",
             "group=%s epoch=%u next_epoch=%u error=\"%s\" failed_ops=%d reason=\"%s\"",
             g->cfg->name, old, g->epoch, coll_strerror(err), failed, LOG_Q(why));
-    group_children_orphan(g, why); /* they lived in the epoch that ended */
+    children_orphan(g, why); /* they lived in the epoch that ended */
 }
 
 static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
@@ -519,4 +522,51 @@ void group_state(const struct group *g, int *formed, uint32_t *epoch, char *deta
     *formed = g->net_formed;
     *epoch = g->net_epoch;
     net_group_detail(g->net, g->index, detail, cap);
+}
+
+/* Children (made by group_child.c): how they end and go. */
+
+static void children_orphan(struct group *g, const char *why)
+{
+    for (struct group *c = g->children; c; c = c->next_child) {
+        if (c->orphan) continue;
+        c->orphan = 1;
+        char msg[160];
+        snprintf(msg, sizeof(msg), "its parent group ended its epoch (%s)", why);
+        group_break(c, COLL_ERR_EPOCH, msg);
+    }
+}
+
+static void child_free(struct group *c)
+{
+    children_free(c); /* none, but for the agent's stop */
+    free(c->parent_ranks);
+    free(c->taken);
+    group_fini(c);
+    free(c); /* the child's block begins with its group (group_child.c) */
+}
+
+void group_child_release(struct group *c)
+{
+    /* held by a member, or by a child of its own that a member holds: stays */
+    if (!c->parent || c->attached > 0 || c->children) return;
+    struct group *parent = c->parent, **p = &parent->children;
+    while (*p && *p != c)
+        p = &(*p)->next_child;
+    if (!*p) return;
+    *p = c->next_child;
+    parent->nchildren--;
+    log_msg(LOG_INFO, "group.child_end", "group=%s parent=%s", c->cfg->name, parent->cfg->name);
+    child_free(c);
+    group_child_release(parent); /* a child that stayed for this one may go now */
+}
+
+static void children_free(struct group *g)
+{
+    while (g->children) {
+        struct group *c = g->children;
+        g->children = c->next_child;
+        g->nchildren--;
+        child_free(c);
+    }
 }

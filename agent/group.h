@@ -39,6 +39,15 @@ struct op {
  * to add to the status). */
 typedef void (*group_complete_fn)(struct op *op, int status, const char *why);
 
+/* What a group calls above it (the sessions), given at group_init: the group never
+ * calls session code by name. complete: the sink above. lease_void: the lease
+ * lease_id that s holds on the group's connections ends with err (the group's epoch
+ * ended, or s left). */
+struct group_up {
+    group_complete_fn complete;
+    void (*lease_void)(struct session *s, uint64_t lease_id, int err, const char *why);
+};
+
 struct group_slot {
     struct session *s; /* NULL: free */
     uint32_t epoch;    /* epoch the holder opened */
@@ -80,7 +89,7 @@ struct group {
     struct round rounds[WIRE_RING_ENTRIES];
     struct op *p2p_head, *p2p_tail, *p2p_free; /* sends and receives paired here */
     struct op *p2p_pool;
-    group_complete_fn complete;
+    const struct group_up *up;
     uint64_t ops_done, ops_failed;
     /* the backend (backend.h) and its state; what it calls back */
     const struct backend_ops *be;
@@ -110,6 +119,7 @@ struct group {
      * what of them m has already (group_direct_fold) */
     struct session *dc_s;
     uint32_t dc_handle;
+    const struct wire_direct_counts *dc_counts; /* in dc_s's region, mapped while dc_s is set */
     /* children made at run time (group_child.c): this group's, and, for a child, its
      * parent, its ranks there (by child rank = slot), which slots were ever taken (the
      * k-th coll_group_create of a list by each member meets the others' k-th) and
@@ -132,7 +142,7 @@ struct group {
  * g->backend_why) when the configured backend cannot run here; the group then
  * exists but refuses to be opened. */
 int group_init(struct group *g, const struct group_config *cfg, int node_index,
-               group_complete_fn complete);
+               const struct group_up *up);
 void group_fini(struct group *g);
 
 /* Whether the group stands across its pods, its epoch (the rendezvous epoch; one pod:
@@ -171,10 +181,11 @@ int group_idle(const struct group *g);
 /* The lease ends on this side (the epoch ends with err, why): its client drops it
  * before its next direct op, and reports err for the op the end cut short. */
 void group_void_lease(struct group *g, int err, const char *why);
-/* Direct ops: count handle's ops in s's region as the group's own from now on (a lease
- * went out to it); and add to the group's metrics what they grew by since the last look
- * (each /metrics publish, and before that client goes). Engine thread. */
-void group_direct_follow(struct group *g, struct session *s, uint32_t handle);
+/* Direct ops: count handle's ops (counts: its words in s's region) as the group's own
+ * from now on (a lease went out to it); and add to the group's metrics what they grew by since the
+ * last look (each /metrics publish, and before that client goes). Engine thread. */
+void group_direct_follow(struct group *g, struct session *s, uint32_t handle,
+                         const struct wire_direct_counts *counts);
 void group_direct_fold(struct group *g);
 
 /* Fail what is past its deadline, children included; returns the next deadline
@@ -193,11 +204,9 @@ int group_turn(struct group *g, int64_t until_ns);
  * a new one. Returns the child (and *slot), or NULL with a coll_err in *err and why. */
 struct group *group_child_join(struct group *parent, const uint32_t *ranks, int n, int my_rank,
                                struct session *s, int *slot, int *err, char *why, size_t whylen);
-/* The parent's epoch ended: its children end for good (their ops fail with EPOCH). */
-void group_children_orphan(struct group *g, const char *why);
-/* After a detach: a child nobody holds any more goes. */
+/* A child's lifetime is group.c's: it ends with its parent's epoch (orphaned: its ops
+ * fail with EPOCH), goes once no member and no child of its own holds it, and goes
+ * with its parent; group_child.c only makes children and joins sessions to them. */
 void group_child_release(struct group *child);
-/* The parent goes: so do its children. */
-void group_children_free(struct group *g);
 
 #endif

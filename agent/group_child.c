@@ -51,7 +51,7 @@ static struct group *child_new(struct group *parent, const uint32_t *ranks, int 
     char name[CONFIG_NAME_MAX];
     snprintf(name, sizeof(name), "%.40s/%u+%d", parent->cfg->name, ranks[0], n - 1);
     memcpy(k->cfg.name, name, sizeof(name));
-    if (group_init(&k->g, &k->cfg, 0, parent->complete) < 0) {
+    if (group_init(&k->g, &k->cfg, 0, parent->up) < 0) {
         group_fini(&k->g);
         free(k);
         free(pr);
@@ -139,49 +139,4 @@ struct group *group_child_join(struct group *parent, const uint32_t *ranks, int 
     c->taken[me] = 1;
     *slot = me;
     return c;
-}
-
-void group_children_orphan(struct group *g, const char *why)
-{
-    for (struct group *c = g->children; c; c = c->next_child) {
-        if (c->orphan) continue;
-        c->orphan = 1;
-        char msg[160];
-        snprintf(msg, sizeof(msg), "its parent group ended its epoch (%s)", why);
-        group_break(c, COLL_ERR_EPOCH, msg);
-    }
-}
-
-static void child_free(struct group *c)
-{
-    group_children_free(c); /* none, but for the agent's stop */
-    free(c->parent_ranks);
-    free(c->taken);
-    group_fini(c);
-    free((struct child *)(void *)c);
-}
-
-void group_child_release(struct group *c)
-{
-    /* held by a member, or by a child of its own that a member holds: stays */
-    if (!c->parent || c->attached > 0 || c->children) return;
-    struct group *parent = c->parent, **p = &parent->children;
-    while (*p && *p != c)
-        p = &(*p)->next_child;
-    if (!*p) return;
-    *p = c->next_child;
-    parent->nchildren--;
-    log_msg(LOG_INFO, "group.child_end", "group=%s parent=%s", c->cfg->name, parent->cfg->name);
-    child_free(c);
-    group_child_release(parent); /* a child that stayed for this one may go now */
-}
-
-void group_children_free(struct group *g)
-{
-    while (g->children) {
-        struct group *c = g->children;
-        g->children = c->next_child;
-        g->nchildren--;
-        child_free(c);
-    }
 }

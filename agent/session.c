@@ -436,7 +436,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     m.lease_ok.flags = l.own_cpus ? WIRE_LEASE_F_OWN_CPUS : 0;
     memcpy(m.lease_ok.stash_len, l.stash_len, sizeof(l.stash_len));
     /* before the reply: the client may count its first direct op before we look again */
-    group_direct_follow(g, s, q->handle);
+    group_direct_follow(g, s, q->handle, &s->shm->direct[q->handle]);
     if (send_reply(s, &m, l.fds, l.nfds) < 0) {
         net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, l.stash_len,
                    &s->shm->lease_stash[q->handle], COLL_OK, "", why, sizeof(why));

@@ -107,6 +107,8 @@ void session_complete(struct op *op, int status, const char *why);
 /* Lease lease_id of this session's ended on the agent's side with code (why): say so
  * in its region. */
 void session_lease_void(struct session *s, uint64_t lease_id, int code, const char *why);
+/* The two above, as the groups' way up (group_init). */
+extern const struct group_up session_group_up;
 /* The agent stops: ask s's client to give the lease of handle back once its direct ops
  * under way are done (wire.h: lease_q's drain)... */
 void session_lease_recall(struct session *s, uint32_t handle);

@@ -46,6 +46,11 @@ void session_complete(struct op *op, int status, const char *why)
     }
 }
 
+const struct group_up session_group_up = {
+    .complete = session_complete,
+    .lease_void = session_lease_void,
+};
+
 /* Where one side of an op lands: buffer slot and byte range, checked. */
 struct sqe_side {
     struct buffer *b; /* NULL: the side is unused */

@@ -44,6 +44,8 @@ static void complete_nothing(struct op *op, int status, const char *why)
     (void)why;
 }
 
+static const struct group_up up_nothing = {.complete = complete_nothing};
+
 /* The first test reads as the happy path: a group of two pods, two local slots. */
 static void group_sets_up_and_tears_down(void **state)
 {
@@ -57,7 +59,7 @@ static void group_sets_up_and_tears_down(void **state)
     nlive = 0;
     calls = 0;
     fail_at = -1;
-    assert_int_equal(group_init(&g, &gc, 1, complete_nothing), 0);
+    assert_int_equal(group_init(&g, &gc, 1, &up_nothing), 0);
     assert_int_equal(g.size, 4);
     assert_int_equal(group_attach(&g, NULL, 1), 1);
     assert_true(nlive > 0);
@@ -81,7 +83,7 @@ static void every_allocation_failure_is_clean(void **state)
         calls = 0;
         fail_at = -1;
         nlive = 0;
-        assert_int_equal(group_init(&g, &gc, 0, complete_nothing), 0);
+        assert_int_equal(group_init(&g, &gc, 0, &up_nothing), 0);
         int total = calls;
         group_fini(&g);
         assert_true(total >= 4);
@@ -89,7 +91,7 @@ static void every_allocation_failure_is_clean(void **state)
             calls = 0;
             nlive = 0;
             fail_at = k;
-            assert_int_equal(group_init(&g, &gc, 0, complete_nothing), -1);
+            assert_int_equal(group_init(&g, &gc, 0, &up_nothing), -1);
             assert_string_equal(g.backend_why, "out of memory");
             assert_int_equal(group_attach(&g, NULL, 0), -COLL_ERR_UNSUPPORTED);
             group_fini(&g);

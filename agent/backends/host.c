@@ -3,18 +3,42 @@
  * mapped in the agent, so a collective is a set of copies and one reduction pass
  * per chunk, straight from the senders' memory into the receivers' with one
  * cache-resident scratch chunk in between (that also makes in-place use safe).
+ * It is the floor of the backends: the tcp backend moves its in-pod data with
+ * host_run and host_pair, and every backend checks placement with
+ * backend_check_placement; nothing here calls up into backend.c or another backend.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend.h"
+#include "../buffer.h"
 #include "../group.h"
 #include "../log.h"
 #include "../reduce.h"
 #include "util.h"
 #include "coll/coll.h"
 #include "wire.h"
+
+int backend_check_placement(const struct group *g, int slot, const struct op *op, int want,
+                            char *why, size_t whylen)
+{
+    int gpu_group = want >= 0;
+    int gpu_op = (op->sqe.flags & WIRE_SQE_F_GPU) != 0;
+    const struct buffer *bad = op->sb && op->sb->device != want   ? op->sb
+                               : op->rb && op->rb->device != want ? op->rb
+                                                                  : NULL;
+    if (gpu_group != gpu_op)
+        snprintf(why, whylen, "group '%s' runs on %s: its ops need %s", g->cfg->name, g->be->name,
+                 gpu_group ? "GPU buffers and a stream" : "host buffers");
+    else if (bad)
+        snprintf(why, whylen, "slot %d of group '%s' runs on %s %d; a buffer of the op is on %s %d",
+                 slot, g->cfg->name, want < 0 ? "the host" : "GPU", want,
+                 bad->device < 0 ? "the host" : "GPU", bad->device);
+    else
+        return 0;
+    return -1;
+}
 
 /* memmove: a client may hand the agent ranges that overlap (its own send and receive);
  * the result is then its own business, but never undefined behaviour in the agent */
