@@ -591,6 +591,19 @@ int tcp_settle(struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
 
 /* ---- local helpers ------------------------------------------------------------------- */
 
+void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char *why, size_t whylen)
+{
+    /* field by field: a compound literal would clear peer_hdr, 160 KiB per op */
+    o->c = c;
+    o->t = t;
+    o->why = why;
+    o->whylen = whylen;
+    o->es = coll_dtype_size((coll_dtype)t->dtype);
+    o->red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
+    o->hdr = tcp_op_hdr(c, t);
+    o->late_acks = 0;
+}
+
 void *tcp_scratch(struct tcp_comm *c, int k, size_t bytes)
 {
     if (bytes == 0) bytes = 1;

@@ -1,6 +1,8 @@
 /*
- * tcp_priv.h: what backends/tcp.c (transfers, ring and direct algorithms, tcp_run) and
- * backends/tcp_tiny.c (tiny ops as resumable state) share, and nobody else.
+ * tcp_priv.h: what the tcp backend's files share, and nobody else. Layers, bottom to
+ * top, each calling only those below it: tcp.c (transfers, headers, acks, scratch and
+ * local reduction), tcp_steps.c (steps both op paths take), tcp_tiny.c (tiny ops as
+ * resumable state), tcp_ops.c (the collectives, tcp_run).
  */
 #ifndef AGENT_BACKENDS_TCP_PRIV_H
 #define AGENT_BACKENDS_TCP_PRIV_H
