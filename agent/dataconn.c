@@ -161,7 +161,7 @@ static void check_ready(struct net *n, struct ngroup *g)
     if (!g->rdv.committed || g->ready) return;
     for (int i = 0; i < g->nodes; i++)
         if (tcp_eager_peer(g->nodes, g->me, i) && !pair_up(g, i)) return;
-    net_epoch_formed(n, g);
+    n->epoch->formed(n, g);
 }
 
 /* Open the three connections of the pair with node j (lower than us: the pod of the
@@ -200,7 +200,7 @@ int dataconn_need(struct net *n, struct ngroup *g, const uint8_t *need)
         all = 0;
         char why[200];
         if (p < g->me && open_pair(n, g, p, why, sizeof(why)) < 0) {
-            net_epoch_end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
+            n->epoch->end(n, g, COLL_ERR_PEER_LOST, why, 0, 1);
             return 0;
         }
     }
@@ -379,7 +379,7 @@ void dataconn_progress_outgoing(struct net *n, struct ngroup *g)
             rdv_member_addr(&g->members[o->peer], addr, sizeof(addr));
             snprintf(w, sizeof(w), "data connection to node %d (%s): %s: %s", o->peer, addr, step,
                      strerror(err));
-            net_epoch_end(n, g, COLL_ERR_PEER_LOST, w, 0, 1); /* closes every og */
+            n->epoch->end(n, g, COLL_ERR_PEER_LOST, w, 0, 1); /* closes every og */
             return;
         }
         if (st != OG_UP) {

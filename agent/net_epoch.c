@@ -386,3 +386,9 @@ void net_epoch_close(struct net *n)
     if (n->zctx) zmq_ctx_term(n->zctx);
     n->router = n->dealer = n->zap = n->zctx = NULL;
 }
+
+const struct net_epoch_calls net_epoch_calls = {
+    .end = net_epoch_end,
+    .end_later = net_epoch_end_later,
+    .formed = net_epoch_formed,
+};

@@ -1,11 +1,15 @@
 /*
  * net_priv.h: the net thread's state, shared by the files that make it up and by
  * nobody else:
- *   net.c        the loop, the queues to and from the engine, op scheduling, setup;
+ *   net.c        the loop and op scheduling (net_setup.c: making and stopping it);
  *   net_epoch.c  the ZeroMQ sockets, the rendezvous state machine of each group
  *                (rendezvous.c) and what an epoch's end does here;
  *   dataconn.c   the data connections: listener, accepts and hellos, outgoing set-ups;
- *   p2p.c        framed sends and receives between pods, with the unexpected queue.
+ *   p2p.c        framed sends and receives between pods, with the unexpected queue;
+ *   net_queue.c  the queues to and from the engine.
+ * Layers, top to bottom, each calling only those below it: net.c; net_epoch.c;
+ * dataconn.c and p2p.c (which reach net_epoch.c only through struct net's epoch
+ * calls); net_queue.c.
  * Every field below is the net thread's unless its comment names another owner or a
  * lock: the engine reaches the net only through net.h.
  */
@@ -208,6 +212,7 @@ struct pending_conn {
 
 struct net {
     const struct config *cfg;
+    const struct net_epoch_calls *epoch; /* net_epoch.c's, for the files below it */
     pthread_t thread;
     int started;
     _Atomic int stop;
@@ -262,7 +267,7 @@ struct net {
 /* net_discovery.c: the waiting-for / DNS summary of each group, on change */
 void net_discovery_tick(struct net *n, int64_t now);
 
-/* net.c */
+/* net_queue.c */
 void net_return_task(struct net *n, struct net_task *t, int status, const char *why);
 void net_post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why);
 void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why);
@@ -284,6 +289,15 @@ void net_epoch_end_finish(struct net *n, struct ngroup *g);
 void net_epoch_op_failed(struct net *n, struct ngroup *g, int code, const char *why);
 /* The data connections are up: tell the state machine and the engine. */
 void net_epoch_formed(struct net *n, struct ngroup *g);
+/* The three above as dataconn.c and p2p.c reach them: through struct net's epoch
+ * (net_setup.c sets it), never by name, as they sit below net_epoch.c. */
+struct net_epoch_calls {
+    void (*end)(struct net *n, struct ngroup *g, int code, const char *why, int from_engine,
+                int tell);
+    void (*end_later)(struct net *n, struct ngroup *g, int code, const char *why, int tell);
+    void (*formed)(struct net *n, struct ngroup *g);
+};
+extern const struct net_epoch_calls net_epoch_calls;
 
 /* dataconn.c */
 int dataconn_bind(struct net *n, char *why, size_t whylen);

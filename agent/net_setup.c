@@ -90,6 +90,7 @@ struct net *net_start(const struct config *cfg, const uint8_t *gpu_group, net_co
         return NULL;
     }
     n->cfg = cfg;
+    n->epoch = &net_epoch_calls;
     n->commid = commid;
     net_place(&n->place);
     n->lfd = n->in_efd = n->out_efd = n->engine_fd = n->knock_efd = -1;

@@ -153,7 +153,7 @@ static void p2p_say(struct net *n, struct ngroup *g, int peer, const struct data
         size_t cap = o->capacks ? 2 * o->capacks : 16;
         struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
         if (!a) {
-            net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory to answer a message", 0, 1);
+            n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory to answer a message", 0, 1);
             return;
         }
         o->acks = a;
@@ -246,7 +246,7 @@ static void p2p_lost(struct net *n, struct ngroup *g, int peer, const char *why)
 {
     close(g->pfds[peer]);
     g->pfds[peer] = -1;
-    net_epoch_end_later(n, g, COLL_ERR_PEER_LOST, why, 1);
+    n->epoch->end_later(n, g, COLL_ERR_PEER_LOST, why, 1);
 }
 
 void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
@@ -417,7 +417,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                                     hw, sizeof(hw)) < 0) {
                 char why[200];
                 snprintf(why, sizeof(why), "bad send header from node %d: %s", peer, hw);
-                net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                 return;
             }
             in->plen = (size_t)plen;
@@ -430,7 +430,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                     snprintf(why, sizeof(why), "node %d %s a send it was never %s", peer,
                              ack.redop == P2P_CTS ? "cleared" : "acknowledged",
                              ack.redop == P2P_CTS ? "asked for" : "sent");
-                    net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                     return;
                 }
                 continue;
@@ -441,7 +441,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 if (!in->task) {
                     char why[160];
                     snprintf(why, sizeof(why), "node %d sent a payload nobody cleared", peer);
-                    net_epoch_end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                     return;
                 }
                 continue;
@@ -466,7 +466,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 }
                 struct unexpected *u = calloc(1, sizeof(*u));
                 if (!u) {
-                    net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
                     return;
                 }
                 u->hdr = rh;
@@ -502,7 +502,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 if (!in->unx || !in->unx->data) {
                     if (in->unx) free(in->unx);
                     in->unx = NULL;
-                    net_epoch_end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
                     return;
                 }
                 in->unx->hdr = *h;
