@@ -1,7 +1,7 @@
 /*
- * nccl.c: the NCCL backend's probe and the imports of client memory; with nccl_comm.c,
- * nccl_graph.c and nccl_launch.c (nccl_priv.h) it is the agent's GPU side (gpu.h), and
- * these are the only agent files that include CUDA or NCCL headers.
+ * nccl.c: the NCCL backend's probe, devices, host registration and NCCL ids: the floor
+ * of the backend's files (nccl_priv.h), which together are the agent's GPU side (gpu.h)
+ * and the only agent files that include CUDA or NCCL headers.
  *
  * One launcher thread per GPU owns everything NCCL and CUDA-stream related for that
  * GPU: its communicators (a cache keyed by group, generation and device, touched by
@@ -24,8 +24,6 @@
  * neither side's stream stays blocked.
  */
 #include "nccl_priv.h"
-
-#include <sys/mman.h>
 
 int gpu_probe(char *why, size_t whylen)
 {
@@ -75,152 +73,6 @@ int gpu_resolve_device(const char *spec, char *why, size_t whylen)
 /* Bumped when a GPU buffer import goes away: launchers drop their replayable graphs,
  * which name buffers by address. */
 atomic_uint nccl_buf_gen;
-
-/* The last reference to a GPU buffer or a registered region went: the worker closes
- * it (buffer_unref frees b itself, so the job carries what the close needs). */
-static void release_later(struct buffer *b, int kind)
-{
-    struct gpu *g = b->rel_ctx;
-    struct gpu_job *j = calloc(1, sizeof(*j));
-    struct gpu_job local = {0};
-    if (!j) j = &local; /* no memory for a job: close it here */
-    j->type = GPU_JOB_RELEASE;
-    j->slot = (uint32_t)kind;
-    j->priv = b->priv;
-    j->hold = NULL;
-    j->buf = NULL;
-    j->offset = (uint64_t)(uintptr_t)b->map;
-    j->size = b->size;
-    if (j == &local) {
-        nccl_release_run(j);
-        return;
-    }
-    nccl_worker_queue(g, j);
-}
-
-static void release_cumem(struct buffer *b)
-{
-    release_later(b, RELEASE_CUMEM);
-}
-
-static void release_ipc(struct buffer *b)
-{
-    release_later(b, RELEASE_IPC);
-}
-
-static void release_region(struct buffer *b)
-{
-    release_later(b, RELEASE_REGION);
-}
-
-void nccl_release_run(struct gpu_job *j)
-{
-    void *map = (void *)(uintptr_t)j->offset;
-    switch (j->slot) {
-    case RELEASE_CUMEM:
-        atomic_fetch_add(&nccl_buf_gen, 1);
-        cumem_free(j->priv);
-        free(j->priv);
-        break;
-    case RELEASE_IPC:
-        atomic_fetch_add(&nccl_buf_gen, 1);
-        CUDA_WARN(cudaIpcCloseMemHandle(j->priv), "gpu.release");
-        break;
-    case RELEASE_REGION:
-        CUDA_WARN(cudaHostUnregister(map), "gpu.release");
-        munmap(map, j->size);
-        break;
-    }
-}
-
-void gpu_region_registered(struct gpu *g, struct buffer *region, intptr_t delta)
-{
-    region->priv = (void *)(delta + 1);
-    region->rel_ctx = g;
-    region->release = release_region;
-}
-
-struct buffer *gpu_import_cumem(struct gpu *g, int fd, size_t size, const uint8_t uuid[16],
-                                char *why, size_t whylen, int *code)
-{
-    char us[48];
-    cudrv_uuid_str(uuid, us, sizeof(us));
-    int dev = cudrv_device_by_uuid(uuid);
-    if (dev < 0) {
-        snprintf(why, whylen, "buffer on %s, a GPU the agent cannot see", us);
-        *code = COLL_ERR_INVALID;
-        return NULL;
-    }
-    struct cumem *m = calloc(1, sizeof(*m));
-    struct buffer *b = calloc(1, sizeof(*b));
-    char w[160];
-    if (!m || !b || cumem_import_fd(m, fd, size, dev, w, sizeof(w)) < 0) {
-        if (m && b)
-            snprintf(why, whylen, "importing a %zu-byte cuMem buffer on %s: %s", size, us, w);
-        else
-            snprintf(why, whylen, "out of memory");
-        *code = m && b ? COLL_ERR_INVALID : COLL_ERR_NOMEM;
-        free(m);
-        free(b);
-        return NULL;
-    }
-    b->refs = 1;
-    b->device = dev;
-    b->map = (void *)(uintptr_t)m->ptr;
-    b->size = size;
-    b->release = release_cumem;
-    b->priv = m;
-    b->rel_ctx = g;
-    return b;
-}
-
-struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t offset, size_t size,
-                              const uint8_t uuid[16], char *why, size_t whylen, int *code)
-{
-    char us[48];
-    cudrv_uuid_str(uuid, us, sizeof(us));
-    const struct cudrv *d = cudrv_get(why, whylen);
-    int dev = d ? cudrv_device_by_uuid(uuid) : -1;
-    *code = COLL_ERR_INVALID;
-    if (dev < 0) {
-        if (d) snprintf(why, whylen, "buffer on %s, a GPU the agent cannot see", us);
-        return NULL;
-    }
-    cudaIpcMemHandle_t h;
-    memcpy(&h, handle, sizeof(h));
-    void *p = NULL;
-    struct buffer *b = NULL;
-    CUDA_TRY(cudaSetDevice(dev), "cudaSetDevice", failed);
-    CUDA_TRY(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-             "opening a CUDA IPC handle (legacy IPC needs a shared PID namespace)", failed);
-    CUdeviceptr base = 0;
-    size_t asize = 0;
-    if (d->addr_range(&base, &asize, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS || offset > asize ||
-        size > asize - offset) {
-        snprintf(why, whylen, "buffer of %zu bytes at offset %llu exceeds its %zu-byte allocation",
-                 size, (unsigned long long)offset, asize);
-        goto close_handle;
-    }
-    b = calloc(1, sizeof(*b));
-    if (!b) {
-        snprintf(why, whylen, "out of memory");
-        *code = COLL_ERR_NOMEM;
-        goto close_handle;
-    }
-    b->refs = 1;
-    b->device = dev;
-    b->map = (char *)p + offset;
-    b->size = size;
-    b->release = release_ipc;
-    b->priv = p;
-    b->rel_ctx = g;
-    *code = COLL_OK;
-    return b;
-close_handle:
-    CUDA_WARN(cudaIpcCloseMemHandle(p), "gpu.release");
-failed:
-    return NULL;
-}
 
 int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen)
 {

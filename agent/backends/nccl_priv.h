@@ -1,11 +1,15 @@
 /*
  * nccl_priv.h: what the files of the NCCL backend share (never included elsewhere):
- * the launcher's objects and the functions that cross files. nccl.c: the probe and the
- * imports of client memory; nccl_comm.c: the communicator cache, its creation, aborts
- * (on reaper threads) and generations; nccl_graph.c: eager and replayed (CUDA graph)
- * launches; nccl_launch.c: the launcher thread per GPU, issuing, completion by event,
- * and the engine-facing API of gpu.h; nccl_worker.c: the worker thread for imports,
- * registrations, releases and one-pod NCCL ids.
+ * the launcher's objects and the functions that cross files. Layers, bottom to top,
+ * each calling only those below it:
+ *   nccl.c         the probe, devices, host registration, NCCL ids;
+ *   nccl_post.c    tasks handed to the engine, its doorbell, the ops' fence events;
+ *   nccl_worker.c  the worker thread: imports of client memory, registrations, releases;
+ *   nccl_graph.c   eager and replayed (CUDA graph) launches;
+ *   nccl_comm.c    the communicator cache, its creation, aborts (on reaper threads) and
+ *                  generations;
+ *   nccl_launch.c  the launcher thread per GPU, issuing, completion by event, and the
+ *                  engine-facing API of gpu.h.
  */
 #ifndef AGENT_BACKENDS_NCCL_PRIV_H
 #define AGENT_BACKENDS_NCCL_PRIV_H
@@ -163,16 +167,24 @@ enum { RELEASE_CUMEM = 1, RELEASE_IPC, RELEASE_REGION };
 #define ISSUE_WAIT_NS 5000000000LL /* a launch NCCL leaves in progress gets this long */
 #define P2P_GATHER_NS 20000LL      /* a lone send or receive waits this long for partners */
 
-/* nccl.c: imports and releases, on the worker */
+/* nccl.c */
 extern atomic_uint nccl_buf_gen; /* bumped when an import goes away: graphs are dropped */
+int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen);
+
+/* nccl_post.c */
+void nccl_post(struct gpu *g, struct gpu_task *t);
+void nccl_ring_engine(struct gpu *g); /* after publishing under out_lock */
+void nccl_fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed, const char *why);
+cudaEvent_t nccl_fence_get(struct comm *c); /* from c's free list, else new; NULL on failure */
+void nccl_fence_put(struct comm *c, struct gpu_task *t, int finished);
+void nccl_fences_free(struct comm *c);
+
+/* nccl_worker.c: imports and releases (run by the worker), the worker */
 struct buffer *gpu_import_cumem(struct gpu *g, int fd, size_t size, const uint8_t uuid[16],
                                 char *why, size_t whylen, int *code);
 struct buffer *gpu_import_ipc(struct gpu *g, const uint8_t handle[64], uint64_t offset, size_t size,
                               const uint8_t uuid[16], char *why, size_t whylen, int *code);
-int gpu_register_host(void *p, size_t size, intptr_t *dev_delta, char *why, size_t whylen);
 void nccl_release_run(struct gpu_job *j);
-
-/* nccl_worker.c */
 int nccl_worker_start(struct gpu *g, char *why, size_t whylen);
 void nccl_worker_stop(struct gpu *g);
 void nccl_worker_queue(struct gpu *g, struct gpu_job *j); /* any thread */
@@ -193,12 +205,5 @@ void nccl_graph_flush(struct comm *c);
 ncclResult_t nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t wait_ns);
 ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t);
 ncclResult_t nccl_graph_launch(struct launcher *l, struct comm *c, const struct gpu_task *t);
-
-/* nccl_launch.c */
-void nccl_post(struct gpu *g, struct gpu_task *t);
-void nccl_ring_engine(struct gpu *g); /* after publishing under out_lock */
-void nccl_fail_task(struct gpu *g, struct gpu_task *t, int code, int comm_failed, const char *why);
-void nccl_fence_put(struct comm *c, struct gpu_task *t, int finished);
-void nccl_fences_free(struct comm *c);
 
 #endif
