@@ -169,7 +169,7 @@ coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms)
             int64_t l = deadline - now_ns();
             left = l <= 0 ? 0 : (int)(l / NS_PER_MS);
         }
-        coll_err st = coll_wait(c, op->sub[i], left);
+        coll_err st = lc_wait_one(c, op->sub[i], left);
         if (lc_req_live(c, op->sub[i])) { /* still pending: the time given is up */
             let_go(c, op);
             return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
@@ -189,9 +189,8 @@ coll_err lc_cop_test(coll_conn *c, coll_request req, int *done)
     int all = 1;
     for (int i = 0; i < op->nsub; i++) {
         if (op->subdone[i]) continue;
-        int d = 0;
-        coll_err st = coll_test(c, op->sub[i], &d);
-        if (d)
+        coll_err st = COLL_OK;
+        if (lc_try_one(c, op->sub[i], &st, NULL) > 0)
             sub_done(op, i, st);
         else
             all = 0;

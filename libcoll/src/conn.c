@@ -46,6 +46,60 @@ int lc_env_int(const char *name, int def)
     return *end ? def : (int)v;
 }
 
+/* ---- completions -------------------------------------------------------------- */
+
+/* The agent's reason for failing request slot idx (written before its cqe). */
+void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
+{
+    memcpy(out, c->shm->why[idx], WIRE_WHY_MAX);
+    out[WIRE_WHY_MAX - 1] = '\0'; /* whatever the agent left there */
+}
+
+/* Reap every completion the agent has posted; caller holds the lock. */
+void lc_reap(coll_conn *c)
+{
+    uint32_t start = c->cq_head;
+    for (;;) {
+        struct wire_cqe *slot = &c->shm->cq[c->cq_head & RING_MASK];
+        if (!ring_ready(&slot->seq, c->cq_head)) break;
+        struct wire_cqe e;
+        e.tag = slot->tag;
+        e.status = slot->status;
+        c->cq_head++;
+        uint32_t idx = (uint32_t)(e.tag & 0xffffffffu) - 1;
+        uint32_t gen = (uint32_t)(e.tag >> 32);
+        if (idx < WIRE_RING_ENTRIES && c->reqs[idx].gen == gen &&
+            c->reqs[idx].state == REQ_PENDING) {
+            struct req *r = &c->reqs[idx];
+            r->state = REQ_DONE;
+            r->status = e.status;
+            r->agent_failed = e.status != COLL_OK;
+            if (r->sb) r->sb->inflight--;
+            if (r->rb) r->rb->inflight--;
+            r->sb = r->rb = NULL;
+            if (r->detached) { /* its stream waits for it; nobody else will ask */
+                if (e.status != COLL_OK && !c->stream_err) {
+                    c->stream_err = (coll_err)e.status;
+                    c->stream_err_group = r->group;
+                    char why[WIRE_WHY_MAX];
+                    lc_agent_why(c, idx, why);
+                    snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
+                             "an op handed to a stream earlier failed (%s)%s%s",
+                             coll_strerror((coll_err)e.status), why[0] ? ": " : "", why);
+                }
+                r->state = REQ_FREE;
+                r->detached = 0;
+                c->ndetached--;
+                c->free_idx[c->nfree++] = idx;
+            }
+        }
+    }
+    if (c->cq_head != start) {
+        ring_store_release(&c->shm->cq_head, c->cq_head);
+        if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* some may be theirs */
+    }
+}
+
 /* ---- socket messages ---------------------------------------------------------- */
 
 static int send_msg(int fd, const union wire_msg *m, int pass_fd)
@@ -373,35 +427,28 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
     ring_say_cpu(&c->shm->client_sleeping, sched_getcpu());
     *out = c;
     return COLL_OK;
-fail_conn:
-    coll_disconnect(&c);
+fail_conn: /* no buffers, no groups yet */
+    lc_conn_hang_up(c);
+    lc_conn_free(c);
     return rc;
 }
 
-void coll_disconnect(coll_conn **conn)
+void lc_conn_hang_up(coll_conn *c)
 {
-    if (!conn || !*conn) return;
-    coll_conn *c = *conn;
-    *conn = NULL;
     if (c->fd >= 0) close(c->fd); /* the agent tears the session down on hang-up */
     if (c->efd_agent >= 0) close(c->efd_agent);
     if (c->efd_client >= 0) close(c->efd_client);
     if (c->epfd >= 0) close(c->epfd);
+    c->fd = c->efd_agent = c->efd_client = c->epfd = -1;
     /* A stream may still wait on the region's words: release them and keep the
      * region mapped (and registered) for the life of the process. */
     release_streams(c);
     if (c->shm && !c->shm_gpu) munmap(c->shm, c->shm_size);
-    for (size_t i = 0; i < c->nbufs; i++)
-        lc_buffer_free(c->bufs[i]);
-    free(c->bufs);
-    while (c->groups) {
-        coll_group *g = c->groups;
-        c->groups = g->next;
-        lc_direct_fini(g, 0); /* the session's end ends the epoch of a lent group */
-        lc_span_free(g);
-        free(g->parent_ranks);
-        free(g);
-    }
+    c->shm = NULL;
+}
+
+void lc_conn_free(coll_conn *c)
+{
     free(c->sops);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cv);

@@ -1,8 +1,9 @@
 /*
  * groups.c: group handles: opening a YAML group (by slot or rank), children made at run
  * time (coll_group_create, coll_group_split; those across pods are span.c's, which this
- * file asks first), their info, formation (coll_group_wait) and closing. Layered above
- * conn.c (the RPC to the agent) and span.c; neither calls back here.
+ * file asks first), their info, formation (coll_group_wait) and closing, and
+ * coll_disconnect (which frees the connection's groups and buffers). The top of
+ * libcoll's layers (lc.h); nothing calls back here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,4 +315,26 @@ void coll_group_close(coll_group **group)
     pthread_mutex_unlock(&c->lock);
     free(g->parent_ranks);
     free(g);
+}
+
+/* ---- the connection's end ----------------------------------------------------------- */
+
+void coll_disconnect(coll_conn **conn)
+{
+    if (!conn || !*conn) return;
+    coll_conn *c = *conn;
+    *conn = NULL;
+    lc_conn_hang_up(c);
+    for (size_t i = 0; i < c->nbufs; i++)
+        lc_buffer_free(c->bufs[i]);
+    free(c->bufs);
+    while (c->groups) {
+        coll_group *g = c->groups;
+        c->groups = g->next;
+        lc_direct_fini(g, 0); /* the session's end ends the epoch of a lent group */
+        lc_span_free(g);
+        free(g->parent_ranks);
+        free(g);
+    }
+    lc_conn_free(c);
 }

@@ -1,10 +1,18 @@
 /*
  * lc.h: libcoll's private header: the objects behind the public handles and the few
  * functions its files share (prefix lc_, never exported: the library is built with
- * hidden visibility). conn.c owns the connection, its socket and the errors; groups.c
- * the group handles (above conn.c and span.c); buffers.c the shared buffers; submit.c
- * turning calls into ring entries; wait.c completions and the waiting policy; span.c
- * children across pods; direct.c direct ops.
+ * hidden visibility). Its files in layers, bottom to top, each calling only those below
+ * it (tests/structure checks):
+ *   conn.c      the connection, its socket, the errors, reaping completions;
+ *   buffers.c   the shared buffers;
+ *   direct.c    direct ops (a lent group's tiny ops run in this process);
+ *   wait.c      one request's completion and the waiting policy, coll_wait_stream;
+ *   submit.c    one op into the ring (or a direct op);
+ *   compose.c   composite requests; gather, scatter, alltoallv;
+ *   requests.c  coll_wait, coll_test, coll_wait_any over both kinds of request;
+ *   span.c      children across pods;
+ *   ops.c       the coll_* op calls;
+ *   groups.c    group handles, coll_disconnect.
  */
 #ifndef LIBCOLL_LC_H
 #define LIBCOLL_LC_H
@@ -145,6 +153,15 @@ coll_err lc_fail_lost(const coll_conn *c);
 coll_err lc_goodbye(coll_conn *c);
 int lc_env_int(const char *name, int def);
 
+/* Reap every completion the agent has posted; caller holds the lock. */
+void lc_reap(coll_conn *c);
+/* The agent's reason for failing request slot idx. */
+void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX]);
+/* coll_disconnect's first and last steps (groups.c frees groups and buffers between):
+ * hang up (the agent ends the session) and unmap the region; free c itself. */
+void lc_conn_hang_up(coll_conn *c);
+void lc_conn_free(coll_conn *c);
+
 /* buffers.c */
 void lc_buffer_free(coll_buffer *b);
 /* Register the session region with CUDA once (caller holds the lock). */
@@ -178,6 +195,41 @@ void lc_direct_give_back(coll_group *g);
 void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try);
 /* Group close or disconnect: drop the lease (give it back if give_back) and free g->d. */
 void lc_direct_fini(coll_group *g, int give_back);
+
+/* wait.c: one request that is not composite */
+/* Whether req is still a live (pending or unreported) request. */
+int lc_req_live(coll_conn *c, coll_request req);
+/* Sleep until a completion, a word from the agent or the deadline (0: none), unless the
+ * wait for one of the n requests (n == 0: for a free request slot) is over; caller does
+ * not hold the lock. */
+void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request *reqs, size_t n);
+/* coll_wait of one op (c not NULL). */
+coll_err lc_wait_one(coll_conn *c, coll_request req, int timeout_ms);
+/* A look at one op without waiting (a direct op's group moved one pass): 1 and *st if
+ * done (its result reported), 0 if pending (*direct: as a direct op, when not NULL),
+ * -1 if unknown. */
+int lc_try_one(coll_conn *c, coll_request req, coll_err *st, int *direct);
+
+/* submit.c: one op */
+struct op_args {
+    uint8_t kind;
+    int dtype, redop; /* as the caller passed them: range-checked before they narrow */
+    int32_t peer;
+    uint64_t count;
+    const void *send;
+    void *recv;
+    int send_used, recv_used; /* whether this rank reads send / writes recv */
+    void *stream;
+    int tag; /* send, recv */
+};
+/* The op's arguments, range-checked against g (a failure said). */
+coll_err lc_op_check(const coll_group *g, const struct op_args *a);
+/* Submit a checked op on g (a group with an agent handle). */
+coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req);
+/* A send or receive on g (a group with an agent handle) with any tag up to WIRE_TAG_MAX,
+ * coll's own ones included. */
+coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
+                int dtype, int peer, uint32_t tag, coll_request *req);
 
 /* compose.c: composite requests, ops made of tagged sends and receives posted at once,
  * then a local step (a reduction in rank order); their ids have bit 31 of the low word
@@ -270,22 +322,5 @@ void lc_span_close(coll_group *g);
 void lc_span_root_closed(coll_group *root);
 /* coll_disconnect: free what span.c holds of g (its buffers go with the connection's). */
 void lc_span_free(coll_group *g);
-
-/* submit.c: a send or receive on g (a group with an agent handle) with any tag up to
- * WIRE_TAG_MAX, coll's own ones included */
-coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
-                int dtype, int peer, uint32_t tag, coll_request *req);
-/* wait.c: whether req is still a live (pending or unreported) request */
-int lc_req_live(coll_conn *c, coll_request req);
-
-/* wait.c */
-/* Reap every completion the agent has posted; caller holds the lock. */
-void lc_reap(coll_conn *c);
-/* Sleep until a completion, a word from the agent or the deadline (0: none), unless the
- * wait for one of the n requests (n == 0: for a free request slot) is over; caller does
- * not hold the lock. */
-void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request *reqs, size_t n);
-/* The agent's reason for failing request slot idx. */
-void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX]);
 
 #endif

@@ -1,7 +1,9 @@
 /*
- * wait.c: completions and the waiting policy: reaping the completion ring, spinning
- * then sleeping (one poller per connection, the others on its condition variable),
- * coll_wait / coll_test / coll_wait_stream.
+ * wait.c: one request's completion and the waiting policy: spinning then sleeping (one
+ * poller per connection, the others on its condition variable), coll_wait_stream and
+ * the pollable descriptor. Above conn.c (reaping the completion ring) and direct.c
+ * (this thread moves a direct op on); requests.c's coll_wait and coll_test, and
+ * compose.c's parts, come here for requests that are not composite.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -11,58 +13,6 @@
 #include <unistd.h>
 
 #include "lc.h"
-
-/* The agent's reason for failing request slot idx (written before its cqe). */
-void lc_agent_why(const coll_conn *c, uint32_t idx, char out[WIRE_WHY_MAX])
-{
-    memcpy(out, c->shm->why[idx], WIRE_WHY_MAX);
-    out[WIRE_WHY_MAX - 1] = '\0'; /* whatever the agent left there */
-}
-
-/* Reap every completion the agent has posted; caller holds the lock. */
-void lc_reap(coll_conn *c)
-{
-    uint32_t start = c->cq_head;
-    for (;;) {
-        struct wire_cqe *slot = &c->shm->cq[c->cq_head & RING_MASK];
-        if (!ring_ready(&slot->seq, c->cq_head)) break;
-        struct wire_cqe e;
-        e.tag = slot->tag;
-        e.status = slot->status;
-        c->cq_head++;
-        uint32_t idx = (uint32_t)(e.tag & 0xffffffffu) - 1;
-        uint32_t gen = (uint32_t)(e.tag >> 32);
-        if (idx < WIRE_RING_ENTRIES && c->reqs[idx].gen == gen &&
-            c->reqs[idx].state == REQ_PENDING) {
-            struct req *r = &c->reqs[idx];
-            r->state = REQ_DONE;
-            r->status = e.status;
-            r->agent_failed = e.status != COLL_OK;
-            if (r->sb) r->sb->inflight--;
-            if (r->rb) r->rb->inflight--;
-            r->sb = r->rb = NULL;
-            if (r->detached) { /* its stream waits for it; nobody else will ask */
-                if (e.status != COLL_OK && !c->stream_err) {
-                    c->stream_err = (coll_err)e.status;
-                    c->stream_err_group = r->group;
-                    char why[WIRE_WHY_MAX];
-                    lc_agent_why(c, idx, why);
-                    snprintf(c->stream_err_msg, sizeof(c->stream_err_msg),
-                             "an op handed to a stream earlier failed (%s)%s%s",
-                             coll_strerror((coll_err)e.status), why[0] ? ": " : "", why);
-                }
-                r->state = REQ_FREE;
-                r->detached = 0;
-                c->ndetached--;
-                c->free_idx[c->nfree++] = idx;
-            }
-        }
-    }
-    if (c->cq_head != start) {
-        ring_store_release(&c->shm->cq_head, c->cq_head);
-        if (c->cv_waiters) pthread_cond_broadcast(&c->cv); /* some may be theirs */
-    }
-}
 
 /* ---- completion ------------------------------------------------------------------ */
 
@@ -246,10 +196,8 @@ int lc_req_live(coll_conn *c, coll_request req)
     return live;
 }
 
-coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
+coll_err lc_wait_one(coll_conn *c, coll_request req, int timeout_ms)
 {
-    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
-    if (lc_cop_is(req)) return lc_cop_wait(c, req, timeout_ms);
     coll_err st;
     coll_group *dg;
     int r = try_complete(c, req, &st, &dg);
@@ -300,20 +248,16 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     }
 }
 
-coll_err coll_test(coll_conn *c, coll_request req, int *done)
+int lc_try_one(coll_conn *c, coll_request req, coll_err *st, int *direct)
 {
-    if (!c || !done) return lc_fail(COLL_ERR_INVALID, "NULL argument");
-    if (lc_cop_is(req)) return lc_cop_test(c, req, done);
-    coll_err st = COLL_OK;
     coll_group *dg;
-    int r = try_complete(c, req, &st, &dg);
+    int r = try_complete(c, req, st, &dg);
     if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
         lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, 0, 1);
-        r = try_complete(c, req, &st, NULL);
+        r = try_complete(c, req, st, &dg);
     }
-    if (r < 0) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
-    *done = r;
-    return r ? st : COLL_OK;
+    if (direct) *direct = r == 0 && dg;
+    return r;
 }
 
 /* keep: the request stays the caller's, for coll_test / coll_wait on the host */
@@ -356,85 +300,6 @@ coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
 coll_err coll_wait_stream_keep(coll_conn *c, coll_request req, void *stream)
 {
     return wait_stream(c, req, stream, 1);
-}
-
-coll_err coll_wait_all(coll_conn *c, coll_request *reqs, size_t n, int timeout_ms)
-{
-    if (!c || (n && !reqs)) return lc_fail(COLL_ERR_INVALID, "NULL argument");
-    coll_err first = COLL_OK;
-    int64_t deadline = timeout_ms >= 0 ? now_ns() + (int64_t)timeout_ms * 1000000 : 0;
-    for (size_t i = 0; i < n; i++) {
-        int left = -1;
-        if (deadline) {
-            int64_t l = deadline - now_ns();
-            left = l <= 0 ? 0 : (int)(l / 1000000);
-        }
-        coll_err st = coll_wait(c, reqs[i], left);
-        if (st == COLL_ERR_TIMEOUT && deadline && now_ns() >= deadline) return st;
-        if (st != COLL_OK && first == COLL_OK) first = st;
-    }
-    if (first != COLL_OK) lc_fail(first, "at least one op failed: %s", coll_strerror(first));
-    return first;
-}
-
-coll_err coll_wait_any(coll_conn *c, const coll_request *reqs, size_t n, size_t *index,
-                       int timeout_ms)
-{
-    if (!c || !reqs || !index) return lc_fail(COLL_ERR_INVALID, "NULL argument");
-    if (n == 0) return lc_fail(COLL_ERR_INVALID, "no requests to wait for");
-    int64_t deadline = timeout_ms > 0 ? now_ns() + (int64_t)timeout_ms * 1000000 : 0;
-    for (;;) {
-        int direct = 0, spans = 0;
-        for (size_t i = 0; i < n; i++) {
-            coll_err st = COLL_OK;
-            coll_group *dg;
-            if (lc_cop_is(reqs[i])) { /* a child across pods' op: its parts looked at */
-                int d = 0;
-                st = lc_cop_test(c, reqs[i], &d);
-                if (!d && st != COLL_OK)
-                    return lc_fail(COLL_ERR_INVALID, "request %zu: unknown or already completed",
-                                   i);
-                if (d) {
-                    *index = i;
-                    return st;
-                }
-                spans = 1;
-                continue;
-            }
-            int r = try_complete(c, reqs[i], &st, &dg);
-            if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
-                lc_direct_progress(dg, (uint32_t)(reqs[i].id & 0xffffffffu) - 1, 0, 1);
-                r = try_complete(c, reqs[i], &st, &dg);
-                direct |= r == 0 && dg;
-            }
-            if (r < 0)
-                return lc_fail(COLL_ERR_INVALID, "request %zu: unknown or already completed", i);
-            if (r > 0) {
-                *index = i;
-                return st;
-            }
-        }
-        int64_t now = now_ns();
-        if (timeout_ms == 0 || (deadline && now >= deadline))
-            return lc_fail(COLL_ERR_TIMEOUT, "none of %zu requests completed within %d ms", n,
-                           timeout_ms);
-        /* direct ops move only when this thread moves them: a millisecond at most */
-        int64_t until = deadline;
-        if (direct && (!until || until > now + 1000000)) until = now + 1000000;
-        if (!spans) {
-            lc_sleep_for_completion(c, until, reqs, n);
-            continue;
-        }
-        /* sleep on the parts of the composite requests, and the others */
-        coll_request parts[WIRE_RING_ENTRIES];
-        size_t k = 0;
-        for (size_t i = 0; i < n && k < WIRE_RING_ENTRIES; i++)
-            if (lc_cop_is(reqs[i]))
-                k += lc_cop_subs(c, reqs[i], parts + k, WIRE_RING_ENTRIES - k);
-            else
-                parts[k++] = reqs[i];
-        lc_sleep_for_completion(c, until, parts, k);
-    }
 }
 
 int coll_conn_fd(coll_conn *c)
