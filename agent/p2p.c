@@ -444,6 +444,9 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                     n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
                     return;
                 }
+                /* its own header says how long it is: one that disagrees with the
+                 * receive it was cleared for is read into nothing (MISMATCH) */
+                in->discard = !p2p_agree(in->task, h);
                 continue;
             }
             if (h->redop == P2P_RTS) { /* a large send asks: its receive may be posted */

@@ -2639,6 +2639,112 @@ static void a_flood_of_empty_early_sends_is_bounded(void **state)
     fake0_close(&f);
 }
 
+/* Read n bytes from fd within ms, keeping the member's epoch meanwhile (heartbeats as
+ * its coordinator). 0, or -1 (closed, or not in time). */
+static int fake0_read(struct fake0 *f, int fd, void *buf, size_t n, int ms)
+{
+    size_t got = 0;
+    double until = now_ms() + ms;
+    while (got < n && now_ms() < until) {
+        fake0_beat(f);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return got == n ? 0 : -1;
+}
+
+/* A frame of node 0's sends and receives to rank 1 (the member's slot). */
+static struct data_op_hdr p2p_frame(unsigned kind, unsigned phase, uint64_t seq, uint64_t count)
+{
+    return (struct data_op_hdr){.magic = DATA_MAGIC,
+                                .kind = (uint8_t)kind,
+                                .dtype = COLL_FLOAT32,
+                                .redop = (uint8_t)phase,
+                                .src_rank = 0,
+                                .dst_rank = 1,
+                                .seq = seq,
+                                .count = count};
+}
+
+/* Found in review of d7df3f4: the payload of a large send (DATA, after the receiver's
+ * CTS) was written into the cleared receive for as many bytes as its own header said,
+ * not the receive's: a member whose DATA claimed twice the count it asked for wrote past
+ * the application's buffer. Now a DATA that disagrees with its receive is read into
+ * nothing and the receive fails with MISMATCH, both sides told; the bytes beyond the
+ * receive are untouched. Then answers to sends never made end the epoch (PROTOCOL), as
+ * does a payload nobody cleared; the agent serves on and forms again. */
+static void forged_large_send_frames_are_refused(void **state)
+{
+    (void)state;
+    struct fake0 f;
+    fake0_open(&f);
+    struct agent a;
+    assert_int_equal(start_member(&a, f.port, 1, 2, 1, NULL), 0);
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    enum { N = 512 * 1024 }; /* 2 MiB of float32: over UNX_SMALL, so it asks first */
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    assert_int_equal(rank_open(a.sock, 3 * (size_t)N * 4, &c, &g, &info, &mem), 0);
+    assert_int_equal(info.rank, 1);
+    memset(mem, 0x5a, 3 * (size_t)N * 4);
+    coll_request req;
+    assert_int_equal(coll_recv_tag(g, mem, N, COLL_FLOAT32, 0, 7, NULL, &req), COLL_OK);
+    int fd = f.fds[DATA_CH_P2P];
+    uint64_t seq = 7 | (uint64_t)1 << 32; /* tag 7, our first message to that pod */
+    struct data_op_hdr rts = p2p_frame(WIRE_OP_SEND, P2P_RTS, seq, N), cts;
+    assert_int_equal(write(fd, &rts, sizeof(rts)), (ssize_t)sizeof(rts));
+    assert_int_equal(fake0_read(&f, fd, &cts, sizeof(cts), 5000), 0);
+    assert_int_equal(cts.kind, WIRE_OP_RECV);
+    assert_int_equal(cts.redop, P2P_CTS);
+    assert_true(cts.seq == seq && cts.count == N);
+    /* the payload, claiming twice the count: 4 MiB of 0x11 */
+    struct data_op_hdr data = p2p_frame(WIRE_OP_SEND, P2P_DATA, seq, 2 * (uint64_t)N);
+    assert_int_equal(write(fd, &data, sizeof(data)), (ssize_t)sizeof(data));
+    static char ones[1 << 20];
+    memset(ones, 0x11, sizeof(ones));
+    for (size_t sent = 0; sent < 2 * (size_t)N * 4;) {
+        fake0_beat(&f);
+        ssize_t w = write(fd, ones, sizeof(ones));
+        assert_true(w > 0);
+        sent += (size_t)w;
+    }
+    struct data_op_hdr ack;
+    assert_int_equal(fake0_read(&f, fd, &ack, sizeof(ack), 5000), 0);
+    assert_int_equal(ack.kind, WIRE_OP_RECV);
+    assert_int_equal(ack.redop, P2P_ACK);
+    assert_int_equal(ack.root, COLL_ERR_MISMATCH);
+    assert_int_equal(coll_wait(c, req, 5000), COLL_ERR_MISMATCH);
+    const unsigned char *b = mem;
+    for (size_t i = 0; i < 3 * (size_t)N * 4; i++)
+        if (b[i] != 0x5a) fail_msg("byte %zu of the buffer changed to 0x%02x", i, b[i]);
+    /* a CTS for a send the member never asked to make */
+    struct data_op_hdr stray = p2p_frame(WIRE_OP_RECV, P2P_CTS, 3 | (uint64_t)9 << 32, 4);
+    stray.src_rank = 0; /* the receiver: us */
+    stray.dst_rank = 1;
+    assert_int_equal(write(fd, &stray, sizeof(stray)), (ssize_t)sizeof(stray));
+    assert_true(agent_log_wait(&a, "cleared a send it was never asked for", 1, 5000));
+    /* the next epoch: a payload nobody cleared */
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    fd = f.fds[DATA_CH_P2P];
+    data = p2p_frame(WIRE_OP_SEND, P2P_DATA, 5 | (uint64_t)1 << 32, 4);
+    assert_int_equal(write(fd, &data, sizeof(data)), (ssize_t)sizeof(data));
+    assert_int_equal(write(fd, ones, 16), 16);
+    assert_true(agent_log_wait(&a, "sent a payload nobody cleared", 1, 5000));
+    /* and the member forms again: it serves on */
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+    fake0_close(&f);
+}
+
 static int connect_idle(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -3446,6 +3552,7 @@ int main(void)
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(the_accepting_side_proves_the_secret_too),
         cmocka_unit_test(a_flood_of_empty_early_sends_is_bounded),
+        cmocka_unit_test(forged_large_send_frames_are_refused),
         cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(data_connections_come_from_the_listed_address),
         cmocka_unit_test(a_silent_peer_does_not_stop_the_net_thread),
