@@ -158,17 +158,30 @@ static struct tcp_comm comm_for(struct ngroup *g, const struct net_task *t)
                              .short_spin = tcp_tune_way(g->tune)};
 }
 
-/* Whether the pairs t needs are up (asking for the missing ones when on the net
- * thread). Called with coll_lock. */
-static int peers_ready(struct net *n, struct ngroup *g, const struct net_task *t, int ask)
+/* Which pods t talks to, in g->need; 0 when it talks to every pod and all pairs are up
+ * since formation. Called with coll_lock. */
+static int mark_needed(struct ngroup *g, const struct net_task *t)
 {
-    if (g->nodes <= TCP_EAGER_ALL) return 1; /* all connected at formation */
+    if (g->nodes <= TCP_EAGER_ALL) return 0; /* all connected at formation */
     memset(g->need, 0, (size_t)g->nodes);
     tcp_op_peers(g->nodes, g->me, g->nlocal, t, g->need);
-    if (ask) return dataconn_need(n, g, g->need);
+    return 1;
+}
+
+/* Whether the pairs t needs are up, without asking for any (the engine's inline run:
+ * it never enters the connection code). */
+static int pairs_up(struct ngroup *g, const struct net_task *t)
+{
+    if (!mark_needed(g, t)) return 1;
     for (int p = 0; p < g->nodes; p++)
         if (g->need[p] && (g->fds[p] < 0 || g->rfds[p] < 0 || g->pfds[p] < 0)) return 0;
     return 1;
+}
+
+/* Whether the pairs t needs are up, asking for the missing ones (the net thread). */
+static int peers_ready(struct net *n, struct ngroup *g, const struct net_task *t)
+{
+    return !mark_needed(g, t) || dataconn_need(n, g, g->need);
 }
 
 void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx)
@@ -184,8 +197,7 @@ int net_inline(struct net *n, struct net_task *t)
     if (!g || pthread_mutex_trylock(&n->coll_lock) != 0) return NET_INLINE_NO;
     int rc = NET_INLINE_NO;
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
-        !g->handoff && !g->inline_abort && !g->lent && t->lepoch >= g->floor &&
-        peers_ready(n, g, t, 0)) {
+        !g->handoff && !g->inline_abort && !g->lent && t->lepoch >= g->floor && pairs_up(g, t)) {
         struct tcp_comm c = comm_for(g, t);
         if (n->nap) {
             c.nap = n->nap;
@@ -334,7 +346,7 @@ static int run_ready_ops(struct net *n)
                  * hold up the lockstep queue (the message waits for its connection) */
                 g->q_head = t->next;
                 if (!g->q_head) g->q_tail = NULL;
-                peers_ready(n, g, t, 1);
+                peers_ready(n, g, t);
                 if (g->ready)
                     p2p_post(n, g, t);
                 else
@@ -351,7 +363,7 @@ static int run_ready_ops(struct net *n)
             }
             /* its pairs first: the op waits in the queue (its deadline runs) while
              * they connect, and other groups go on */
-            if (!peers_ready(n, g, t, 1)) break;
+            if (!peers_ready(n, g, t)) break;
             struct tcp_comm c = comm_for(g, t);
             char why[160] = "";
             /* off the queue while it runs: an abort meanwhile must not hand it back
