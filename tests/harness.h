@@ -71,4 +71,17 @@ int pin_to_cpu(int cpu);
 void tmp_path(char *out, size_t cap, const char *what, int n);
 double now_ms(void);
 
+/* The heartbeat of agents that tests start across pods. Under a sanitizer, 4 times as long: on a
+ * 2-CPU VM whose page faults are dear, ThreadSanitizer's shadow of a 2.5 MiB all-to-all's fresh
+ * buffers made one op's local copies last 0.66-0.83 s, past 3 intervals of 250 ms, and the pods
+ * that waited on it called it silent. Those copies now give the heartbeats turns (tcp.c:
+ * TCP_TURN_BYTES); the margin stays for whatever else a sanitizer slows. Tests that
+ * measure how soon silence is noticed set their own (test_seal's opcheck under
+ * ThreadSanitizer and a loaded CPU once called a pod silent at 250 ms). */
+#ifdef COLL_TEST_SANITIZED
+#define TEST_HB_MS 1000
+#else
+#define TEST_HB_MS 250
+#endif
+
 #endif

@@ -394,8 +394,8 @@ static void sends_and_receives_pair_by_tag(void **state)
                  "node:\n  index: %d\n  name: pod-%d\n"
                  "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
                  "groups:\n  - name: g\n    backend: host\n    members: 2\n"
-                 "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
-                 i, i, port);
+                 "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
+                 i, i, port, TEST_HB_MS);
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
     for (int i = 0; i < 2; i++) {

@@ -506,8 +506,8 @@ static void start_pods(struct agent *a, int op_ms)
                  "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
                  "groups:\n  - name: g\n    backend: host\n    members: %d\n"
                  "    local_slots: 2\n"
-                 "    timeouts: {op_ms: %d, heartbeat_ms: 250, join_ms: 5000}\n",
-                 i, i, port, PODS, op_ms);
+                 "    timeouts: {op_ms: %d, heartbeat_ms: %d, join_ms: 5000}\n",
+                 i, i, port, PODS, op_ms, TEST_HB_MS);
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
 }
@@ -716,8 +716,8 @@ static void a_child_across_pods_fails_cleanly(void **state)
                  "node:\n  index: %d\n  name: pod-%d\n"
                  "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
                  "groups:\n  - name: g\n    backend: host\n    members: 2\n"
-                 "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
-                 i, i, port);
+                 "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
+                 i, i, port, TEST_HB_MS);
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
     struct job jobs[2] = {{.sock = a[0].sock, .rank = 0}, {.sock = a[1].sock, .rank = 0}};

@@ -33,8 +33,8 @@ static int start_pod(struct agent *a, int port, int index, const char *address,
              "discovery:\n  peers: [\"%s:%d\"]\n"
              "security:\n%s"
              "groups:\n  - name: g\n    backend: host\n    members: 2\n"
-             "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
-             index, index, address, address, port, security);
+             "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
+             index, index, address, address, port, security, TEST_HB_MS);
     return agent_start(a, NULL, body);
 }
 

@@ -43,18 +43,6 @@ static void agent_path(int on)
         unsetenv("COLL_DIRECT");
 }
 
-/* The members' heartbeat. Under a sanitizer, 4 times as long: on a 2-CPU VM whose page
- * faults are dear, ThreadSanitizer's shadow of a 2.5 MiB all-to-all's fresh buffers made
- * one op's local copies last 0.66-0.83 s, past 3 intervals of 250 ms, and the pods that
- * waited on it called it silent. Those copies now give the heartbeats turns (tcp.c:
- * TCP_TURN_BYTES); the margin stays for whatever else a sanitizer slows. Tests that
- * measure how soon silence is noticed set their own. */
-#ifdef COLL_TEST_SANITIZED
-#define MEMBER_HB_MS 1000
-#else
-#define MEMBER_HB_MS 250
-#endif
-
 /* Agent section lines for the members a test starts (direct ops' tests turn them on). */
 static const char *member_agent;
 
@@ -67,7 +55,7 @@ static int start_member(struct agent *a, int port, int index, int members, int s
              "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: g\n    backend: host\n    members: %d\n    local_slots: %d\n"
              "    timeouts: {op_ms: %d, heartbeat_ms: %d, join_ms: 5000}\n%s",
-             index, index, port, members, slots, 20000, MEMBER_HB_MS, extra ? extra : "");
+             index, index, port, members, slots, 20000, TEST_HB_MS, extra ? extra : "");
     return agent_start(a, member_agent, body);
 }
 
@@ -899,7 +887,7 @@ static void a_long_op_of_one_group_holds_no_other_back(void **state)
                  "    timeouts: {op_ms: 60000, heartbeat_ms: %d, join_ms: 5000}\n"
                  "  - name: small\n    backend: host\n    members: 2\n"
                  "    timeouts: {op_ms: 60000, heartbeat_ms: %d, join_ms: 5000}\n",
-                 i, i, port, MEMBER_HB_MS, MEMBER_HB_MS);
+                 i, i, port, TEST_HB_MS, TEST_HB_MS);
         assert_int_equal(agent_start(&a[i], "  direct_ops: true\n", body), 0);
     }
     char flag[128], path[256];
@@ -1728,7 +1716,7 @@ static void mismatched_configs_are_rejected(void **state)
              "node:\n  index: 1\ndiscovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: g\n    backend: host\n    members: 3\n"
              "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
-             port, MEMBER_HB_MS);
+             port, TEST_HB_MS);
     assert_int_equal(agent_start(&a[1], NULL, body), 0);
     assert_true(agent_log_wait(&a[1], "world size (members) 3, coordinator has 2", 1, 5000));
     assert_int_equal(agent_log_count(&a[0], "rendezvous.commit"), 0);
@@ -2689,7 +2677,7 @@ static void forged_large_send_frames_are_refused(void **state)
     coll_conn *c;
     coll_group *g;
     coll_group_info info;
-    void *mem;
+    void *mem = NULL;
     assert_int_equal(rank_open(a.sock, 3 * (size_t)N * 4, &c, &g, &info, &mem), 0);
     assert_int_equal(info.rank, 1);
     memset(mem, 0x5a, 3 * (size_t)N * 4);
@@ -2817,7 +2805,7 @@ static void data_connections_come_from_the_listed_address(void **state)
              "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "groups:\n  - name: g\n    backend: host\n    members: 2\n    local_slots: 1\n"
              "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
-             port, MEMBER_HB_MS);
+             port, TEST_HB_MS);
     assert_int_equal(agent_start(&a[1], NULL, body), 0);
     struct one ok[2] = {{.sock = a[0].sock}, {.sock = a[1].sock}};
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
@@ -3268,9 +3256,9 @@ static void sigterm_drains_then_leaves(void **state)
     assert_true(agent_log_wait(&a[0], "left", 1, 5000));
     double drained = log_time(&a[1], "event=agent.drained"), left = log_time(&a[0], "left\"");
     printf("pod 1 drained at %.3f, pod 0 ended the epoch %.0f ms later (heartbeat %d ms)\n",
-           drained, (left - drained) * 1000, MEMBER_HB_MS);
+           drained, (left - drained) * 1000, TEST_HB_MS);
     assert_true(drained > 0 && left > 0);
-    assert_true(left - drained < MEMBER_HB_MS / 1000.0);
+    assert_true(left - drained < TEST_HB_MS / 1000.0);
     assert_int_equal(agent_log_count(&a[1], "ops_in_flight=0"), 1); /* drained, not cut */
     stop_all(a, 2);
 }

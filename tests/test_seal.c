@@ -254,8 +254,8 @@ static int start_pod(struct agent *a, int port, int index, int members, int slot
              "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
              "security:\n  data: %s\n"
              "groups:\n  - name: g\n    backend: host\n    members: %d\n    local_slots: %d\n"
-             "    timeouts: {op_ms: 20000, heartbeat_ms: 250, join_ms: 5000}\n",
-             index, index, port, data, members, slots);
+             "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
+             index, index, port, data, members, slots, TEST_HB_MS);
     /* direct ops asked for: a sealed group must refuse the lease and run them itself */
     return agent_start(a, "  direct_ops: true\n", body);
 }
