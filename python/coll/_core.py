@@ -115,7 +115,7 @@ def view(x):
 
 
 def _dtype_of(v, reducing):
-    """coll's dtype code and the element-count factor (1: every dtype is native)."""
+    """coll's dtype code for the array's dtype (checked against the reduction)."""
     name = v.dtype
     if name in _COMPLEX and reducing not in (None, "sum", "avg", "prod"):
         raise TypeError("%s with %s: complex numbers reduce with sum, avg and prod only" %
@@ -123,7 +123,7 @@ def _dtype_of(v, reducing):
     code = L.DTYPES.get(L.DTYPE_ALIASES.get(name, name))
     if code is None:
         raise TypeError("dtype %s: coll carries %s" % (name, ", ".join(L.DTYPES)))
-    return code, 1
+    return code
 
 
 def redop(op):

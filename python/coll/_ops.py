@@ -186,10 +186,6 @@ def _what(g, op):
     return "%s on group '%s' (rank %d)" % (op, g.name, g.rank)
 
 
-def _count(v, dt_factor):
-    return v.numel * dt_factor
-
-
 def _check_numel(what, v, want, name):
     if v.numel != want:
         raise ValueError("%s: %s has %d elements, the op needs %d" % (what, name, v.numel, want))
@@ -209,7 +205,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
     what = _what(self, "allreduce")
     op = redop(op)
     v = view(x)
-    dt, f = _dtype_of(v, op)
+    dt = _dtype_of(v, op)
     p = _Prep(self, what, stream)
     if out is None or view(out).ptr == v.ptr:
         send = recv = p.dst(v, copy_in=True)
@@ -219,7 +215,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
         _same_dtype(what, v, o)
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_allreduce", self.handle, send, recv, n, dt, L.REDOPS[op],
                         p.stream)], res, async_op)
 
@@ -228,10 +224,10 @@ def broadcast(self, x, root=0, async_op=False, stream=None):
     """root's x into every rank's x."""
     what = _what(self, "broadcast")
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
     ptr = p.dst(v, copy_in=(self.rank == root))
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_broadcast", self.handle, ptr, ptr, n, dt, root, p.stream)], x,
                     async_op)
 
@@ -241,7 +237,7 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
     what = _what(self, "reduce")
     op = redop(op)
     v = view(x)
-    dt, f = _dtype_of(v, op)
+    dt = _dtype_of(v, op)
     p = _Prep(self, what, stream)
     if out is None:
         send = recv = p.dst(v, copy_in=True)
@@ -251,7 +247,7 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
         _same_dtype(what, v, o)
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_reduce", self.handle, send, recv, n, dt, L.REDOPS[op], root,
                         p.stream)], res, async_op)
 
@@ -261,7 +257,7 @@ def allgather(self, x, out=None, async_op=False, stream=None):
     (size,) + x.shape). x may be out's block of this rank (in place)."""
     what = _what(self, "allgather")
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     if out is None:
         out = _arrays.new_like(v, (self.size,) + tuple(x.shape))
     o = view(out)
@@ -273,7 +269,7 @@ def allgather(self, x, out=None, async_op=False, stream=None):
         send = recv + (v.ptr - o.ptr)
     else:
         send, recv = p.src(v), p.dst(o)
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_allgather", self.handle, send, recv, n, dt, p.stream)], out,
                     async_op)
 
@@ -284,7 +280,7 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     what = _what(self, "reduce_scatter")
     op = redop(op)
     v = view(x)
-    dt, f = _dtype_of(v, op)
+    dt = _dtype_of(v, op)
     if out is None:
         if not x.shape or x.shape[0] % self.size:
             raise ValueError("%s: x's first dimension must be a multiple of %d" %
@@ -299,7 +295,7 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
         recv = send + (o.ptr - v.ptr)
     else:
         send, recv = p.src(v), p.dst(o)
-    n = _count(o, f)
+    n = o.numel
     return p.submit([_C("coll_reduce_scatter", self.handle, send, recv, n, dt, L.REDOPS[op],
                         p.stream)], out, async_op)
 
@@ -308,7 +304,7 @@ def alltoall(self, x, out=None, async_op=False, stream=None):
     """Block j of x (size equal blocks) to rank j; block i of out from rank i."""
     what = _what(self, "alltoall")
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     if v.numel % self.size:
         raise ValueError("%s: %d elements do not split into %d blocks" %
                          (what, v.numel, self.size))
@@ -322,7 +318,7 @@ def alltoall(self, x, out=None, async_op=False, stream=None):
         send = recv = p.dst(v, copy_in=True)
     else:
         send, recv = p.src(v), p.dst(o)
-    n = _count(v, f) // self.size
+    n = v.numel // self.size
     return p.submit([_C("coll_alltoall", self.handle, send, recv, n, dt, p.stream)], out,
                     async_op)
 
@@ -348,7 +344,7 @@ def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, str
     what = _what(self, "alltoallv")
     v, o = view(x), view(out)
     _same_dtype(what, v, o)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     if o.ptr == v.ptr and v.nbytes:
         raise ValueError("%s: in place is not supported: give another out" % what)
     eq = lambda a: [a.shape[0] // self.size] * self.size  # noqa: E731
@@ -407,10 +403,10 @@ def gather(self, x, out=None, root=0, async_op=False, stream=None):
     ranks get None. Built from sends to root."""
     what = _what(self, "gather")
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
     tag = 0  # GPU groups: in order
-    n = _count(v, f)
+    n = v.numel
     native = self.backend != "nccl"  # coll.h's own gather; GPU groups: sends and receives
     if self.rank != root:
         send = p.src(v)
@@ -439,10 +435,10 @@ def scatter(self, x, out, root=0, async_op=False, stream=None):
     root only (None elsewhere). Built from sends from root."""
     what = _what(self, "scatter")
     o = view(out)
-    dt, f = _dtype_of(o, None)
+    dt = _dtype_of(o, None)
     p = _Prep(self, what, stream)
     tag = 0  # GPU groups: in order
-    n = _count(o, f)
+    n = o.numel
     native = self.backend != "nccl"  # coll.h's own scatter; GPU groups: sends and receives
     if self.rank != root:
         recv = p.dst(o)
@@ -468,10 +464,10 @@ def send(self, x, peer, tag=0, async_op=False, stream=None):
     """x to rank peer (paired with its recv of the same tag, in order)."""
     what = _what(self, "send to %d" % peer)
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
     ptr = p.src(v)
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_send_tag", self.handle, ptr, n, dt, peer, tag, p.stream)], None,
                     async_op)
 
@@ -480,10 +476,10 @@ def recv(self, x, peer, tag=0, async_op=False, stream=None):
     """Into x from rank peer."""
     what = _what(self, "recv from %d" % peer)
     v = view(x)
-    dt, f = _dtype_of(v, None)
+    dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
     ptr = p.dst(v)
-    n = _count(v, f)
+    n = v.numel
     return p.submit([_C("coll_recv_tag", self.handle, ptr, n, dt, peer, tag, p.stream)], x,
                     async_op)
 
