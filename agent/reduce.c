@@ -375,63 +375,40 @@ static void reduce_bool(int op, void *dst, const void *const *srcs, int nsrc, si
     }
 }
 
-/* float16 / bfloat16: widen into a float chunk, reduce there, narrow once. */
-static void reduce_16(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
-                      uint32_t avg_div)
-{
-    float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];
-    int half = dtype == COLL_FLOAT16;
-    for (int k = 0; k < nsrc; k++) {
-        const uint16_t *s = srcs[k];
-        float *out = k == 0 ? acc : tmp;
-        if (half)
-            for (size_t i = 0; i < n; i++)
-                out[i] = half_wide[s[i]];
-        else
-            for (size_t i = 0; i < n; i++)
-                out[i] = bf16_to_float(s[i]);
-        if (k == 0) continue;
-        const void *pair[2] = {acc, tmp};
-        reduce_f32(op == COLL_AVG ? COLL_SUM : op, acc, pair, 2, n, 1);
+/* The narrow floats (float16, bfloat16, the float8s): each source widened into a float
+ * chunk, reduced there, the result narrowed once. T: the storage type; WIDE_A/NARROW_A
+ * the conversions when `a` (the first of the two formats) is set, WIDE_B/NARROW_B
+ * otherwise. */
+#define DEF_NARROW(NAME, T, WIDE_A, WIDE_B, NARROW_A, NARROW_B)                                    \
+    static void NAME(int a, int op, void *dst, const void *const *srcs, int nsrc, size_t n,        \
+                     uint32_t avg_div)                                                             \
+    {                                                                                              \
+        float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];                                                \
+        for (int k = 0; k < nsrc; k++) {                                                           \
+            const T *s = srcs[k];                                                                  \
+            float *out = k == 0 ? acc : tmp;                                                       \
+            if (a)                                                                                 \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    out[i] = WIDE_A(s[i]);                                                         \
+            else                                                                                   \
+                for (size_t i = 0; i < n; i++)                                                     \
+                    out[i] = WIDE_B(s[i]);                                                         \
+            if (k == 0) continue;                                                                  \
+            const void *pair[2] = {acc, tmp};                                                      \
+            reduce_f32(op == COLL_AVG ? COLL_SUM : op, acc, pair, 2, n, 1);                        \
+        }                                                                                          \
+        if (op == COLL_AVG) div_f32(acc, n, avg_div);                                              \
+        T *d = dst;                                                                                \
+        if (a)                                                                                     \
+            for (size_t i = 0; i < n; i++)                                                         \
+                d[i] = NARROW_A(acc[i]);                                                           \
+        else                                                                                       \
+            for (size_t i = 0; i < n; i++)                                                         \
+                d[i] = NARROW_B(acc[i]);                                                           \
     }
-    if (op == COLL_AVG) div_f32(acc, n, avg_div);
-    uint16_t *d = dst;
-    if (half)
-        for (size_t i = 0; i < n; i++)
-            d[i] = float_to_half(acc[i]);
-    else
-        for (size_t i = 0; i < n; i++)
-            d[i] = float_to_bf16(acc[i]);
-}
-
-/* float8: as the 16-bit floats, through a float chunk */
-static void reduce_8(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
-                     uint32_t avg_div)
-{
-    float acc[REDUCE_CHUNK], tmp[REDUCE_CHUNK];
-    int e4 = dtype == COLL_FLOAT8_E4M3;
-    for (int k = 0; k < nsrc; k++) {
-        const uint8_t *s = srcs[k];
-        float *out = k == 0 ? acc : tmp;
-        if (e4)
-            for (size_t i = 0; i < n; i++)
-                out[i] = E4M3_TO_FLOAT(s[i]);
-        else
-            for (size_t i = 0; i < n; i++)
-                out[i] = E5M2_TO_FLOAT(s[i]);
-        if (k == 0) continue;
-        const void *pair[2] = {acc, tmp};
-        reduce_f32(op == COLL_AVG ? COLL_SUM : op, acc, pair, 2, n, 1);
-    }
-    if (op == COLL_AVG) div_f32(acc, n, avg_div);
-    uint8_t *d = dst;
-    if (e4)
-        for (size_t i = 0; i < n; i++)
-            d[i] = FLOAT_TO_E4M3(acc[i]);
-    else
-        for (size_t i = 0; i < n; i++)
-            d[i] = FLOAT_TO_E5M2(acc[i]);
-}
+#define HALF_WIDE(h) half_wide[h]
+DEF_NARROW(reduce_16, uint16_t, HALF_WIDE, bf16_to_float, float_to_half, float_to_bf16)
+DEF_NARROW(reduce_8, uint8_t, E4M3_TO_FLOAT, E5M2_TO_FLOAT, FLOAT_TO_E4M3, FLOAT_TO_E5M2)
 
 /* Complex numbers: sum and average lane by lane; the product as (ac - bd, ad + bc), which
  * gives the same bits whichever operand comes first (reduce.c is built without
@@ -509,11 +486,11 @@ void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, s
         break;
     case COLL_FLOAT16:
     case COLL_BFLOAT16:
-        reduce_16(dtype, op, dst, srcs, nsrc, n, avg_div);
+        reduce_16(dtype == COLL_FLOAT16, op, dst, srcs, nsrc, n, avg_div);
         break;
     case COLL_FLOAT8_E4M3:
     case COLL_FLOAT8_E5M2:
-        reduce_8(dtype, op, dst, srcs, nsrc, n, avg_div);
+        reduce_8(dtype == COLL_FLOAT8_E4M3, op, dst, srcs, nsrc, n, avg_div);
         break;
     case COLL_COMPLEX64:
     case COLL_COMPLEX128:
