@@ -2550,6 +2550,16 @@ static int fake0_accept(struct fake0 *f, const struct agent *member, int right)
     return agent_log_wait(member, "event=group.formed ", formed_before + 1, 5000);
 }
 
+/* The test's node 0 and a real member (node 1 of 2, one slot), formed: the member's
+ * connections are in f->fds. */
+static void fake0_with_member(struct fake0 *f, struct agent *member)
+{
+    fake0_open(f);
+    assert_int_equal(start_member(member, f->port, 1, 2, 1, NULL), 0);
+    assert_int_equal(fake0_commit(f), 0);
+    assert_int_equal(fake0_accept(f, member, 1), 1);
+}
+
 /* Found at 242e584: only the connecting side proved the epoch's secret, yet it read
  * COLL_BACK and P2P bytes from the other side. Now the accepting side proves it too
  * (its welcome, over the hello's fresh nonce): a listener at the listed address without
@@ -2580,11 +2590,8 @@ static void a_flood_of_empty_early_sends_is_bounded(void **state)
 {
     (void)state;
     struct fake0 f;
-    fake0_open(&f);
     struct agent a;
-    assert_int_equal(start_member(&a, f.port, 1, 2, 1, NULL), 0);
-    assert_int_equal(fake0_commit(&f), 0);
-    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    fake0_with_member(&f, &a);
     long rss0 = proc_status(a.pid, 0, "VmRSS");
     assert_true(rss0 > 0);
     int fd = f.fds[DATA_CH_P2P];
@@ -2668,11 +2675,8 @@ static void forged_large_send_frames_are_refused(void **state)
 {
     (void)state;
     struct fake0 f;
-    fake0_open(&f);
     struct agent a;
-    assert_int_equal(start_member(&a, f.port, 1, 2, 1, NULL), 0);
-    assert_int_equal(fake0_commit(&f), 0);
-    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    fake0_with_member(&f, &a);
     enum { N = 512 * 1024 }; /* 2 MiB of float32: over UNX_SMALL, so it asks first */
     coll_conn *c;
     coll_group *g;
