@@ -452,11 +452,12 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
             if (h->redop == P2P_RTS) { /* a large send asks: its receive may be posted */
                 struct data_op_hdr rh = *h;
                 struct net_task **pp = &g->posted_head, *prev = NULL, *m = NULL;
-                for (; *pp && !m; prev = *pp, pp = &(*pp)->next) {
+                for (; *pp; prev = *pp, pp = &(*pp)->next) {
                     if (!p2p_matches(g, *pp, &rh)) continue;
                     m = *pp;
                     *pp = m->next;
                     if (g->posted_tail == m) g->posted_tail = prev;
+                    break; /* pp may point at NULL now: no step past it */
                 }
                 if (!m && !unx_fits(g, peer, 0)) {
                     in->parked = 1; /* no room to keep the ask: the stream waits */
