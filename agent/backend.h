@@ -62,6 +62,9 @@ struct backend_ops {
     /* Ops of g out on another thread: 0 none, 1 some, 2 some on long transfers (the
      * engine then sleeps instead of spinning). May be NULL (never any). */
     int (*outstanding)(const struct group *g);
+    /* Whether tasks of g are out on another thread, in memory of g's backend state: a
+     * child then stays until they are back (group_child_release). May be NULL (never). */
+    int (*busy)(const struct group *g);
     /* A turn of the backend's own work on the engine thread (a large local op, a slice
      * at a time), until about until_ns; nonzero when it did some (the engine then looks
      * at its rings and comes back). May be NULL. */

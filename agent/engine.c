@@ -352,14 +352,21 @@ static void gpu_results(struct engine *eng)
     struct gpu_task *t = gpu_collect(eng->gpu);
     while (t) {
         struct gpu_task *next = t->next;
-        nccl_group_done(&eng->groups[t->group], t);
+        struct group *g = group_by_index(eng->groups, eng->ngroups, t->group);
+        if (t->type == GPU_TASK_FORGET)
+            free(t); /* gpu_forget_group's */
+        else if (g)
+            nccl_group_done(g, t);
+        else /* cannot happen: a child stays while its tasks are out (nccl_busy) */
+            log_msg(LOG_ERROR, "gpu.orphan_task", "group=%d type=%d", t->group, t->type);
         t = next;
     }
     struct gpu_job *j = gpu_collect_jobs(eng->gpu);
     while (j) {
         struct gpu_job *next = j->next;
         if (j->type == GPU_JOB_COMMID) {
-            nccl_group_commid(&eng->groups[j->group], j);
+            struct group *g = group_by_index(eng->groups, eng->ngroups, j->group);
+            if (g) nccl_group_commid(g, j); /* else: a child that went before its id came */
         } else {
             struct session *s = eng->sessions;
             while (s && s->id != j->session)

@@ -24,6 +24,8 @@ struct buffer;
 enum gpu_task_type {
     GPU_TASK_OP = 0, /* run one rank's part of a matched op */
     GPU_TASK_DROP,   /* the group's communicators up to generation gen are over: abort them */
+    GPU_TASK_FORGET, /* the group is gone (a child): destroy all its communicators; the
+                        task is gpu_forget_group's, freed by the engine when it is back */
 };
 
 /* One rank's part of an op, on one GPU. Owned by the engine; lent to the device's
@@ -31,7 +33,7 @@ enum gpu_task_type {
 struct gpu_task {
     struct gpu_task *next;
     int type;
-    int group;    /* index into cfg->groups */
+    int group;    /* the group's index (group.h: cfg->groups, then children) */
     uint32_t gen; /* communicator generation of the group: (group, gen, device) is the key */
     int nranks, rank;
     uint8_t commid[GPU_COMMID_BYTES]; /* the generation's NCCL unique id */
@@ -72,6 +74,10 @@ void gpu_free(struct gpu **g);
 
 /* Engine thread. Queue t on the launcher of t->device. Never blocks. */
 void gpu_submit(struct gpu *g, struct gpu_task *t);
+/* Engine thread. Group index is gone (a child that went): its communicators on
+ * devices[n] go too (GPU_TASK_FORGET). Nothing once gpu_stop began:
+ * the stop ends every communicator. */
+void gpu_forget_group(struct gpu *g, int group, const int *devices, int n);
 /* Engine thread: readable when tasks are back (edge-triggered use). */
 int gpu_notify_fd(const struct gpu *g);
 /* Engine thread: take every returned task (oldest first per device). */

@@ -57,6 +57,7 @@ int group_init(struct group *g, const struct group_config *cfg, int node_index,
     }
     g->op_done = finish_op;
     g->fail = group_break;
+    g->idle = group_child_release;
     g->be = backend_choose(cfg, g->backend_why, sizeof(g->backend_why));
     if (g->be && g->be->init(g) < 0) {
         g->be->fini(g);
@@ -88,6 +89,26 @@ struct group *group_find(struct group *groups, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
         if (strcmp(groups[i].cfg->name, name) == 0) return &groups[i];
+    return NULL;
+}
+
+static struct group *child_by_index(struct group *g, int index)
+{
+    for (struct group *c = g->children; c; c = c->next_child) {
+        if (c->index == index) return c;
+        struct group *d = child_by_index(c, index);
+        if (d) return d;
+    }
+    return NULL;
+}
+
+struct group *group_by_index(struct group *groups, int n, int index)
+{
+    if (index >= 0 && index < n) return &groups[index];
+    for (int i = 0; i < n && index >= GROUP_CHILD_INDEX_BASE; i++) {
+        struct group *c = child_by_index(&groups[i], index);
+        if (c) return c;
+    }
     return NULL;
 }
 
@@ -548,8 +569,10 @@ static void child_free(struct group *c)
 
 void group_child_release(struct group *c)
 {
-    /* held by a member, or by a child of its own that a member holds: stays */
-    if (!c->parent || c->attached > 0 || c->children) return;
+    /* held by a member, or by a child of its own that a member holds, or by its tasks
+     * out on another thread (they live in its backend's state): stays */
+    if (!c->parent || c->attached > 0 || c->children || (c->be && c->be->busy && c->be->busy(c)))
+        return;
     struct group *parent = c->parent, **p = &parent->children;
     while (*p && *p != c)
         p = &(*p)->next_child;

@@ -97,9 +97,13 @@ struct group {
     char backend_why[192];
     void (*op_done)(struct group *g, struct op *op, int status, const char *why);
     void (*fail)(struct group *g, int err, const char *why); /* end the epoch */
+    /* the backend is no longer busy (backend_ops.busy): a child that waited may go, and
+     * g with it (group_child_release): touch it no more */
+    void (*idle)(struct group *g);
     /* groups that span several pods: the net thread holds the cluster-wide epoch */
     struct net *net;
-    int index;            /* in the config, as the net thread and the launchers know it */
+    int index;            /* in the config, as the net thread and the launchers know it; a child's
+                             is GROUP_CHILD_INDEX_BASE or more, never reused */
     struct net_task mark; /* the epoch mark; at most one in flight */
     int mark_busy, mark_pending_abort, mark_pending, mark_code;
     struct gpu *gpu; /* groups on the NCCL backend: the launchers */
@@ -151,6 +155,9 @@ void group_state(const struct group *g, int *formed, uint32_t *epoch, char *deta
 
 /* The group of that name among n, or NULL. */
 struct group *group_find(struct group *groups, int n, const char *name);
+/* The group whose index (as the launchers know it) is index: one of groups[n] or a
+ * child of theirs at any depth; NULL when it went. */
+struct group *group_by_index(struct group *groups, int n, int index);
 
 /* Give slot (or the lowest free one for -1) to s. Returns the slot or a negative
  * coll_err. */
@@ -199,6 +206,7 @@ int group_turn(struct group *g, int64_t until_ns);
  * all on this pod (for now), its rank i being ranks[i]; it lives in the parent's epoch.
  * At most GROUP_CHILDREN_MAX live under one group. */
 #define GROUP_CHILDREN_MAX 64
+#define GROUP_CHILD_INDEX_BASE CONFIG_MAX_GROUPS
 /* s, holding rank my_rank of parent (in its current epoch), joins the child of ranks[n]:
  * the one it has not joined yet among those made in this epoch with the same list, or
  * a new one. Returns the child (and *slot), or NULL with a coll_err in *err and why. */

@@ -2,7 +2,8 @@
  * group_child.c: groups made at run time (coll_group_create, coll_group_split): a child
  * holds some ranks of its parent group and lives inside the parent's epoch. Here the
  * children whose ranks are all on this pod: a local group of those slots, run by the
- * host backend's local plane, with no rendezvous.
+ * host backend's local plane (a parent on GPUs: by NCCL, on the parent ranks' GPUs),
+ * with no rendezvous.
  *
  * Only the listed ranks call create, each with the same list in the same order; the
  * k-th create of a list by each member meets the k-th of the others (a slot is taken
@@ -31,6 +32,29 @@ static int same_list(const struct group *c, const uint32_t *ranks, int n)
     return 1;
 }
 
+/* Children's indexes, as the GPU launchers key their communicators: never reused, so
+ * a child that went leaves nothing another one could take for its own. */
+static int next_index = GROUP_CHILD_INDEX_BASE;
+
+/* A child of a group on GPUs runs on NCCL too, each rank on its parent rank's GPU, with
+ * communicators of its own (made from the child's own ids, on first use: decision 21). */
+static int child_devices(struct group *parent, const uint32_t *ranks, int n,
+                         struct group_config *cfg)
+{
+    int devs[CONFIG_MAX_DEVICES];
+    int nd = parent->be->devices(parent, devs, CONFIG_MAX_DEVICES);
+    int lo = parent->node_index * parent->nslots;
+    if (n > CONFIG_MAX_DEVICES) return -1;
+    for (int i = 0; i < n; i++) {
+        int slot = (int)ranks[i] - lo;
+        if (slot < 0 || slot >= nd) return -1;
+        snprintf(cfg->devices[i], sizeof(cfg->devices[i]), "%d", devs[slot]);
+    }
+    cfg->ndevices = n;
+    cfg->backend = CONFIG_BACKEND_NCCL;
+    return 0;
+}
+
 static struct group *child_new(struct group *parent, const uint32_t *ranks, int n)
 {
     struct child *k = calloc(1, sizeof(*k));
@@ -47,6 +71,12 @@ static struct group *child_new(struct group *parent, const uint32_t *ranks, int 
     k->cfg.members = 1;
     k->cfg.local_slots = n;
     k->cfg.ndevices = 0;
+    if (parent->be == &backend_nccl && child_devices(parent, ranks, n, &k->cfg) < 0) {
+        free(k);
+        free(pr);
+        free(taken);
+        return NULL;
+    }
     /* "<parent>/<first rank>.<n>": what the logs call it */
     char name[CONFIG_NAME_MAX];
     snprintf(name, sizeof(name), "%.40s/%u+%d", parent->cfg->name, ranks[0], n - 1);
@@ -59,6 +89,8 @@ static struct group *child_new(struct group *parent, const uint32_t *ranks, int 
         return NULL;
     }
     struct group *c = &k->g;
+    c->index = next_index++;
+    c->gpu = parent->gpu;
     for (int i = 0; i < n; i++)
         pr[i] = (int)ranks[i];
     c->parent_ranks = pr;

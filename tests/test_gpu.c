@@ -634,6 +634,63 @@ static void repeated_ops_replay(void **state)
     assert_int_equal(replays, 40);
 }
 
+/* ---- groups made at run time ------------------------------------------------------------ */
+
+/* Children of a GPU group on this pod: split and created, nested, run on NCCL with
+ * communicators of their own, interleaved with the parent's ops; closed and made again. */
+static int children_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *k, *kk, *none = (coll_group *)1;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(0) == cudaSuccess, 4);
+    int rc = small_allreduce(c, g, 0, 1);
+    if (rc) return rc;
+    /* NOCOLOR: the split takes part, and no group comes back */
+    CHECK(coll_group_split(g, COLL_SPLIT_NOCOLOR, 0, &none) == COLL_OK && none == NULL, 5);
+    for (int round = 0; round < 2; round++) {
+        CHECK(coll_group_split(g, 7, 0, &k) == COLL_OK, 20);
+        coll_group_info info;
+        CHECK(coll_group_info_get(k, &info) == COLL_OK, 21);
+        CHECK(info.size == 1 && info.rank == 0 && strcmp(info.backend, "nccl") == 0, 22);
+        int pr[2] = {-1, -1};
+        CHECK(coll_group_parent_ranks(k, pr, 2) == 1 && pr[0] == 0, 23);
+        rc = small_allreduce(c, k, 0, 1);
+        if (rc) return 100 + rc;
+        rc = small_allreduce(c, g, 0, 1); /* the parent's communicator still serves */
+        if (rc) return 200 + rc;
+        int one = 0;
+        CHECK(coll_group_create(k, &one, 1, &kk) == COLL_OK, 24); /* a child's child */
+        CHECK(coll_group_info_get(kk, &info) == COLL_OK && strcmp(info.backend, "nccl") == 0, 25);
+        rc = small_allreduce(c, kk, 0, 1);
+        if (rc) return 300 + rc;
+        rc = small_allreduce(c, k, 0, 1);
+        if (rc) return 400 + rc;
+        coll_group_close(&kk);
+        coll_group_close(&k);
+    }
+    rc = small_allreduce(c, g, 0, 1);
+    if (rc) return 500 + rc;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void children_run_on_nccl(void **state)
+{
+    (void)state;
+    struct agent a;
+    one_client(&a, 60000, children_main);
+    /* the parent's communicator, and one per child made (2 rounds x a child and its
+     * child), each destroyed once its child went */
+    assert_int_equal(agent_log_count(&a, "gpu.comm_init"), 5);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_forget"), 4);
+    assert_int_equal(agent_log_count(&a, "gpu.comm_abort"), 0);
+    assert_int_equal(agent_log_count(&a, "/0+0 backend=nccl"), 4);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 /* ---- failures ------------------------------------------------------------------------------ */
 
 /* Submit an op behind a gate that stays shut; tell the parent; linger. */
@@ -988,6 +1045,7 @@ int main(void)
         cmocka_unit_test(stream_waited_ops_free_their_slots),
         cmocka_unit_test(a_kept_stream_wait_still_answers_the_host),
         cmocka_unit_test(repeated_ops_replay),
+        cmocka_unit_test(children_run_on_nccl),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

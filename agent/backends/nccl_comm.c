@@ -226,6 +226,24 @@ void nccl_drop_generation(struct launcher *l, int group, uint32_t gen)
     }
 }
 
+void nccl_forget_group(struct launcher *l, int group)
+{
+    for (struct comm **pp = &l->comms; *pp;) {
+        struct comm *c = *pp;
+        if (c->group != group) {
+            pp = &c->next;
+            continue;
+        }
+        /* nothing is in flight (the group waited for its tasks); were anything, it
+         * fails rather than run on a communicator that is going */
+        if (c->fly_head || c->nsettle) nccl_comm_break(l, c, COLL_ERR_EPOCH, "the group went");
+        log_msg(LOG_INFO, "gpu.comm_forget", "device=%d group=%d gen=%u rank=%d/%d", l->device,
+                c->group, c->gen, c->rank, c->nranks);
+        *pp = c->next;
+        nccl_comm_destroy(l, c);
+    }
+}
+
 /* Advance c's creation (INIT or SPLIT). Returns 1 while it is still in progress and
  * within its deadline; 0 once it is READY or BROKEN. */
 int nccl_comm_progress(struct launcher *l, struct comm *c)

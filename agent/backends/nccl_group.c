@@ -82,6 +82,8 @@ static void nccl_fini(struct group *g)
 {
     struct nccl_group *x = g->be_ctx;
     if (!x) return;
+    /* a child that goes: its communicators (made from its own ids) go with it */
+    if (g->parent && g->gpu && x->commid_gen) gpu_forget_group(g->gpu, g->index, x->dev, g->nslots);
     log_msg(LOG_INFO, "group.stats", "group=%s ops_done=%llu ops_failed=%llu comm_generations=%u",
             g->cfg->name, (unsigned long long)g->ops_done, (unsigned long long)g->ops_failed,
             x->comm_gen);
@@ -304,6 +306,13 @@ void nccl_group_done(struct group *g, struct gpu_task *t)
         }
     }
     recycle(x, gt);
+    if (g->parent && !x->inflight) g->idle(g); /* a child that waited for them may go now */
+}
+
+static int nccl_busy(const struct group *g)
+{
+    const struct nccl_group *x = g->be_ctx;
+    return x && x->inflight > 0;
 }
 
 static int64_t nccl_held_deadline(const struct group *g)
@@ -348,6 +357,7 @@ const struct backend_ops backend_nccl = {
     .pair = nccl_pair,
     .epoch_over = nccl_epoch_over,
     .held_deadline = nccl_held_deadline,
+    .busy = nccl_busy,
     .forget_session = nccl_forget,
     .devices = nccl_devices,
     .stats = nccl_stats,

@@ -194,14 +194,17 @@ static int issue_pending(struct launcher *l)
     struct gpu_task **pp = &l->pend_head;
     while (*pp) {
         struct gpu_task *t = *pp;
-        if (t->type == GPU_TASK_DROP) {
+        if (t->type == GPU_TASK_DROP || t->type == GPU_TASK_FORGET) {
             fail_dropped(l, t);
             /* the list before t may have changed: find t again */
             prev = NULL;
             for (pp = &l->pend_head; *pp != t; pp = &(*pp)->next)
                 prev = *pp;
             unlink_pending(l, pp, prev);
-            nccl_drop_generation(l, t->group, t->gen);
+            if (t->type == GPU_TASK_FORGET)
+                nccl_forget_group(l, t->group);
+            else
+                nccl_drop_generation(l, t->group, t->gen);
             t->status = COLL_OK;
             nccl_post(l->g, t);
             moved = 1;
@@ -401,6 +404,22 @@ void gpu_submit(struct gpu *g, struct gpu_task *t)
     l->in_tail = t;
     if (l->sleeping) pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
+}
+
+void gpu_forget_group(struct gpu *g, int group, const int *devices, int n)
+{
+    if (atomic_load(&g->stop)) return; /* the engine's own gpu_stop: never set after this */
+    for (int k = 0; k < n; k++) {
+        struct gpu_task *t = calloc(1, sizeof(*t));
+        if (!t) { /* its communicators stay cached until the agent stops */
+            log_msg(LOG_WARN, "gpu.forget", "group=%d error=\"out of memory\"", group);
+            return;
+        }
+        t->type = GPU_TASK_FORGET;
+        t->group = group;
+        t->device = devices[k];
+        gpu_submit(g, t);
+    }
 }
 
 int gpu_notify_fd(const struct gpu *g)

@@ -197,6 +197,7 @@ void nccl_comm_destroy(struct launcher *l, struct comm *c);
 struct comm *nccl_comm_find(struct launcher *l, int group, uint32_t gen);
 struct comm *nccl_comm_get(struct launcher *l, struct gpu_task *t);
 void nccl_drop_generation(struct launcher *l, int group, uint32_t gen);
+void nccl_forget_group(struct launcher *l, int group); /* it went: destroy its communicators */
 int nccl_comm_progress(struct launcher *l, struct comm *c);
 
 /* nccl_graph.c: launcher thread only */

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "lc.h"
+#include "lcgpu.h"
 
 /* Ask the agent whether g stands across its pods; updates info.epoch when it does. */
 static coll_err query_state(coll_group *g, int *formed, char *detail, size_t cap)
@@ -194,21 +195,39 @@ coll_err coll_group_split(coll_group *parent, int color, int key, coll_group **c
     *child = NULL;
     if (color < 0 && color != COLL_SPLIT_NOCOLOR)
         return lc_fail(COLL_ERR_INVALID, "color %d: 0 or more, or COLL_SPLIT_NOCOLOR", color);
-    if (parent->gpu)
-        return lc_fail(COLL_ERR_UNSUPPORTED, "splitting a GPU (NCCL) group is not supported yet");
     /* every rank's (color, key), gathered through the parent: the n-th op of every rank,
-     * so a rank that does something else instead gets MISMATCH on every rank */
-    int size = parent->info.size;
+     * so a rank that does something else instead gets MISMATCH on every rank. A group on
+     * GPUs gathers them on the calling thread's device. */
+    int size = parent->info.size, dev = COLL_DEVICE_HOST;
+    char why[160];
+    if (parent->gpu && lcgpu_device(&dev, why, sizeof(why)) < 0)
+        return lc_fail(COLL_ERR_UNSUPPORTED, "splitting GPU group '%s': %s", parent->info.name,
+                       why);
+    size_t bytes = (size_t)size * 2 * sizeof(int32_t);
+    int32_t *all = malloc(bytes);
+    if (!all) return lc_fail(COLL_ERR_NOMEM, "splitting");
     coll_buffer *b;
-    coll_err rc =
-        coll_mem_alloc(&b, parent->conn, (size_t)size * 2 * sizeof(int32_t), COLL_DEVICE_HOST);
-    if (rc != COLL_OK) return rc;
-    int32_t *all = coll_mem_ptr(b);
-    all[2 * parent->info.rank] = color;
-    all[2 * parent->info.rank + 1] = key;
+    coll_err rc = coll_mem_alloc(&b, parent->conn, bytes, dev);
+    if (rc != COLL_OK) {
+        free(all);
+        return rc;
+    }
+    int32_t *on = coll_mem_ptr(b), mine[2] = {color, key};
+    if (parent->gpu)
+        rc = lcgpu_copy(on + 2 * parent->info.rank, mine, sizeof(mine), why, sizeof(why)) < 0
+                 ? lc_fail(COLL_ERR_INTERNAL, "splitting: %s", why)
+                 : COLL_OK;
+    else
+        memcpy(on + 2 * parent->info.rank, mine, sizeof(mine));
     coll_request r;
-    rc = coll_allgather(parent, all + 2 * parent->info.rank, all, 2, COLL_INT32, NULL, &r);
+    if (rc == COLL_OK)
+        rc = coll_allgather(parent, on + 2 * parent->info.rank, on, 2, COLL_INT32, NULL, &r);
     if (rc == COLL_OK) rc = coll_wait(parent->conn, r, -1);
+    if (rc == COLL_OK && parent->gpu && lcgpu_copy(all, on, bytes, why, sizeof(why)) < 0)
+        rc = lc_fail(COLL_ERR_INTERNAL, "splitting: %s", why);
+    else if (rc == COLL_OK && !parent->gpu)
+        memcpy(all, on, bytes);
+    coll_mem_release(&b);
     struct split_entry *e = NULL;
     int n = 0;
     if (rc == COLL_OK && color != COLL_SPLIT_NOCOLOR) {
@@ -217,7 +236,7 @@ coll_err coll_group_split(coll_group *parent, int color, int key, coll_group **c
         for (int i = 0; e && i < size; i++)
             if (all[2 * i] == color) e[n++] = (struct split_entry){color, all[2 * i + 1], i};
     }
-    coll_mem_release(&b);
+    free(all);
     if (rc != COLL_OK || color == COLL_SPLIT_NOCOLOR) {
         free(e);
         return rc;

@@ -51,6 +51,20 @@ int lcgpu_stream_idle(void *stream)
     return 0;
 }
 
+int lcgpu_device(int *device, char *why, size_t whylen)
+{
+    (void)device;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+
+int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+    (void)dst, (void)src, (void)n;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+
 #else
 
 #include <cuda_runtime_api.h>
@@ -189,6 +203,28 @@ int lcgpu_wait(void *stream, void *dev_addr, uint64_t v, char *why, size_t whyle
                                  CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS) {
         snprintf(why, whylen, "cuStreamWaitValue64 on stream %p: %s", stream, cudrv_str(r));
+        return -1;
+    }
+    return 0;
+}
+
+int lcgpu_device(int *device, char *why, size_t whylen)
+{
+    cudaError_t e = cudaGetDevice(device);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, whylen, "cudaGetDevice: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+    cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, whylen, "cudaMemcpy of %zu bytes: %s", n, cudaGetErrorString(e));
         return -1;
     }
     return 0;

@@ -33,4 +33,9 @@ int lcgpu_stream_idle(void *stream);
 /* Enqueue on stream a wait until the word at dev_addr is >= v (wrap-safe). */
 int lcgpu_wait(void *stream, void *dev_addr, uint64_t v, char *why, size_t whylen);
 
+/* The calling thread's current CUDA device (cudaGetDevice). */
+int lcgpu_device(int *device, char *why, size_t whylen);
+/* Copy n bytes between host and device memory (either way), finished on return. */
+int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen);
+
 #endif

@@ -99,7 +99,27 @@ try:
         check("a complex product on a GPU group is refused: %s" % e,
               e.name == "UNSUPPORTED" and "complex product" in str(e))
 
-    # timings: coll (coll memory), coll (staged) and ProcessGroupNCCL, interleaved
+    # groups made at run time on a GPU group: children on NCCL, with their own
+    # communicators (coll_group_split, and torch's new_group through coll_group_create)
+    k = cg.split(0)
+    kt = conn.zeros(64, torch.float32, device="cuda:0")
+    kt.fill_(1.5)
+    k.allreduce(kt)
+    check("cg.split(0) of a GPU group is a child on %s; its allreduce" % k.backend,
+          k.backend == "nccl" and float(kt[63]) == 1.5)
+    k.close()
+    sub = dist.new_group([0])
+    try:
+        kind = sub._get_backend(torch.device("cuda")).coll.backend
+    except Exception as e:  # torch 1.x has no per-device backends
+        kind = "unknown (%s)" % type(e).__name__
+    st = torch.arange(10, device="cuda", dtype=torch.float32)
+    dist.all_reduce(st, group=sub)
+    check("dist.new_group([0]) on a GPU group: all_reduce on the child (backend %s)" % kind,
+          torch.equal(st, torch.arange(10, device="cuda", dtype=torch.float32)))
+
+    # timings: coll (coll memory), coll on a child of the same rank, coll (staged) and
+    # ProcessGroupNCCL, interleaved
     nccl = dist.new_group(backend="nccl")
     sizes = [8, 1 << 20, 64 << 20, 256 << 20]
     rounds = 5
@@ -108,14 +128,15 @@ try:
         for size in sizes:
             n = max(1, size // 4)
             bufs = {"coll": conn.zeros(n, torch.float32, device="cuda:0"),
+                    "coll-child": conn.zeros(n, torch.float32, device="cuda:0"),
                     "coll-py": conn.zeros(n, torch.float32, device="cuda:0"),
                     "coll-staged": torch.zeros(n, device="cuda"),
                     "nccl": torch.zeros(n, device="cuda")}
             iters = 200 if size <= 1 << 20 else 10
-            order = ["coll", "coll-staged", "coll-py", "nccl"]
+            order = ["coll", "coll-staged", "coll-py", "nccl", "coll-child"]
             k = r % len(order)
             for v in order[k:] + order[:k]:
-                buf, grp = bufs[v], (nccl if v == "nccl" else None)
+                buf, grp = bufs[v], {"nccl": nccl, "coll-child": sub}.get(v)
 
                 def one():
                     if v == "coll-py":  # coll's own API, the same stream discipline
@@ -135,14 +156,16 @@ try:
                 cells.setdefault((size, v), []).append((time.perf_counter() - t0) / iters * 1e6)
     print("\ndist.all_reduce, one rank on %s, synchronized after each op, median of %d "
           "interleaved rounds (us per op)" % (torch.cuda.get_device_name(0), rounds))
-    print("| bytes | coll | coll-staged | coll-py | nccl | nccl/coll | nccl/staged |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| bytes | coll | coll-staged | coll-py | nccl | nccl/coll | nccl/staged "
+          "| coll-child | child/coll |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         m = {v: statistics.median(cells[(size, v)])
-             for v in ("coll", "coll-staged", "coll-py", "nccl")}
-        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |" % (
+             for v in ("coll", "coll-staged", "coll-py", "nccl", "coll-child")}
+        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f |" % (
             size, m["coll"], m["coll-staged"], m["coll-py"], m["nccl"],
-            m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"]))
+            m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"], m["coll-child"],
+            m["coll-child"] / m["coll"]))
     dist.destroy_process_group()
 finally:
     rc = agent.stop()
