@@ -412,9 +412,13 @@ static int on_lease(struct session *s, const struct wire_lease *q)
                       g->cfg->name, WIRE_DIRECT_HANDLES);
     if (s->env->draining) /* what it would run goes through us, and is refused */
         return refuse(s, q->h.req_id, COLL_ERR_SHUTDOWN, "the agent is stopping");
-    if (h->epoch != g->epoch || !g->net_formed || g->lent_to || !group_idle(g))
-        return refuse(s, q->h.req_id, COLL_ERR_BUSY,
-                      "group '%s' is not formed and idle in the handle's epoch", g->cfg->name);
+    if (h->epoch != g->epoch) /* as its ops would be: the handle is over */
+        return refuse(s, q->h.req_id, COLL_ERR_EPOCH,
+                      "group '%s' was re-formed since this handle was opened: reopen it",
+                      g->cfg->name);
+    if (!g->net_formed || g->lent_to || !group_idle(g))
+        return refuse(s, q->h.req_id, COLL_ERR_BUSY, "group '%s' is not formed and idle",
+                      g->cfg->name);
     struct net_lease l;
     char why[160] = "";
     int rc = net_lend(g->net, g->index, &s->shm->lease_q[q->handle], &l,

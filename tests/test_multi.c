@@ -924,7 +924,9 @@ struct mix {
     int all;        /* ... or every collective itself, large ones too (COLL_DIRECT=all) */
     int rounds;
     const char *flag; /* a path the case's ranks may signal each other with (flag.ROUND) */
+    int raw;          /* its ops' memory is malloc's, outside coll buffers (with all) */
 };
+static unsigned mix_raw_mask; /* mix_case: the ranks whose jobs get raw */
 
 #define MIX_BIG ((size_t)1 << 18) /* int32s: 1 MiB, past what runs direct */
 
@@ -955,6 +957,7 @@ static int mix_open(const struct mix *o, coll_conn **c, coll_group **g, coll_gro
     if (rc) return rc;
     if (coll_group_wait(*g, 10000) != COLL_OK) return 151;
     *in = mem;
+    if (o->raw && !(*in = aligned_alloc(64, MIX_BIG * 4 * 2))) return 149;
     return 0;
 }
 
@@ -969,8 +972,9 @@ static void mix_case(struct agent *a, struct mix *jobs, int n, unsigned agent_ma
     tmp_path(flag, sizeof(flag), "mix", 0);
     start_all(a, n, 1, &port);
     for (int i = 0; i < n; i++)
-        jobs[i] = (struct mix){a[i].sock, (int)(agent_mask >> i) & 1, (int)(all_mask >> i) & 1,
-                               rounds, flag};
+        jobs[i] =
+            (struct mix){a[i].sock, (int)(agent_mask >> i) & 1,  (int)(all_mask >> i) & 1, rounds,
+                         flag,      (int)(mix_raw_mask >> i) & 1};
     fprintf(stderr, "case: %d pods, through the agent: mask 0x%x, all direct: mask 0x%x\n", n,
             agent_mask, all_mask);
     run_ranks(fn, jobs, sizeof(jobs[0]), n, ms);
@@ -1203,6 +1207,7 @@ static int large_mix_main(void *arg)
             if (out[B + i] != n * (n - 1) / 2 + n * (int32_t)i) return 179;
     }
     coll_disconnect(&c);
+    if (o->raw) free(in);
     return 0;
 }
 
@@ -1238,6 +1243,106 @@ static void every_op_runs_in_the_application_with_direct_all(void **state)
                 assert_true(direct >= ROUNDS && direct <= 2 * ROUNDS);
         }
     }
+    member_agent = NULL;
+}
+
+/* An op that runs in the application takes its host memory as it is: every kind of
+ * large op on malloc's memory (COLL_DIRECT=all), exact, and all of them run direct;
+ * beside a pod whose client goes through its agent, in coll memory. */
+static void direct_ops_take_memory_outside_coll_buffers(void **state)
+{
+    (void)state;
+    const struct {
+        int pods;
+        unsigned agent_mask, all_mask;
+    } cases[] = {{2, 0, 3}, {3, 2, 5}};
+    enum { ROUNDS = 2 };
+    member_agent = "  direct_ops: true\n";
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int n = cases[k].pods;
+        struct agent a[3];
+        struct mix jobs[3];
+        mix_raw_mask = cases[k].all_mask;
+        mix_case(a, jobs, n, cases[k].agent_mask, cases[k].all_mask, ROUNDS, large_mix_main,
+                 120000);
+        for (int i = 0; i < n; i++) {
+            long agent, direct = mix_counts(&a[i], i, &agent);
+            assert_int_equal(direct + agent, ROUNDS * LARGE_OPS);
+            assert_int_equal(direct, jobs[i].raw ? ROUNDS * LARGE_OPS : 0);
+        }
+    }
+    mix_raw_mask = 0;
+    member_agent = NULL;
+}
+
+/* Memory outside coll buffers where the op would not run in the application: refused
+ * at submission, with why, before anything is sent; the group serves on. */
+static int raw_refusals_main(void *arg)
+{
+    const struct mix *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    int32_t *in;
+    int rc = mix_open(o, &c, &g, &info, &in);
+    if (rc) return rc;
+    const int n = info.size, me = info.rank;
+    int32_t *m = aligned_alloc(64, MIX_BIG * 4);
+    if (!m) return 160;
+    coll_request r;
+    coll_err e;
+    for (int i = 0; i < 32; i++)
+        m[i] = me + i;
+    /* tiny: runs direct, so malloc's memory will do */
+    e = mix_wait(c, coll_allreduce(g, m, m + 16, 16, COLL_INT32, COLL_SUM, NULL, &r), r);
+    if (e) return mix_fail(me, "tiny allreduce on malloc's memory", e);
+    for (int i = 0; i < 16; i++)
+        if (m[16 + i] != n * (n - 1) / 2 + n * i) return 161;
+    struct {
+        const char *what, *says;
+        coll_err e;
+        int said;
+    } refused[4] = {{"1 MiB allreduce (it runs in the agent)", "only ops that run in this process"},
+                    {"send (it runs in the agent)", "only ops that run in this process"},
+                    {"misaligned", "aligned"},
+                    {"overlapping, not in place", "overlap"}};
+    for (int k = 0; k < 4; k++) {
+        if (k == 0)
+            refused[k].e = coll_allreduce(g, m, m, MIX_BIG, COLL_INT32, COLL_SUM, NULL, &r);
+        else if (k == 1)
+            refused[k].e = coll_send(g, m, 4, COLL_INT32, (me + 1) % n, NULL, &r);
+        else if (k == 2)
+            refused[k].e = coll_allreduce(g, (int32_t *)((char *)m + 2), m + 16, 4, COLL_INT32,
+                                          COLL_SUM, NULL, &r);
+        else
+            refused[k].e = coll_allreduce(g, m, m + 1, 16, COLL_INT32, COLL_SUM, NULL, &r);
+        refused[k].said = strstr(coll_last_error(), refused[k].says) != NULL;
+        if (refused[k].e != COLL_ERR_INVALID || !refused[k].said) {
+            fprintf(stderr, "rank %d: %s: %s (%s), not INVALID saying \"%s\"\n", me,
+                    refused[k].what, coll_strerror(refused[k].e), coll_last_error(),
+                    refused[k].says);
+            return 162 + k;
+        }
+    }
+    /* nothing of those was sent: the next op of every rank meets the others' */
+    for (int i = 0; i < 8; i++)
+        in[i] = me * 10 + i;
+    e = mix_wait(c, coll_allreduce(g, in, in + 8, 8, COLL_INT32, COLL_MAX, NULL, &r), r);
+    if (e) return mix_fail(me, "allreduce after the refusals", e);
+    for (int i = 0; i < 8; i++)
+        if (in[8 + i] != (n - 1) * 10 + i) return 170;
+    free(m);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void memory_outside_coll_buffers_refused_where_the_agent_runs_the_op(void **state)
+{
+    (void)state;
+    member_agent = "  direct_ops: true\n";
+    struct agent a[2];
+    struct mix jobs[2];
+    mix_case(a, jobs, 2, 0, 0, 1, raw_refusals_main, 60000);
     member_agent = NULL;
 }
 
@@ -3535,6 +3640,8 @@ int main(void)
         cmocka_unit_test(a_frozen_pod_fails_the_others_ops_at_the_coordinators_word),
         cmocka_unit_test(a_long_op_of_one_group_holds_no_other_back),
         cmocka_unit_test(direct_ops_match_the_agent_path_in_every_mix),
+        cmocka_unit_test(direct_ops_take_memory_outside_coll_buffers),
+        cmocka_unit_test(memory_outside_coll_buffers_refused_where_the_agent_runs_the_op),
         cmocka_unit_test(every_op_runs_in_the_application_with_direct_all),
         cmocka_unit_test(read_ahead_travels_with_the_lease),
         cmocka_unit_test(pods_on_cpus_of_their_own_hold_their_spin),

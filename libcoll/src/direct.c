@@ -38,6 +38,9 @@
 /* a connection that fails under an op may be the agent ending the epoch (it shuts the
  * sockets down first, then says why in the region): wait this long for its word */
 #define END_WORD_NS (250 * 1000000LL)
+/* an op on host memory outside coll buffers runs here or nowhere: it waits this long
+ * for the lease (the group forming, the agent finishing our ops) */
+#define RAW_WAIT_NS (10 * 1000000000LL)
 
 struct lc_direct {
     pthread_mutex_t lock; /* whoever moves the ops or the lease holds it */
@@ -187,27 +190,37 @@ static int drained(const coll_group *g)
  * agent; where each op runs then no longer depends on how the threads interleave (the
  * tests' mixes count them exactly). Off by default: an op never waits for a lease it
  * can do without. */
-static void take(coll_group *g)
+static coll_err take(coll_group *g, int64_t wait_ns, int insist)
 {
     struct lc_direct *d = g->d;
     coll_conn *c = g->conn;
-    int64_t now = now_ns(), wait_until = now + c->direct_wait_ns;
-    if (d->never || (now < d->retry_ns && !c->direct_wait_ns)) return;
+    int64_t now = now_ns(), wait_until = now + wait_ns;
+    /* no lc_fail where the op then goes to the agent: a message costs on the fast path */
+    if (d->never) return COLL_ERR_UNSUPPORTED;
+    if (now < d->retry_ns && !wait_ns) return COLL_ERR_BUSY;
+    struct timespec ms = {.tv_nsec = 1000000};
 again:
     pthread_mutex_lock(&c->lock);
     if (c->lost) {
+        coll_err lost = lc_fail_lost(c);
         pthread_mutex_unlock(&c->lock);
-        return;
+        return lost;
     }
-    /* the agent lends only while it runs nothing of ours on the group */
+    /* the agent lends only while it runs nothing of ours on the group (insist: wait
+     * for those to finish, within the wait) */
     lc_reap(c);
     for (uint32_t i = 0; i < WIRE_RING_ENTRIES; i++) {
         const struct req *r = &c->reqs[i];
         if (r->state == REQ_PENDING && !r->direct && r->group == g->handle &&
             r->kind != WIRE_OP_SEND && r->kind != WIRE_OP_RECV) {
-            d->retry_ns = now + RETRY_OWN_NS;
             pthread_mutex_unlock(&c->lock);
-            return;
+            if (insist && now_ns() < wait_until) {
+                nanosleep(&ms, NULL);
+                goto again;
+            }
+            d->retry_ns = now + RETRY_OWN_NS;
+            return insist ? lc_fail(COLL_ERR_BUSY, "ops of the group were with the agent")
+                          : COLL_ERR_BUSY;
         }
     }
     union wire_msg m, r;
@@ -218,13 +231,12 @@ again:
     pthread_mutex_unlock(&c->lock);
     if (rc == COLL_ERR_UNSUPPORTED) d->never = 1;
     if (rc == COLL_ERR_BUSY && now_ns() < wait_until) {
-        struct timespec ms = {.tv_nsec = 1000000};
         nanosleep(&ms, NULL);
         goto again;
     }
     if (rc != COLL_OK) {
         d->retry_ns = now + RETRY_BUSY_NS;
-        return;
+        return rc;
     }
     const struct wire_lease_ok *l = &r.lease_ok;
     if ((int)l->nodes != g->info.nodes || (int)l->me != g->info.node_index ||
@@ -242,7 +254,7 @@ again:
         pthread_mutex_lock(&c->lock);
         lc_rpc(c, &b, -1, WIRE_LEASE_BACK_OK, &r, NULL, NULL);
         pthread_mutex_unlock(&c->lock);
-        return;
+        return lc_fail(COLL_ERR_PROTOCOL, "the agent lent the connections of another shape");
     }
     d->nodes = (int)l->nodes;
     d->me = (int)l->me;
@@ -266,6 +278,7 @@ again:
     d->held = 1;
     d->started = 0;
     d->end_code = 0;
+    return COLL_OK;
 }
 
 /* Hand the lease back with code (COLL_OK: with the state it left). Direct lock held.
@@ -374,10 +387,37 @@ int lc_direct_begin(coll_group *g)
      * ops fail in turn on the closed sockets) */
     if (d->held && d->qh == d->qt && voided(g)) drop(d);
     if (d->held && d->qh == d->qt && drained(g)) hand_back(g); /* the epoch is ending */
-    if (!d->held && d->qh == d->qt) take(g);
+    if (!d->held && d->qh == d->qt) take(g, g->conn->direct_wait_ns, 0);
     if (d->held || d->qh != d->qt) return 1; /* queued ops stay in order behind the head */
     pthread_mutex_unlock(&d->lock);
     return 0;
+}
+
+coll_err lc_direct_begin_raw(coll_group *g)
+{
+    struct lc_direct *d = g->d;
+    pthread_mutex_lock(&d->lock);
+    if (d->held && d->qh == d->qt && voided(g)) drop(d);
+    if (d->held && d->qh == d->qt && drained(g)) hand_back(g);
+    coll_err rc = COLL_OK;
+    char why[WIRE_ERRMSG_MAX] = "";
+    if (!d->held && d->qh == d->qt) {
+        rc = take(g, RAW_WAIT_NS, 1);
+        if (rc != COLL_OK) snprintf(why, sizeof(why), "%s", coll_last_error());
+    }
+    if (d->held || d->qh != d->qt) return COLL_OK;
+    pthread_mutex_unlock(&d->lock);
+    if (rc == COLL_ERR_UNSUPPORTED)
+        return lc_fail(COLL_ERR_INVALID,
+                       "group '%s' runs no ops in this process (the agent lends none of its "
+                       "connections), and only those take host memory outside coll buffers",
+                       g->info.name);
+    if (rc == COLL_ERR_BUSY || rc == COLL_OK)
+        return lc_fail(COLL_ERR_TIMEOUT,
+                       "group '%s': the agent did not lend its connections within %d ms (%s); "
+                       "an op on host memory outside coll buffers runs only in this process",
+                       g->info.name, (int)(RAW_WAIT_NS / 1000000), why);
+    return lc_fail(rc, "group '%s': %s", g->info.name, why);
 }
 
 int64_t lc_direct_op_ns(const coll_group *g)

@@ -181,6 +181,10 @@ int lc_direct_wants(const coll_group *g, unsigned kind, unsigned dtype, uint64_t
  * lc_direct_queue and lc_direct_unlock), or 0 (not now: the lock is let go, use the ring).
  * Caller holds no lock. */
 int lc_direct_begin(coll_group *g);
+/* As lc_direct_begin, for an op on host memory outside coll buffers, which runs here or
+ * not at all: waits (bounded) for the lease. COLL_OK with the direct lock held, or a
+ * coll_err (lc_fail: why) with no lock held. */
+coll_err lc_direct_begin_raw(coll_group *g);
 /* Queue request idx (its fields set, state PENDING) and start it; caller holds the direct
  * lock (not c->lock), which this lets go. */
 void lc_direct_queue(coll_group *g, uint32_t idx);

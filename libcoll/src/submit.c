@@ -8,8 +8,15 @@
 
 #include "lc.h"
 
-static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t elems, size_t esize,
-                        int used, coll_buffer **b, uint64_t *off, uint32_t *id)
+/* A range outside coll buffers where the op could run in this process: submit again,
+ * raw (not a coll_err, never reported). */
+#define RESOLVE_RAW (-1)
+
+/* raw: 1, the op runs in this process (direct), where host memory outside coll buffers
+ * will do: such a range gives no buffer, and its address is checked instead; 0, it
+ * could (RESOLVE_RAW); -1, it cannot. */
+static int resolve(coll_conn *c, const char *what, const void *p, uint64_t elems, size_t esize,
+                   int used, int raw, coll_buffer **b, uint64_t *off, uint32_t *id)
 {
     *b = NULL;
     *off = 0;
@@ -18,9 +25,23 @@ static coll_err resolve(coll_conn *c, const char *what, const void *p, uint64_t 
     if (!p) return lc_fail(COLL_ERR_INVALID, "%s buffer is NULL", what);
     if (elems > UINT64_MAX / esize) return lc_fail(COLL_ERR_INVALID, "%s size overflows", what);
     coll_buffer *buf = lc_find_buffer(c, p, elems * esize);
+    if (!buf && raw == 0) return RESOLVE_RAW;
+    if (!buf && raw > 0) {
+        if ((uintptr_t)p > UINTPTR_MAX - elems * esize)
+            return lc_fail(COLL_ERR_INVALID, "%s range %p + %llu bytes wraps around", what, p,
+                           (unsigned long long)(elems * esize));
+        if ((uintptr_t)p % esize)
+            return lc_fail(COLL_ERR_INVALID,
+                           "%s pointer %p is not aligned to its element type (%zu bytes)", what, p,
+                           esize);
+        *off = (uint64_t)(uintptr_t)p; /* for the overlap check: addresses, not offsets */
+        return COLL_OK;
+    }
     if (!buf)
         return lc_fail(COLL_ERR_INVALID,
-                       "%s range %p + %llu bytes is not inside a buffer shared with the agent",
+                       "%s range %p + %llu bytes is not inside a buffer shared with the agent "
+                       "(only ops that run in this process take host memory outside coll "
+                       "buffers: coll.h, direct ops)",
                        what, p, (unsigned long long)(elems * esize));
     uint64_t o = (uint64_t)((uintptr_t)p - (uintptr_t)buf->ptr);
     /* buffers start on a page: an element-aligned offset is an element-aligned address,
@@ -77,7 +98,8 @@ coll_err lc_op_check(const coll_group *g, const struct op_args *a)
     return COLL_OK;
 }
 
-coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
+/* raw as resolve's: 1 the op runs here on host memory outside coll buffers. */
+static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req, int raw)
 {
     coll_conn *c = g->conn;
     struct wire_sqe s = {.count = a->count,
@@ -96,16 +118,24 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
     coll_buffer *sb, *rb;
     int gpu = g->gpu;
     /* a tiny op of a group whose connections the agent lends runs here (direct.c); any
-     * other collective first finishes those and gives the connections back */
-    int direct = 0;
+     * other collective first finishes those and gives the connections back. An op on
+     * host memory outside coll buffers runs here or not at all. */
+    int direct = 0, wants = 0;
     if (g->d) {
         uint64_t most = selems > relems ? selems : relems;
         uint64_t bytes = most > UINT64_MAX / es ? UINT64_MAX : most * es;
-        if (lc_direct_wants(g, a->kind, (unsigned)a->dtype, a->count, bytes))
+        wants = lc_direct_wants(g, a->kind, (unsigned)a->dtype, a->count, bytes);
+        if (raw > 0) {
+            coll_err e = lc_direct_begin_raw(g);
+            if (e != COLL_OK) return e;
+            direct = 1;
+        } else if (wants) {
             direct = lc_direct_begin(g);
-        else if (a->kind != WIRE_OP_SEND && a->kind != WIRE_OP_RECV)
+        } else if (a->kind != WIRE_OP_SEND && a->kind != WIRE_OP_RECV) {
             lc_direct_give_back(g);
+        }
     }
+    if (raw == 0 && !wants) raw = -1; /* this op never runs here */
     pthread_mutex_lock(&c->lock);
     coll_err rc;
     if (c->lost) {
@@ -134,11 +164,15 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
             goto out;
         }
     }
-    rc = resolve(c, "send", a->send, selems, es, a->send_used, &sb, &s.send_off, &s.send_buf);
+    rc = resolve(c, "send", a->send, selems, es, a->send_used, raw, &sb, &s.send_off, &s.send_buf);
     if (rc) goto out;
-    rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, &rb, &s.recv_off, &s.recv_buf);
+    rc = resolve(c, "recv", a->recv, relems, es, a->recv_used, raw, &rb, &s.recv_off, &s.recv_buf);
     if (rc) goto out;
-    if (sb && sb == rb &&
+    if (raw > 0) { /* addresses, whatever holds them */
+        s.send_off = a->send_used && selems ? (uint64_t)(uintptr_t)a->send : 0;
+        s.recv_off = a->recv_used && relems ? (uint64_t)(uintptr_t)a->recv : 0;
+    }
+    if (((sb && sb == rb) || (raw > 0 && s.send_off && s.recv_off)) &&
         !wire_ranges_ok(a->kind, s.send_off, selems * es, s.recv_off, relems * es,
                         (uint64_t)g->info.rank, a->count * es)) {
         rc = lc_fail(COLL_ERR_INVALID,
@@ -225,7 +259,13 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
 out:
     pthread_mutex_unlock(&c->lock);
     if (direct) lc_direct_unlock(g);
+    if (rc == (coll_err)RESOLVE_RAW) return submit(g, a, req, 1);
     return rc;
+}
+
+coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
+{
+    return submit(g, a, req, 0);
 }
 
 coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,

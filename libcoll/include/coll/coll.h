@@ -241,7 +241,9 @@ COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
  * 0..8190, it holds no handle of the agent's, and its ops count against the connection's
  * 256 requests (2 x (size - 1) each) and 64 such ops in flight. Making one blocks until
  * every member has called (within the root's op timeout) and fails with MISMATCH where
- * the lists differ. Children across pods of GPU groups: UNSUPPORTED (not yet).
+ * the lists differ. A child of a GPU group on this pod runs on NCCL, each rank on its
+ * parent rank's GPU, with communicators of its own (made on its first op); children
+ * across pods of GPU groups: UNSUPPORTED (not yet).
  */
 
 /* Make the child of ranks[0..n) of parent (the child's rank i is parent rank ranks[i]).
@@ -261,6 +263,7 @@ COLL_API coll_err coll_group_create(coll_group *parent, const int *ranks, int n,
  * COLL_SPLIT_NOCOLOR takes part and gets no child (*child NULL, COLL_OK). Blocks until
  * the allgather completes (the parent's op timeout bounds it), then as create. A rank
  * that submits another op instead makes every rank's split fail with MISMATCH.
+ * A GPU group's allgather runs on the calling thread's current CUDA device.
  * Errors: as coll_group_create and as the allgather's; INVALID (a negative color other
  * than COLL_SPLIT_NOCOLOR). */
 #define COLL_SPLIT_NOCOLOR (-1)
@@ -327,7 +330,15 @@ COLL_API coll_err coll_mem_find(coll_conn *conn, const void *ptr, coll_buffer **
  * one whole inside the first coll_wait or coll_test that reaches it (that call returns
  * when the op is done, within the op timeout, whatever its own timeout): fewer switches
  * per op, but no progress while the application does other work. Pointers must lie
- * inside buffers shared through the same connection (a count of 0 allows NULL). In-place
+ * inside buffers shared through the same connection (a count of 0 allows NULL), but for
+ * an op that runs in this process (a direct op, above): it takes any host memory of
+ * this process, as an MPI rank's op does, and libcoll alone touches it, from submission
+ * until the op completes (the application must neither write its send nor read or free
+ * its recv before coll_wait or coll_test says so). Such an op runs here or not at all:
+ * where the agent has not lent the group's connections, it waits up to 10 s for them
+ * (the group forming, the agent finishing this process's earlier ops of the group), then
+ * fails with TIMEOUT (retryable); in a group whose ops never run here it fails with
+ * INVALID. In-place
  * use means send == recv (for allgather send == recv + rank * count, for reduce_scatter
  * recv == send + rank * count); send and recv that overlap in any other way are
  * refused (INVALID).
