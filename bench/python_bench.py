@@ -7,15 +7,18 @@ starts the agents and the ranks). Not part of the product.
 Per round, per op and size, the variants take turns (the order rotates every round), all
 in these processes, on the same agents:
   coll         dist.* on backend coll, tensors in coll memory (coll.zeros)
-  coll-staged  dist.* on backend coll, ordinary tensors (copied in and out)
+  coll-plain   dist.* on backend coll, ordinary tensors, taken as they are where the op
+               runs in this process (the backend's COLL_DIRECT=all)
+  coll-staged  the same, copied in and out of coll memory (as coll-plain was before
+               libcoll took memory outside its buffers; the group's _raw_try off)
   coll-py      coll's own Python API (Group.allreduce ...) on coll memory, no torch
   gloo         dist.* on a Gloo group of the same ranks
   null         dist.* on a backend that does nothing: torch's own dispatch cost
 Rank 0 prints "LABEL ROUND OP BYTES VARIANT US" per cell (microseconds per op).
 With DDP=1 in the environment, also "ddp_step": one training step of a small model
 (two linear layers, 526k parameters, 2.1 MB of gradients in DDP's buckets, batch 32) under
-DistributedDataParallel over coll (coll-staged: DDP's buckets are torch's memory) and
-over Gloo, taking turns the same way; BYTES is the gradients' size.
+DistributedDataParallel over coll (DDP's buckets are torch's memory: coll-plain and
+coll-staged) and over Gloo, taking turns the same way; BYTES is the gradients' size.
 """
 import os
 import sys
@@ -87,6 +90,7 @@ def tensors(op, n, where):
 
 def runner(op, variant, n):
     where = "coll" if variant in ("coll", "coll-py") else "plain"
+    cg._raw_try = variant != "coll-staged"
     x, out = tensors(op, n, where)
     if variant == "coll-py":
         if op == "all_reduce":
@@ -114,8 +118,9 @@ def ddp_runner(variant):
 
     torch.manual_seed(0)  # the same parameters on every rank
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
-    ddp = nn.parallel.DistributedDataParallel(model, process_group=None if variant ==
-                                              "coll-staged" else gloo)
+    cg._raw_try = variant != "coll-staged"
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=gloo if variant == "gloo"
+                                              else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(32, 256, generator=g), torch.randn(32, 256, generator=g)
@@ -127,11 +132,12 @@ def ddp_runner(variant):
     return step
 
 
-VARIANTS = ["coll", "coll-staged", "coll-py", "gloo", "null"]
+VARIANTS = ["coll", "coll-plain", "coll-staged", "coll-py", "gloo", "null"]
 if os.environ.get("DDP") == "1":
     ddp_bytes = 4 * (256 * 1024 + 1024 + 1024 * 256 + 256)
     for r in range(rounds):
-        order = ["coll-staged", "gloo"] if r % 2 == 0 else ["gloo", "coll-staged"]
+        order = ["coll-plain", "coll-staged", "gloo"]
+        order = order[r % 3:] + order[:r % 3]
         for v in order:
             f = ddp_runner(v)
             dist.barrier(group=gloo)

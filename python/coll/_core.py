@@ -356,6 +356,10 @@ class Group(_Closes):
             self.parent_ranks = list(arr)
         else:
             self.parent_ranks = None
+        # its ops may run in this process (direct ops), where host arrays outside coll
+        # memory need no staging (_ops._raw_first); a child's never do
+        self._raw_try = (self.backend == "host" and self.nodes > 1 and self.local_slots == 1
+                         and self.parent_ranks is None)
 
     def _info(self):
         i = L.GroupInfo()

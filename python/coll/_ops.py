@@ -1,11 +1,15 @@
 """The collectives of a Group. Each takes arrays (see _core.view), submits one op (or,
 for alltoallv, gather and scatter, the sends and receives that make it), and returns
-its result, or a Request when async_op is true. Arrays outside coll memory are staged.
+its result, or a Request when async_op is true. Arrays outside coll memory are staged,
+but where the op runs in this process (a host group's direct ops, coll.h): there libcoll
+takes host memory as it is, and the op is tried so first (_raw_first).
 
 GPU arrays: the op follows the work already queued on the stream (default: torch's
 current stream of the array's device); staged outputs are copied back on that stream.
 """
 import ctypes
+import functools
+import threading
 
 from . import _arrays
 from . import _lib as L
@@ -77,11 +81,42 @@ class Prepared:
         return "<coll.Prepared %s>" % self._what
 
 
+# what libcoll says of host memory outside coll buffers where the op does not run in this
+# process (refused at submission, nothing sent): the op is then staged
+_RAW_REFUSED = "host memory outside coll buffers"
+_raw = threading.local()
+
+
+def _raw_first(fn):
+    """An op of one C call on a host group that may run in this process: submitted first
+    with host arrays as they are; staged where libcoll refuses them."""
+
+    @functools.wraps(fn)
+    def op(self, *args, **kwargs):
+        if not self._raw_try or kwargs.get("async_op") is PREPARE:
+            return fn(self, *args, **kwargs)
+        _raw.on = True
+        try:
+            return fn(self, *args, **kwargs)
+        except CollError as e:
+            if _RAW_REFUSED not in str(e) or e.name not in ("INVALID", "TIMEOUT"):
+                raise
+            if e.name == "INVALID" and "runs no ops in this process" in str(e):
+                self._raw_try = False  # the agent lends this group's connections to nobody
+        finally:
+            _raw.on = False
+        return fn(self, *args, **kwargs)
+
+    return op
+
+
 class _Prep:
-    """One op's arrays resolved to coll memory: staged where they are not in it."""
+    """One op's arrays resolved to coll memory: staged where they are not in it (or, in
+    _raw_first's first try, host arrays taken as they are)."""
 
     def __init__(self, g, what, stream):
         self.g, self.conn, self.what = g, g.conn, what
+        self.raw = getattr(_raw, "on", False)
         self.backs, self.stages, self.keep = [], [], []
         self.device = None
         self.stream_arg = stream
@@ -124,7 +159,7 @@ class _Prep:
         """An input: its address in coll memory."""
         self._dev(v)
         self.keep.append(v.obj)
-        if self.conn._in_coll(v):
+        if self.conn._in_coll(v) or (self.raw and v.contig and v.device < 0):
             return v.ptr
         return self._stage(v, True)[0]
 
@@ -132,7 +167,7 @@ class _Prep:
         """An output (copy_in: and an input, in place)."""
         self._dev(v)
         self.keep.append(v.obj)
-        if self.conn._in_coll(v):
+        if self.conn._in_coll(v) or (self.raw and v.contig and v.device < 0):
             return v.ptr
         ptr, sv = self._stage(v, copy_in)
         self.backs.append((v.obj, sv))
@@ -200,6 +235,7 @@ def _within(inner, outer):
     return outer.ptr <= inner.ptr and inner.ptr + inner.nbytes <= outer.ptr + outer.nbytes
 
 
+@_raw_first
 def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
     """Reduce x over the group; the result in out (default: x, in place)."""
     what = _what(self, "allreduce")
@@ -220,6 +256,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
                         p.stream)], res, async_op)
 
 
+@_raw_first
 def broadcast(self, x, root=0, async_op=False, stream=None):
     """root's x into every rank's x."""
     what = _what(self, "broadcast")
@@ -232,6 +269,7 @@ def broadcast(self, x, root=0, async_op=False, stream=None):
                     async_op)
 
 
+@_raw_first
 def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
     """Reduce x over the group into root's out (default: x, in place)."""
     what = _what(self, "reduce")
@@ -252,6 +290,7 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
                         p.stream)], res, async_op)
 
 
+@_raw_first
 def allgather(self, x, out=None, async_op=False, stream=None):
     """Every rank's x, in rank order, into out (default: a new array of shape
     (size,) + x.shape). x may be out's block of this rank (in place)."""
@@ -274,6 +313,7 @@ def allgather(self, x, out=None, async_op=False, stream=None):
                     async_op)
 
 
+@_raw_first
 def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     """x holds size blocks; rank r gets the reduction of block r in out (default: a new
     array of x.shape[0] // size rows)."""
@@ -300,6 +340,7 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
                         p.stream)], out, async_op)
 
 
+@_raw_first
 def alltoall(self, x, out=None, async_op=False, stream=None):
     """Block j of x (size equal blocks) to rank j; block i of out from rank i."""
     what = _what(self, "alltoall")

@@ -81,7 +81,9 @@ def _data(rank, n, dt, seed=0):
     return rng.integers(-4, 5, n).astype(dt)
 
 
-def _every_op(i, sock, size, in_coll):
+def _every_op(i, sock, size, in_coll, direct=None):
+    if direct is not None:
+        os.environ["COLL_DIRECT"] = direct
     conn = coll.connect(sock)
     g = conn.open("world")
     assert g.size == size
@@ -137,6 +139,9 @@ def _every_op(i, sock, size, in_coll):
     with pytest.raises(TypeError, match="complex numbers reduce with sum, avg and prod only"):
         g.allreduce(mk(np.zeros(2, np.complex64)), op="max")
     g.barrier()
+    # numpy's memory: taken as it is where the ops run here (COLL_DIRECT=all), else staged
+    staged = sum(len(v) for v in conn._stage.values())
+    assert in_coll or ((staged == 0) if direct == "all" else (staged >= 1)), staged
     g.close()
     conn.close()
 
@@ -152,9 +157,10 @@ def test_every_op_between_two_slots_of_one_pod(agent2, in_coll):
     run_ranks(_every_op, 2, agent2.sock, 2, in_coll)
 
 
-@pytest.mark.parametrize("in_coll", [True, False], ids=["coll-memory", "staged"])
-def test_every_op_between_two_pods(two_pods, in_coll):
-    run_ranks(lambda i: _every_op(i, two_pods[i].sock, 2, in_coll), 2)
+@pytest.mark.parametrize("in_coll,direct", [(True, None), (False, "0"), (False, "all")],
+                         ids=["coll-memory", "staged", "numpy-memory-direct"])
+def test_every_op_between_two_pods(two_pods, in_coll, direct):
+    run_ranks(lambda i: _every_op(i, two_pods[i].sock, 2, in_coll, direct), 2)
 
 
 def _composed(i, sock):
