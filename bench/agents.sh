@@ -4,10 +4,11 @@
 # all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
 # added to each agent section (e.g. "  spin_us: 0"), $NODE_EXTRA to each node section
 # (e.g. "  tcp_congestion: bbr"); $LOG_LEVEL sets their log level (default warn; info
-# logs the path and spin counts at exit). Appends the agents' pids to
-# AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node order); returns once every
-# socket accepts (at most 20 s in all). With PIN=1, agent i runs on CPU i mod nproc (and
-# coll-bench -a pins application i the same way): one CPU per "pod".
+# logs the path and spin counts at exit), $HEARTBEAT_MS their heartbeat (default 1000).
+# Appends the agents' pids to AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node
+# order); returns once every socket accepts (at most 20 s in all). With PIN=1, agent i
+# runs on CPU i mod nproc (and coll-bench -a pins application i the same way): one CPU
+# per "pod".
 # free_port: a TCP port on 127.0.0.1, free a moment ago, below the kernel's ephemeral
 # range (a port in that range can be taken by any outgoing connection meanwhile)
 free_port() {
@@ -60,7 +61,7 @@ groups:
   - name: bench
     backend: host
     members: $n
-    timeouts: {op_ms: 120000, heartbeat_ms: 1000}
+    timeouts: {op_ms: 120000, heartbeat_ms: ${HEARTBEAT_MS:-1000}}
 YAML
         if [ "${PIN:-0}" = 1 ]; then
             taskset -c $((i % $(nproc))) "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &

@@ -28,7 +28,11 @@
  * -C runs on a child of GROUP made at run time (coll_group_split, one color, key the
  * rank: the same ranks in the same order) instead of GROUP itself, and rank 0 prints
  * "# child: split to first op N us" (the split, then one barrier on the child), for the
- * A/B of a child against the YAML group it equals (bench/children.sh).
+ * A/B of a child against the YAML group it equals (bench/children.sh). -K K: children of
+ * K consecutive ranks each (color rank / K) instead of one; -X: each made by its members
+ * alone (coll_group_create of its K ranks) instead of the split ("create to first op");
+ * rank 0 prints its own child's time and, with -K, the slowest child's ("slowest").
+ * The ops then run on those children.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -65,7 +69,11 @@ struct opts {
     const char *group, *sock;
     const char *dump; /* -O: the per-op times' file prefix */
     int child;        /* -C: run on a child split from the group */
+    int child_ranks;  /* -K: of this many consecutive ranks (0: all) */
+    int create;       /* -X: made by coll_group_create, not split */
 };
+
+#define BENCH_PROCS_MAX 512 /* -p, and the sockets of -s */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -252,6 +260,7 @@ static int run_rank(const struct opts *o)
         return 1;
     }
     coll_group_info info;
+    coll_group *parent = NULL;
     coll_group_info_get(g, &info);
     if (o->child) {
         /* every rank in, then the split and the first op on the child, timed at rank 0 */
@@ -260,16 +269,41 @@ static int run_rank(const struct opts *o)
             fprintf(stderr, "coll-bench: barrier: %s\n", coll_last_error());
             return 1;
         }
+        int kr = o->child_ranks > 0 && o->child_ranks < info.size ? o->child_ranks : info.size;
+        int color = info.rank / kr, first = color * kr;
+        int members = first + kr <= info.size ? kr : info.size - first;
+        int *list = malloc((size_t)members * sizeof(int));
+        if (!list) return 1;
+        for (int i = 0; i < members; i++)
+            list[i] = first + i;
         double t0 = now_us();
         coll_group *k;
-        e = coll_group_split(g, 0, info.rank, &k);
+        e = o->create ? coll_group_create(g, list, members, &k)
+                      : coll_group_split(g, color, info.rank, &k);
+        free(list);
         if (e == COLL_OK) e = coll_barrier(k, NULL, &q);
         if (e == COLL_OK) e = coll_wait(c, q, -1);
         if (e) {
-            fprintf(stderr, "coll-bench: split: %s (%s)\n", coll_strerror(e), coll_last_error());
+            fprintf(stderr, "coll-bench: %s: %s (%s)\n", o->create ? "create" : "split",
+                    coll_strerror(e), coll_last_error());
             return 1;
         }
-        if (info.rank == 0) printf("# child: split to first op %.1f us\n", now_us() - t0);
+        double took = now_us() - t0;
+        const char *what = o->create ? "create" : "split";
+        if (info.rank == 0) printf("# child: %s to first op %.1f us\n", what, took);
+        if (kr < info.size) { /* the slowest child's, through the parent (its next op) */
+            coll_buffer *tb;
+            if (coll_mem_alloc(&tb, c, sizeof(double), COLL_DEVICE_HOST) == COLL_OK) {
+                double *tv = coll_mem_ptr(tb);
+                *tv = took;
+                if (coll_allreduce(g, tv, tv, 1, COLL_FLOAT64, COLL_MAX, NULL, &q) == COLL_OK &&
+                    coll_wait(c, q, -1) == COLL_OK && info.rank == 0)
+                    printf("# child: %d children of %d: %s to first op, slowest %.1f us\n",
+                           (info.size + kr - 1) / kr, kr, what, *tv);
+                coll_mem_release(&tb);
+            }
+        }
+        parent = g;
         g = k; /* the parent stays open: the child lives in its epoch */
         coll_group_info_get(g, &info);
     }
@@ -368,6 +402,10 @@ static int run_rank(const struct opts *o)
     free(lat);
     coll_mem_release(&sb);
     coll_mem_release(&rb);
+    if (parent) { /* every child done before any rank leaves the parent (its epoch) */
+        coll_request q;
+        if (coll_barrier(parent, NULL, &q) == COLL_OK) coll_wait(c, q, -1);
+    }
     coll_group_close(&g);
     coll_disconnect(&c);
     fflush(stdout);
@@ -410,7 +448,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:Ch")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:CK:Xh")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -472,6 +510,14 @@ int main(int argc, char **argv)
         case 'C':
             o.child = 1;
             break;
+        case 'K':
+            o.child = 1;
+            o.child_ranks = atoi(optarg);
+            break;
+        case 'X':
+            o.child = 1;
+            o.create = 1;
+            break;
         case 'O':
             o.dump = optarg;
             break;
@@ -495,7 +541,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
                             "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS] "
-                            "[-O PREFIX] [-C]\n");
+                            "[-O PREFIX] [-C] [-K CHILD_RANKS] [-X]\n");
             return 2;
         }
     }
@@ -505,16 +551,16 @@ int main(int argc, char **argv)
                 coll_dtype_name((coll_dtype)o.dtype));
         return 2;
     }
-    if (o.iters < 1 || o.procs < 1 || o.procs > 64 || o.minb < 1 || o.maxb < o.minb ||
+    if (o.iters < 1 || o.procs < 1 || o.procs > BENCH_PROCS_MAX || o.minb < 1 || o.maxb < o.minb ||
         o.factor <= 1 || o.min_ms < 0 || o.min_ms > 600000 ||
         (o.inplace && o.op != 0 && o.op != 1)) {
         fprintf(stderr, "coll-bench: bad arguments\n");
         return 2;
     }
-    char *socks[64];
+    char *socks[BENCH_PROCS_MAX];
     int nsocks = 0;
     char *list = o.sock ? strdup(o.sock) : NULL, *save = NULL;
-    for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && nsocks < 64;
+    for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && nsocks < BENCH_PROCS_MAX;
          t = strtok_r(NULL, ",", &save))
         socks[nsocks++] = t;
     if (o.procs == 1) {
@@ -523,7 +569,7 @@ int main(int argc, char **argv)
         free(list);
         return rc;
     }
-    pid_t pids[64];
+    pid_t pids[BENCH_PROCS_MAX];
     for (int i = 0; i < o.procs; i++) {
         fflush(stdout);
         pids[i] = fork();
