@@ -269,6 +269,10 @@ void net_discovery_tick(struct net *n, int64_t now);
 
 /* net_queue.c */
 void net_return_task(struct net *n, struct net_task *t, int status, const char *why);
+/* Every task of the list *head (linked by next) back with status; the list is left empty
+ * (*head and *tail NULL; tail may be NULL). */
+void net_return_list(struct net *n, struct net_task **head, struct net_task **tail, int status,
+                     const char *why);
 void net_post_event(struct net *n, struct ngroup *g, int broken, int code, const char *why);
 void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why);
 

@@ -127,16 +127,22 @@ void net_post_event(struct net *n, struct ngroup *g, int broken, int code, const
     wake_engine(n);
 }
 
+void net_return_list(struct net *n, struct net_task **head, struct net_task **tail, int status,
+                     const char *why)
+{
+    while (*head) {
+        struct net_task *t = *head;
+        *head = t->next;
+        net_return_task(n, t, status, why);
+    }
+    if (tail) *tail = NULL;
+}
+
 void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why)
 {
     if (g->handoff) {
         net_return_task(n, g->handoff, code, why);
         g->handoff = NULL;
     }
-    while (g->q_head) {
-        struct net_task *t = g->q_head;
-        g->q_head = t->next;
-        net_return_task(n, t, code, why);
-    }
-    g->q_tail = NULL;
+    net_return_list(n, &g->q_head, &g->q_tail, code, why);
 }

@@ -43,43 +43,18 @@ void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
 {
     for (int p = 0; p < RDV_MAX_NODES; p++) {
         struct p2p_out *o = &g->out[p];
-        while (o->head) {
-            struct net_task *t = o->head;
-            o->head = t->next;
-            net_return_task(n, t, code, why);
-        }
-        o->tail = NULL;
+        net_return_list(n, &o->head, &o->tail, code, why);
         o->done = 0;
-        while (o->wait_head) {
-            struct net_task *t = o->wait_head;
-            o->wait_head = t->next;
-            net_return_task(n, t, code, why);
-        }
-        o->wait_tail = NULL;
-        while (o->rts_head) {
-            struct net_task *t = o->rts_head;
-            o->rts_head = t->next;
-            net_return_task(n, t, code, why);
-        }
-        o->rts_tail = NULL;
+        net_return_list(n, &o->wait_head, &o->wait_tail, code, why);
+        net_return_list(n, &o->rts_head, &o->rts_tail, code, why);
         o->nacks = o->acks_done = 0;
         struct p2p_in *in = &g->in[p];
         if (in->task) net_return_task(n, in->task, code, why);
         if (in->unx) unx_free(g, in->unx);
         memset(in, 0, sizeof(*in));
     }
-    while (g->posted_head) {
-        struct net_task *t = g->posted_head;
-        g->posted_head = t->next;
-        net_return_task(n, t, code, why);
-    }
-    g->posted_tail = NULL;
-    while (g->cts_head) {
-        struct net_task *t = g->cts_head;
-        g->cts_head = t->next;
-        net_return_task(n, t, code, why);
-    }
-    g->cts_tail = NULL;
+    net_return_list(n, &g->posted_head, &g->posted_tail, code, why);
+    net_return_list(n, &g->cts_head, &g->cts_tail, code, why);
     while (g->unx_head) {
         struct unexpected *u = g->unx_head;
         g->unx_head = u->next;
