@@ -677,6 +677,71 @@ static int children_main(void *arg)
     return 0;
 }
 
+/* gather, scatter and alltoallv on a GPU group (coll.h's composite ops; one rank: its
+ * own blocks, copied on the op's stream after the work before it), waited for on the
+ * stream (keep) and then on the host. */
+static int composite_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(0) == cudaSuccess, 4);
+    enum { N = 4096 };
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 2 * N * sizeof(int32_t), 0) == COLL_OK, 5);
+    int32_t *x = coll_mem_ptr(b), *y = x + N, h[N];
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 6);
+    void *z; /* the next input, ready on the device (a pageable source would wait for us) */
+    CHECK(cudaMalloc(&z, sizeof(h)) == cudaSuccess, 6);
+    for (int kind = 0; kind < 3; kind++) {
+        for (int i = 0; i < N; i++)
+            h[i] = i * 3 + kind;
+        CHECK(cudaMemcpy(z, h, sizeof(h), cudaMemcpyHostToDevice) == cudaSuccess, 6);
+        CHECK(cudaMemsetAsync(y, 0xff, N * sizeof(int32_t), st) == cudaSuccess, 7);
+        struct gate gt; /* the input is written only once the gate opens, after the call */
+        CHECK(gate_make(&gt) == 0 && gate_block(&gt, st) == 0, 8);
+        CHECK(cudaMemcpyAsync(x, z, sizeof(h), cudaMemcpyDeviceToDevice, st) == cudaSuccess, 9);
+        coll_request r;
+        size_t cnt = N, dsp = 0;
+        coll_err e = kind == 0 ? coll_gather(g, x, y, N, COLL_INT32, 0, st, &r)
+                     : kind == 1
+                         ? coll_scatter(g, x, y, N, COLL_INT32, 0, st, &r)
+                         : coll_alltoallv(g, x, &cnt, &dsp, y, &cnt, &dsp, COLL_INT32, st, &r);
+        CHECK(e == COLL_OK, 10 + kind);
+        usleep(50000); /* a copy that did not follow the stream would have run by now */
+        *gt.word = 1;
+        /* a composite op has nobody to reap it once handed to the stream: refused */
+        CHECK(coll_wait_stream(c, r, st) == COLL_ERR_INVALID, 20);
+        CHECK(strstr(coll_last_error(), "coll_wait_stream_keep") != NULL, 21);
+        CHECK(coll_wait_stream_keep(c, r, st) == COLL_OK, 22);
+        int32_t back[N];
+        CHECK(cudaMemcpyAsync(back, y, sizeof(back), cudaMemcpyDeviceToHost, st) == 0, 23);
+        CHECK(cudaStreamSynchronize(st) == cudaSuccess, 24);
+        CHECK(coll_wait(c, r, 30000) == COLL_OK, 25);
+        for (int i = 0; i < N; i++)
+            if (back[i] != i * 3 + kind) {
+                fprintf(stderr, "kind %d: [%d] = %d\n", kind, i, back[i]);
+                return 30 + kind;
+            }
+    }
+    cudaStreamDestroy(st);
+    cudaFree(z);
+    CHECK(coll_mem_release(&b) == COLL_OK, 40);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void gather_scatter_alltoallv_on_the_stream(void **state)
+{
+    (void)state;
+    struct agent a;
+    one_client(&a, 60000, composite_main);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 static void children_run_on_nccl(void **state)
 {
     (void)state;
@@ -1046,6 +1111,7 @@ int main(void)
         cmocka_unit_test(a_kept_stream_wait_still_answers_the_host),
         cmocka_unit_test(repeated_ops_replay),
         cmocka_unit_test(children_run_on_nccl),
+        cmocka_unit_test(gather_scatter_alltoallv_on_the_stream),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

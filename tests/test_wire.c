@@ -261,6 +261,22 @@ static void sqe_fields_are_range_checked(void **state)
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "tag 1 on a allreduce"));
     s.p2p_tag = 0;
+    /* MORE: a GPU send or receive only (part of one NCCL group) */
+    s.flags = WIRE_SQE_F_MORE;
+    s.kind = WIRE_OP_SEND;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "flag MORE on a host send"));
+    s.flags = WIRE_SQE_F_MORE | WIRE_SQE_F_GPU;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.kind = WIRE_OP_RECV;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.kind = WIRE_OP_ALLREDUCE;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "flag MORE on a allreduce"));
+    s.flags = 4;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown flags 0x4"));
+    s.flags = 0;
     s.dtype = 0;
     s.redop = 0;
     s.flags = 0x80;

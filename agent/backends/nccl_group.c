@@ -150,6 +150,7 @@ static void to_gpu(struct group *g, struct op *op)
     t->dtype = op->sqe.dtype;
     t->redop = op->sqe.redop;
     t->peer = op->sqe.peer;
+    t->more = (op->sqe.flags & WIRE_SQE_F_MORE) != 0;
     t->count = op->sqe.count;
     t->send = op->send;
     t->recv = op->recv;

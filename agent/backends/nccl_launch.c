@@ -150,6 +150,12 @@ static int poll_settle(struct launcher *l, struct comm *c, int64_t now)
     return 1;
 }
 
+/* Whether task a runs on t's communicator. */
+static int same_comm(const struct gpu_task *a, const struct gpu_task *t)
+{
+    return a->type == GPU_TASK_OP && a->group == t->group && a->gen == t->gen;
+}
+
 /* Unlink *pp (prev before it) from the pending list. */
 static struct gpu_task *unlink_pending(struct launcher *l, struct gpu_task **pp,
                                        struct gpu_task *prev)
@@ -239,12 +245,32 @@ static int issue_pending(struct launcher *l)
             while (!pull(l) && now_ns() < until)
                 ring_cpu_relax();
         }
-        struct gpu_task *batch[64];
+        struct gpu_task *batch[NCCL_BATCH_MAX];
         int n = 0;
         batch[n++] = t;
-        while (p2p(t) && n < 64 && *pp && (*pp)->type == GPU_TASK_OP && p2p(*pp) &&
+        while (p2p(t) && n < NCCL_BATCH_MAX && *pp && (*pp)->type == GPU_TASK_OP && p2p(*pp) &&
                (*pp)->group == t->group && (*pp)->gen == t->gen)
             batch[n++] = unlink_pending(l, pp, prev);
+        /* one that says more follow (libcoll's gather, scatter, alltoallv): the rest of its
+         * NCCL group, past other communicators' ops but never past one of its own that is
+         * not a send or receive, waited for a while (a client that stops half way: what
+         * came goes alone, and its op ends at its deadline) */
+        int64_t more_until = 0;
+        while (p2p(t) && n < NCCL_BATCH_MAX && batch[n - 1]->more) {
+            struct gpu_task **q = pp, *qprev = prev;
+            while (*q && (*q)->group != t->group) {
+                qprev = *q;
+                q = &(*q)->next;
+            }
+            if (*q && same_comm(*q, t) && p2p(*q)) {
+                batch[n++] = unlink_pending(l, q, qprev);
+                continue;
+            }
+            if (*q) break; /* anything else of its group comes first: nothing goes past it */
+            if (!more_until) more_until = now_ns() + P2P_MORE_NS;
+            if (now_ns() >= more_until) break;
+            if (!pull(l)) ring_cpu_relax();
+        }
         ncclResult_t nr = ncclSuccess;
         int rc = issue_calls(l, c, batch, n, &nr);
         if (rc == COLL_OK) {

@@ -74,6 +74,8 @@
         }                                                                                          \
     } while (0)
 
+#define NCCL_BATCH_MAX WIRE_RING_ENTRIES /* tasks issued as one NCCL group, at most */
+
 /* An op's launch captured as a CUDA graph, keyed by everything the launch reads. */
 #define GRAPH_SLOTS 32
 struct cgraph {
@@ -117,7 +119,7 @@ struct comm {
     unsigned graph_bufgen;
     /* a launch NCCL left in progress (non-blocking communicator): its ops wait here,
      * polled by the launcher's loop, and c's later ops wait behind them */
-    struct gpu_task *settle[64];
+    struct gpu_task *settle[NCCL_BATCH_MAX];
     int nsettle;
     int64_t settle_deadline;
     uint64_t held_pass; /* the launcher's pass that left an op of c pending */
@@ -166,6 +168,7 @@ enum { RELEASE_CUMEM = 1, RELEASE_IPC, RELEASE_REGION };
 #define CHECK_NS 1000000LL         /* async-error poll interval per communicator */
 #define ISSUE_WAIT_NS 5000000000LL /* a launch NCCL leaves in progress gets this long */
 #define P2P_GATHER_NS 20000LL      /* a lone send or receive waits this long for partners */
+#define P2P_MORE_NS 100000000LL    /* ... one that says more follow (MORE), for those */
 
 /* nccl.c */
 extern atomic_uint nccl_buf_gen; /* bumped when an import goes away: graphs are dropped */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "lc.h"
+#include "lcgpu.h"
 #include "reduce.h"
 
 /* the tag of a group with an agent handle: above every child's (span.c: ids below
@@ -83,7 +84,10 @@ void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void 
                  uint64_t count, int dtype, int peer, uint32_t tag)
 {
     if (op->st != COLL_OK) return;
-    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, &op->sub[op->nsub]);
+    unsigned more = op->more_left > 1 ? WIRE_SQE_F_MORE : 0;
+    if (op->more_left > 0) op->more_left--;
+    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, more,
+                         &op->sub[op->nsub]);
     if (rc == COLL_OK) {
         op->nsub++;
     } else {
@@ -214,6 +218,27 @@ size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap
     return k;
 }
 
+coll_err lc_cop_wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
+{
+    pthread_mutex_lock(&c->lock);
+    struct lc_cop *op = op_of(c, req);
+    int gpu = op && op->g->gpu;
+    pthread_mutex_unlock(&c->lock);
+    if (!op) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
+    if (!gpu) return lc_fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
+    if (!keep)
+        return lc_fail(COLL_ERR_INVALID,
+                       "a GPU group's gather, scatter or alltoallv: coll_wait_stream_keep, then "
+                       "coll_wait or coll_test on the host");
+    coll_request subs[LC_COP_SUBS];
+    size_t n = lc_cop_subs(c, req, subs, LC_COP_SUBS);
+    for (size_t i = 0; i < n; i++) {
+        coll_err e = lc_wait_stream(c, subs[i], stream, 1);
+        if (e != COLL_OK) return e;
+    }
+    return COLL_OK;
+}
+
 void lc_cop_drain(coll_group *g)
 {
     coll_conn *c = g->conn;
@@ -263,10 +288,6 @@ static int extent(const size_t *counts, const size_t *displs, int n, size_t *out
 static coll_err check(coll_group *g, const struct vop *v, int n, int me, size_t es)
 {
     const char *what = names[v->kind];
-    if (g->gpu)
-        return lc_fail(COLL_ERR_UNSUPPORTED,
-                       "%s on GPU group '%s': host groups only (not yet on NCCL)", what,
-                       g->info.name);
     if (v->kind != ALLTOALLV && (v->root < 0 || v->root >= n))
         return lc_fail(COLL_ERR_INVALID, "%s: root %d is outside the group (size %d)", what,
                        v->root, n);
@@ -303,7 +324,29 @@ static coll_err check(coll_group *g, const struct vop *v, int n, int me, size_t 
     return rc == COLL_OK ? lc_cop_in_coll(g, "recv", v->recv, out) : rc;
 }
 
-static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
+/* The op fails with e (said: lc_fail), what it posted already running on. */
+static void cop_fail(struct lc_cop *op, coll_err e)
+{
+    op->st = e;
+    snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
+}
+
+/* A block of this rank's own, from src to dst (a GPU group's: on the op's stream). */
+static coll_err own_block(const coll_group *g, void *stream, void *dst, const void *src,
+                          size_t bytes)
+{
+    if (!bytes || dst == src) return COLL_OK;
+    if (!g->gpu) {
+        memmove(dst, src, bytes);
+        return COLL_OK;
+    }
+    char why[160];
+    if (lcgpu_copy_on(stream, dst, src, bytes, why, sizeof(why)) < 0)
+        return lc_fail(COLL_ERR_INVALID, "%s", why);
+    return COLL_OK;
+}
+
+static coll_err vsubmit(coll_group *g, struct vop *v, void *stream, coll_request *req)
 {
     if (!req) return lc_fail(COLL_ERR_INVALID, "%s: NULL request", names[v->kind]);
     req->id = 0;
@@ -330,19 +373,27 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
                            "group '%s': the group it was made from is closed; close this one too",
                            g->info.name);
     }
+    if (g->gpu) tag = 0; /* NCCL pairs them in order, by peer alone */
     int need = v->kind == ALLTOALLV ? 2 * (n - 1) : me == v->root ? n - 1 : 1;
     if (n == 1) need = 0;
     int idx;
     struct lc_cop *op = lc_cop_new(g, need, &idx, &rc);
     if (!op) return rc;
+    if (g->gpu) { /* on the stream; posted as one NCCL group */
+        op->stream = stream;
+        op->more_left = need;
+    }
     size_t bytes = v->count * es;
     pthread_mutex_lock(posting);
     for (int j = 0; j < n; j++) {
         int peer = ranks ? ranks[j] : j;
         if (v->kind == ALLTOALLV) {
             if (j == me) {
-                if (v->sc[j])
-                    memmove(v->recv + v->rd[j] * es, v->send + v->sd[j] * es, v->sc[j] * es);
+                if (op->st == COLL_OK) {
+                    coll_err e = own_block(g, stream, v->recv + v->rd[j] * es,
+                                           v->send + v->sd[j] * es, v->sc[j] * es);
+                    if (e != COLL_OK) cop_fail(op, e);
+                }
                 continue;
             }
             lc_cop_post(op, on, WIRE_OP_RECV, NULL, v->recv + v->rd[j] * es, v->rc[j], v->dtype,
@@ -358,7 +409,10 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
         } else if (j == me) { /* the root's own block; in place: already there */
             char *dst = v->kind == GATHER ? v->recv + (size_t)j * bytes : v->recv;
             const char *src = v->kind == GATHER ? v->send : v->send + (size_t)j * bytes;
-            if (bytes && dst != src) memmove(dst, src, bytes);
+            if (op->st == COLL_OK) {
+                coll_err e = own_block(g, stream, dst, src, bytes);
+                if (e != COLL_OK) cop_fail(op, e);
+            }
         } else if (v->kind == GATHER) {
             lc_cop_post(op, on, WIRE_OP_RECV, NULL, v->recv + (size_t)j * bytes, v->count, v->dtype,
                         peer, tag);
@@ -375,26 +429,23 @@ static coll_err vsubmit(coll_group *g, struct vop *v, coll_request *req)
 coll_err coll_gather(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                      int root, void *stream, coll_request *req)
 {
-    (void)stream;
     struct vop v = {
         .kind = GATHER, .dtype = dt, .root = root, .send = send, .recv = recv, .count = count};
-    return vsubmit(g, &v, req);
+    return vsubmit(g, &v, stream, req);
 }
 
 coll_err coll_scatter(coll_group *g, const void *send, void *recv, size_t count, coll_dtype dt,
                       int root, void *stream, coll_request *req)
 {
-    (void)stream;
     struct vop v = {
         .kind = SCATTER, .dtype = dt, .root = root, .send = send, .recv = recv, .count = count};
-    return vsubmit(g, &v, req);
+    return vsubmit(g, &v, stream, req);
 }
 
 coll_err coll_alltoallv(coll_group *g, const void *send, const size_t *send_counts,
                         const size_t *send_displs, void *recv, const size_t *recv_counts,
                         const size_t *recv_displs, coll_dtype dt, void *stream, coll_request *req)
 {
-    (void)stream;
     struct vop v = {.kind = ALLTOALLV,
                     .dtype = dt,
                     .send = send,
@@ -403,5 +454,5 @@ coll_err coll_alltoallv(coll_group *g, const void *send, const size_t *send_coun
                     .sd = send_displs,
                     .rc = recv_counts,
                     .rd = recv_displs};
-    return vsubmit(g, &v, req);
+    return vsubmit(g, &v, stream, req);
 }

@@ -201,6 +201,8 @@ void lc_direct_progress(coll_group *g, uint32_t idx, int64_t deadline, int try);
 void lc_direct_fini(coll_group *g, int give_back);
 
 /* wait.c: one request that is not composite */
+/* coll_wait_stream (keep: coll_wait_stream_keep) of a request that is not composite. */
+coll_err lc_wait_stream(coll_conn *c, coll_request req, void *stream, int keep);
 /* Whether req is still a live (pending or unreported) request. */
 int lc_req_live(coll_conn *c, coll_request req);
 /* Sleep until a completion, a word from the agent or the deadline (0: none), unless the
@@ -224,7 +226,8 @@ struct op_args {
     void *recv;
     int send_used, recv_used; /* whether this rank reads send / writes recv */
     void *stream;
-    int tag; /* send, recv */
+    int tag;        /* send, recv */
+    unsigned flags; /* WIRE_SQE_F_MORE: a GPU group's send or receive whose NCCL group goes on */
 };
 /* The op's arguments, range-checked against g (a failure said). */
 coll_err lc_op_check(const coll_group *g, const struct op_args *a);
@@ -233,7 +236,7 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req);
 /* A send or receive on g (a group with an agent handle) with any tag up to WIRE_TAG_MAX,
  * coll's own ones included. */
 coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
-                int dtype, int peer, uint32_t tag, coll_request *req);
+                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, coll_request *req);
 
 /* compose.c: composite requests, ops made of tagged sends and receives posted at once,
  * then a local step (a reduction in rank order); their ids have bit 31 of the low word
@@ -282,6 +285,10 @@ struct lc_cop {
     size_t bytes;
     int dtype, redop, nsrc;
     struct span_scratch *sc; /* released when the op is done */
+    /* a GPU group's op: the stream its sends and receives follow, and how many of them
+     * are still to post (all but the last say more follow: one NCCL group) */
+    void *stream;
+    int more_left;
 };
 
 static inline uint32_t lc_span_tag(uint32_t id, uint32_t sub)
@@ -306,6 +313,9 @@ coll_err lc_cop_in_coll(coll_group *g, const char *what, const void *p, size_t b
 coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms);
 coll_err lc_cop_test(coll_conn *c, coll_request req, int *done);
 size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
+/* coll_wait_stream_keep of a composite op of a GPU group: the stream waits for each part
+ * (keep 0, coll_wait_stream: refused, the op would have nobody to reap it). */
+coll_err lc_cop_wait_stream(coll_conn *c, coll_request req, void *stream, int keep);
 
 /* span.c: children whose ranks span pods, run here over their root group's tagged
  * sends and receives (docs/decisions/0025-children-across-pods.md), every op a

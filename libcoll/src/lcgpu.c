@@ -65,6 +65,13 @@ int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen)
     return -1;
 }
 
+int lcgpu_copy_on(void *stream, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+    (void)stream, (void)dst, (void)src, (void)n;
+    snprintf(why, whylen, "built without CUDA");
+    return -1;
+}
+
 #else
 
 #include <cuda_runtime_api.h>
@@ -225,6 +232,17 @@ int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen)
     if (e != cudaSuccess) {
         cudaGetLastError();
         snprintf(why, whylen, "cudaMemcpy of %zu bytes: %s", n, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+int lcgpu_copy_on(void *stream, void *dst, const void *src, size_t n, char *why, size_t whylen)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, whylen, "cudaMemcpyAsync of %zu bytes: %s", n, cudaGetErrorString(e));
         return -1;
     }
     return 0;

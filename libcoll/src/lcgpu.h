@@ -37,5 +37,7 @@ int lcgpu_wait(void *stream, void *dev_addr, uint64_t v, char *why, size_t whyle
 int lcgpu_device(int *device, char *why, size_t whylen);
 /* Copy n bytes between host and device memory (either way), finished on return. */
 int lcgpu_copy(void *dst, const void *src, size_t n, char *why, size_t whylen);
+/* Enqueue on stream (NULL: the legacy default stream) a copy of n bytes, any way. */
+int lcgpu_copy_on(void *stream, void *dst, const void *src, size_t n, char *why, size_t whylen);
 
 #endif

@@ -1,7 +1,7 @@
 /*
- * requests.c: coll_wait, coll_test, coll_wait_all and coll_wait_any over both kinds of
- * request: one op (wait.c) or a composite one (compose.c), told apart by the id.
- * Above both; nothing below calls here.
+ * requests.c: coll_wait, coll_test, coll_wait_all, coll_wait_any and coll_wait_stream
+ * (and _keep) over both kinds of request: one op (wait.c) or a composite one (compose.c), told
+ * apart by the id. Above both; nothing below calls here.
  */
 #include "lc.h"
 
@@ -10,6 +10,20 @@ coll_err coll_wait(coll_conn *c, coll_request req, int timeout_ms)
     if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
     if (lc_cop_is(req)) return lc_cop_wait(c, req, timeout_ms);
     return lc_wait_one(c, req, timeout_ms);
+}
+
+coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
+{
+    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    if (lc_cop_is(req)) return lc_cop_wait_stream(c, req, stream, 0);
+    return lc_wait_stream(c, req, stream, 0);
+}
+
+coll_err coll_wait_stream_keep(coll_conn *c, coll_request req, void *stream)
+{
+    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
+    if (lc_cop_is(req)) return lc_cop_wait_stream(c, req, stream, 1);
+    return lc_wait_stream(c, req, stream, 1);
 }
 
 coll_err coll_test(coll_conn *c, coll_request req, int *done)

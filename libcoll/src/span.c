@@ -107,10 +107,12 @@ static coll_err make(coll_group *parent, coll_group *root, int *rr, const int *r
     uint32_t tag = lc_span_tag(LC_SPAN_IDS, LC_SPAN_SUB_OPS);
     for (int j = 0; j < n && rc == COLL_OK; j++) {
         if (j == me) continue;
-        rc = lc_p2p(root, WIRE_OP_RECV, NULL, &w[2 * j], 2, COLL_UINT64, rr[j], tag, &sub[k]);
+        rc = lc_p2p(root, WIRE_OP_RECV, NULL, &w[2 * j], 2, COLL_UINT64, rr[j], tag, NULL, 0,
+                    &sub[k]);
         if (rc == COLL_OK) k++;
         if (rc == COLL_OK)
-            rc = lc_p2p(root, WIRE_OP_SEND, &w[2 * me], NULL, 2, COLL_UINT64, rr[j], tag, &sub[k]);
+            rc = lc_p2p(root, WIRE_OP_SEND, &w[2 * me], NULL, 2, COLL_UINT64, rr[j], tag, NULL, 0,
+                        &sub[k]);
         if (rc == COLL_OK) k++;
     }
     if (rc != COLL_OK) snprintf(why, sizeof(why), "%s", coll_last_error());
@@ -285,7 +287,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
             return lc_fail(COLL_ERR_INVALID, "tag %d: a child across pods takes tags 0..%u", tag,
                            LC_SPAN_SUB_OPS - 1);
         return lc_p2p(root, kind, send, recv, count, dtype, sp->ranks[peer],
-                      lc_span_tag(sp->id, (uint32_t)tag), req);
+                      lc_span_tag(sp->id, (uint32_t)tag), NULL, 0, req);
     }
     if (count > SIZE_MAX / es / (size_t)n)
         return lc_fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)count);

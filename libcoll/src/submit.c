@@ -232,7 +232,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
                 goto out;
             }
         }
-        s.flags |= WIRE_SQE_F_GPU;
+        s.flags |= WIRE_SQE_F_GPU | (a->flags & WIRE_SQE_F_MORE);
     }
     take_slot(c, r, g->handle, gpu, sb, rb);
     struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
@@ -269,12 +269,14 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
 }
 
 coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
-                int dtype, int peer, uint32_t tag, coll_request *req)
+                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, coll_request *req)
 {
     struct op_args a = {
         (uint8_t)kind,       dtype, 0, peer, count, send, recv, kind == WIRE_OP_SEND,
         kind == WIRE_OP_RECV};
     a.tag = (int)tag;
+    a.stream = stream;
+    a.flags = flags;
     req->id = 0;
     coll_err rc = lc_op_check(g, &a);
     return rc != COLL_OK ? rc : lc_submit(g, &a, req);

@@ -1,6 +1,6 @@
 /*
  * wait.c: one request's completion and the waiting policy: spinning then sleeping (one
- * poller per connection, the others on its condition variable), coll_wait_stream and
+ * poller per connection, the others on its condition variable), lc_wait_stream and
  * the pollable descriptor. Above conn.c (reaping the completion ring) and direct.c
  * (this thread moves a direct op on); requests.c's coll_wait and coll_test, and
  * compose.c's parts, come here for requests that are not composite.
@@ -260,12 +260,8 @@ int lc_try_one(coll_conn *c, coll_request req, coll_err *st, int *direct)
     return r;
 }
 
-/* keep: the request stays the caller's, for coll_test / coll_wait on the host */
-static coll_err wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
+coll_err lc_wait_stream(coll_conn *c, coll_request req, void *stream, int keep)
 {
-    if (!c) return lc_fail(COLL_ERR_INVALID, "NULL connection");
-    if (lc_cop_is(req))
-        return lc_fail(COLL_ERR_INVALID, "not a GPU op: wait for it with coll_wait");
     pthread_mutex_lock(&c->lock);
     struct req *r = lookup(c, req);
     coll_err rc = COLL_OK;
@@ -290,16 +286,6 @@ static coll_err wait_stream(coll_conn *c, coll_request req, void *stream, int ke
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
-}
-
-coll_err coll_wait_stream(coll_conn *c, coll_request req, void *stream)
-{
-    return wait_stream(c, req, stream, 0);
-}
-
-coll_err coll_wait_stream_keep(coll_conn *c, coll_request req, void *stream)
-{
-    return wait_stream(c, req, stream, 1);
 }
 
 int coll_conn_fd(coll_conn *c)

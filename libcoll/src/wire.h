@@ -305,7 +305,11 @@ static inline int wire_kind_rooted(unsigned kind)
     1u /* GPU op: the client's stream writes ready[i] = tag before the op may                      \
           start, and the agent writes done[i] = tag after it, where                                \
           i = (tag & 0xffffffff) - 1 (see struct wire_shm) */
-#define WIRE_SQE_F_ALL WIRE_SQE_F_GPU
+#define WIRE_SQE_F_MORE                                                                            \
+    2u /* a GPU group's send or receive whose NCCL group goes on: the group's next send or         \
+          receive is its part (libcoll's gather, scatter and alltoallv); the agent issues          \
+          them as one NCCL group (a send and a receive would wait for each other otherwise) */
+#define WIRE_SQE_F_ALL (WIRE_SQE_F_GPU | WIRE_SQE_F_MORE)
 
 /* One submitted op; 64 bytes, one cache line. seq is written last (release) and says
  * the entry is complete: the n-th entry (from 0) carries seq n + 1. */

@@ -1,6 +1,6 @@
-"""The collectives of a Group. Each takes arrays (see _core.view), submits one op (or,
-for alltoallv, gather and scatter, the sends and receives that make it), and returns
-its result, or a Request when async_op is true. Arrays outside coll memory are staged,
+"""The collectives of a Group. Each takes arrays (see _core.view), submits one op
+(alltoallv, gather and scatter: coll.h's composite ones, made of sends and receives),
+and returns its result, or a Request when async_op is true. Arrays outside coll memory are staged,
 but where the op runs in this process (a host group's direct ops, coll.h): there libcoll
 takes host memory as it is, and the op is tried so first (_raw_first).
 
@@ -380,8 +380,7 @@ def _rows(what, v, x, splits, name):
 
 def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, stream=None):
     """All-to-all with unequal blocks (MoE): in_splits[j] rows of x (dim 0) to rank j,
-    out_splits[i] rows of out from rank i (None: equal blocks). Built from sends and
-    receives of the group (a host group's own tag)."""
+    out_splits[i] rows of out from rank i (None: equal blocks)."""
     what = _what(self, "alltoallv")
     v, o = view(x), view(out)
     _same_dtype(what, v, o)
@@ -396,65 +395,30 @@ def alltoallv(self, x, out, in_splits=None, out_splits=None, async_op=False, str
     p = _Prep(self, what, stream)
     send, recv = p.src(v), p.dst(o)
     item = lib().coll_dtype_size(dt)
-    me, tag, calls = self.rank, 0, []  # GPU groups below: tag 0, in order
+    me = self.rank
     if outs[me][1] != ins[me][1]:
         raise ValueError("%s: rank %d sends itself %d bytes but expects %d" %
                          (what, me, ins[me][1], outs[me][1]))
-    if self.backend != "nccl":  # coll.h's own: counts and displacements in elements
-        arr = ctypes.c_size_t * self.size
-        sc, sd = arr(*(b // item for _, b in ins)), arr(*(a // item for a, _ in ins))
-        rc, rd = arr(*(b // item for _, b in outs)), arr(*(a // item for a, _ in outs))
-        # (the call's arguments keep the arrays alive until it is submitted)
-        return p.submit([_C("coll_alltoallv", self.handle, send, sc, sd, recv, rc, rd, dt,
-                             p.stream)], out, async_op)
-    for j in range(self.size):
-        if j == me:
-            continue
-        so, sn = ins[j]
-        ro, rn = outs[j]
-        if rn:
-            calls.append(_C("coll_recv_tag", self.handle, recv + ro, rn // item, dt, j, tag,
-                            p.stream))
-        if sn:
-            calls.append(_C("coll_send_tag", self.handle, send + so, sn // item, dt, j, tag,
-                            p.stream))
-    _local_copy(p, o, outs[me][0], v, ins[me][0], ins[me][1], recv, send)
-    return p.submit(calls, out, async_op)
-
-
-def _local_copy(p, o, ooff, v, voff, nbytes, recv, send):
-    """This rank's own block, from send to recv (coll memory or staging)."""
-    if not nbytes:
-        return
-    if p.device is not None and p.device >= 0:
-        import torch
-
-        def run():
-            ob = _arrays.device_view(recv + ooff, nbytes, p.device)
-            ob.copy_(_arrays.device_view(send + voff, nbytes, p.device))
-
-        with torch.cuda.stream(p.tstream):
-            run()
-    else:
-        ctypes.memmove(recv + ooff, send + voff, nbytes)
+    # coll.h's own (on a GPU group one NCCL group): counts and displacements in elements
+    arr = ctypes.c_size_t * self.size
+    sc, sd = arr(*(b // item for _, b in ins)), arr(*(a // item for a, _ in ins))
+    rc, rd = arr(*(b // item for _, b in outs)), arr(*(a // item for a, _ in outs))
+    # (the call's arguments keep the arrays alive until it is submitted)
+    return p.submit([_C("coll_alltoallv", self.handle, send, sc, sd, recv, rc, rd, dt,
+                         p.stream)], out, async_op)
 
 
 def gather(self, x, out=None, root=0, async_op=False, stream=None):
     """Every rank's x into root's out (shape (size,) + x.shape; made when None); other
-    ranks get None. Built from sends to root."""
+    ranks get None."""
     what = _what(self, "gather")
     v = view(x)
     dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
-    tag = 0  # GPU groups: in order
     n = v.numel
-    native = self.backend != "nccl"  # coll.h's own gather; GPU groups: sends and receives
     if self.rank != root:
         send = p.src(v)
-        if native:
-            return p.submit([_C("coll_gather", self.handle, send, None, n, dt, root, p.stream)],
-                            None, async_op)
-        return p.submit([_C("coll_send_tag", self.handle, send, n, dt, root, tag, p.stream)],
+        return p.submit([_C("coll_gather", self.handle, send, None, n, dt, root, p.stream)],
                         None, async_op)
     if out is None:
         out = _arrays.new_like(v, (self.size,) + tuple(x.shape))
@@ -462,43 +426,28 @@ def gather(self, x, out=None, root=0, async_op=False, stream=None):
     _same_dtype(what, v, o)
     _check_numel(what, o, v.numel * self.size, "out")
     recv, send = p.dst(o), p.src(v)
-    if native:
-        return p.submit([_C("coll_gather", self.handle, send, recv, n, dt, root, p.stream)], out,
-                        async_op)
-    calls = [_C("coll_recv_tag", self.handle, recv + j * v.nbytes, n, dt, j, tag, p.stream)
-             for j in range(self.size) if j != root]
-    _local_copy(p, o, root * v.nbytes, v, 0, v.nbytes, recv, send)
-    return p.submit(calls, out, async_op)
+    return p.submit([_C("coll_gather", self.handle, send, recv, n, dt, root, p.stream)], out,
+                    async_op)
 
 
 def scatter(self, x, out, root=0, async_op=False, stream=None):
     """Block j of root's x (shape (size,) + out.shape) into rank j's out; x is read on
-    root only (None elsewhere). Built from sends from root."""
+    root only (None elsewhere)."""
     what = _what(self, "scatter")
     o = view(out)
     dt = _dtype_of(o, None)
     p = _Prep(self, what, stream)
-    tag = 0  # GPU groups: in order
     n = o.numel
-    native = self.backend != "nccl"  # coll.h's own scatter; GPU groups: sends and receives
     if self.rank != root:
         recv = p.dst(o)
-        if native:
-            return p.submit([_C("coll_scatter", self.handle, None, recv, n, dt, root, p.stream)],
-                            out, async_op)
-        return p.submit([_C("coll_recv_tag", self.handle, recv, n, dt, root, tag, p.stream)],
+        return p.submit([_C("coll_scatter", self.handle, None, recv, n, dt, root, p.stream)],
                         out, async_op)
     v = view(x)
     _same_dtype(what, v, o)
     _check_numel(what, v, o.numel * self.size, "x")
     send, recv = p.src(v), p.dst(o)
-    if native:
-        return p.submit([_C("coll_scatter", self.handle, send, recv, n, dt, root, p.stream)], out,
-                        async_op)
-    calls = [_C("coll_send_tag", self.handle, send + j * o.nbytes, n, dt, j, tag, p.stream)
-             for j in range(self.size) if j != root]
-    _local_copy(p, o, 0, v, root * o.nbytes, o.nbytes, recv, send)
-    return p.submit(calls, out, async_op)
+    return p.submit([_C("coll_scatter", self.handle, send, recv, n, dt, root, p.stream)], out,
+                    async_op)
 
 
 def send(self, x, peer, tag=0, async_op=False, stream=None):

@@ -99,6 +99,16 @@ try:
         check("a complex product on a GPU group is refused: %s" % e,
               e.name == "UNSUPPORTED" and "complex product" in str(e))
 
+    # gather, scatter, alltoallv on a GPU group: coll.h's composite ops, on the stream
+    gx = torch.arange(6, device="cuda", dtype=torch.float32)
+    gout = cg.gather(gx, root=0)
+    sc = torch.zeros(6, device="cuda")
+    cg.scatter(gout, sc, root=0)
+    av = torch.zeros(6, device="cuda")
+    cg.alltoallv(gx, av, [6], [6])
+    check("gather, scatter and alltoallv of CUDA tensors (one rank: its own blocks)",
+          torch.equal(gout[0], gx) and torch.equal(sc, gx) and torch.equal(av, gx))
+
     # groups made at run time on a GPU group: children on NCCL, with their own
     # communicators (coll_group_split, and torch's new_group through coll_group_create)
     k = cg.split(0)

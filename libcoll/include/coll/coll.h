@@ -377,11 +377,15 @@ COLL_API coll_err coll_send(coll_group *g, const void *send, size_t count, coll_
 COLL_API coll_err coll_recv(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
                             void *stream, coll_request *req);
 COLL_API coll_err coll_barrier(coll_group *g, void *stream, coll_request *req);
-/* Gather, scatter and all-to-all with blocks of any size: host groups (a child across
- * pods too), as sends and receives on a tag of coll's own posted all at once (a composite
- * request: up to 2 x (size - 1) of the connection's 256 requests; LIMIT beyond 192).
- * GPU groups: UNSUPPORTED (not yet). They pair as collectives do: the n-th of these ops
- * of every rank meets the n-th of the others, and sizes that disagree fail MISMATCH. */
+/* Gather, scatter and all-to-all with blocks of any size, as sends and receives posted
+ * all at once (a composite request: up to 2 x (size - 1) of the connection's 256
+ * requests; LIMIT beyond 192). Host groups (a child across pods too): on a tag of coll's
+ * own; they pair as collectives do: the n-th of these ops of every rank meets the n-th
+ * of the others, and sizes that disagree fail MISMATCH. GPU groups: on tag 0, in order
+ * with the group's other sends and receives, one NCCL group per op, after the work
+ * queued on stream (the rank's own block is copied on it); the host waits with coll_wait
+ * or coll_test, a stream with coll_wait_stream_keep (coll_wait_stream refuses a
+ * composite request: nobody would reap it). */
 /* Every rank's send (count elements) lands in root's recv, in rank order (size x count
  * elements, written on root only). In place on root: send == recv + root x count. */
 COLL_API coll_err coll_gather(coll_group *g, const void *send, void *recv, size_t count,
@@ -427,13 +431,14 @@ COLL_API coll_err coll_test(coll_conn *conn, coll_request req, int *done);
  * reported by coll_wait/coll_test. If the op fails, the stream is released all the
  * same (the op's output is then undefined) and the failure is returned by the next
  * op submitted on this connection (closing the op's group forgets it: the group was
- * broken anyway). Errors: INVALID (unknown request, host op, or the
+ * broken anyway). Errors: INVALID (unknown request, host op, a composite request, or the
  * wait could not be enqueued on stream). */
 COLL_API coll_err coll_wait_stream(coll_conn *conn, coll_request req, void *stream);
 /* As coll_wait_stream, but req stays the caller's: the host may still ask coll_test
  * (a torch Work's is_completed) or coll_wait, which report the op's result and consume
- * it; until one does, the request holds one of the connection's 256 slots. Errors:
- * INVALID (unknown request, host op, or the wait could not be enqueued). */
+ * it; until one does, the request holds one of the connection's 256 slots (a composite
+ * one, gather, scatter or alltoallv: each of its parts). Errors: INVALID (unknown
+ * request, host op, or the wait could not be enqueued). */
 COLL_API coll_err coll_wait_stream_keep(coll_conn *conn, coll_request req, void *stream);
 /* Wait for all n requests; returns COLL_OK or the first failure in array order. Every
  * completed request is consumed, even after a failure; on TIMEOUT the others stay
