@@ -34,8 +34,7 @@ static int resolve(coll_conn *c, const char *what, const void *p, uint64_t elems
             return lc_fail(COLL_ERR_INVALID,
                            "%s pointer %p is not aligned to its element type (%zu bytes)", what, p,
                            esize);
-        *off = (uint64_t)(uintptr_t)p; /* for the overlap check: addresses, not offsets */
-        return COLL_OK;
+        return COLL_OK; /* the caller checks overlap on addresses */
     }
     if (!buf)
         return lc_fail(COLL_ERR_INVALID,
