@@ -472,6 +472,28 @@ static void gpu_flag_on_host_agent_is_dropped(void **state)
     assert_serving(f);
 }
 
+/* MORE (one NCCL group goes on) belongs to a GPU send or receive alone: on a host send
+ * it is a violation, and the agent serves everyone else on. */
+static void more_flag_on_a_host_send_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    struct wire_sqe q = {.kind = WIRE_OP_SEND,
+                         .dtype = COLL_INT32,
+                         .group = handle,
+                         .epoch = epoch,
+                         .peer = 1,
+                         .flags = WIRE_SQE_F_MORE,
+                         .tag = 1};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "flag MORE on a host send");
+    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0); /* nothing was completed */
+    assert_serving(f);
+}
+
 /* Every field is checked before anything happens: a wild tag on a stale-epoch op
  * of a host group is still a violation, not a completion. */
 static void stale_epoch_op_is_validated_first(void **state)
@@ -1517,6 +1539,7 @@ int main(void)
         T(misaligned_offset_is_dropped),
         T(overlapping_ranges_are_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
+        T(more_flag_on_a_host_send_is_dropped),
         T(stale_epoch_op_is_validated_first),
         T(forged_rank_in_group_open_is_refused),
         T(random_ring_entries_never_hurt_the_agent),
