@@ -8,6 +8,7 @@
  * completion can exist by when it submits the second half, whatever the scheduler does.
  */
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
@@ -180,6 +181,63 @@ static void mem_find_names_the_buffer_and_offset(void **state)
     assert_int_equal(coll_mem_release(&second), COLL_OK);
     assert_int_equal(coll_mem_find(p.c[0], base + 100, &b, &off), COLL_ERR_NOT_FOUND);
     pair_close(&p);
+}
+
+/* The allocation hooks of frameworks' memory pools (torch's CUDAPluggableAllocator), on
+ * host memory here (device -1): a block is a coll buffer of the bound connection, an op
+ * runs on it in place, the free hook waits out an op in flight before it releases the
+ * block, and leaves alone what it did not hand out. */
+static coll_err joined;
+
+static void *join_later(void *arg)
+{
+    struct pair *p = arg;
+    joined = coll_wait(p->c[1], submit(p, 1, 0), 10000);
+    return NULL;
+}
+
+static void alloc_hooks_hand_out_coll_buffers(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    assert_null(coll_alloc_hook(4096, COLL_DEVICE_HOST, NULL));
+    assert_non_null(strstr(coll_last_error(), "no connection is bound"));
+    assert_int_equal(coll_hooks_bind(p.c[0]), COLL_OK);
+    assert_null(coll_alloc_hook(0, COLL_DEVICE_HOST, NULL));
+    assert_non_null(strstr(coll_last_error(), "size 0"));
+    float *blk = coll_alloc_hook(1 << 20, COLL_DEVICE_HOST, NULL);
+    assert_non_null(blk);
+    coll_buffer *b;
+    size_t off;
+    assert_int_equal(coll_mem_find(p.c[0], blk + 7, &b, &off), COLL_OK);
+    assert_int_equal(off, 7 * sizeof(float));
+    /* slot 0's allreduce on the block; the free hook waits until slot 1 joins it */
+    coll_request r0;
+    for (int k = 0; k < 16; k++)
+        blk[k] = 1.0f;
+    assert_int_equal(coll_allreduce(p.g[0], blk, blk, 16, COLL_FLOAT32, COLL_SUM, NULL, &r0),
+                     COLL_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, join_later, &p), 0);
+    coll_free_hook(blk, 1 << 20, COLL_DEVICE_HOST, NULL);
+    pthread_join(t, NULL);
+    assert_int_equal(coll_mem_find(p.c[0], blk, &b, &off), COLL_ERR_NOT_FOUND);
+    assert_int_equal(coll_wait(p.c[0], r0, 10000), COLL_OK);
+    assert_int_equal(joined, COLL_OK);
+    assert_true(p.x[1][0] == 3.0f && p.x[1][15] == 3.0f);
+    /* a buffer coll_mem_alloc made, and a pointer inside a block, are not the hooks' */
+    coll_free_hook(p.x[0], 4096, COLL_DEVICE_HOST, NULL);
+    assert_int_equal(coll_mem_find(p.c[0], p.x[0], &b, &off), COLL_OK);
+    float *blk2 = coll_alloc_hook(4096, COLL_DEVICE_HOST, NULL);
+    assert_non_null(blk2);
+    coll_free_hook(blk2 + 1, 4096, COLL_DEVICE_HOST, NULL);
+    assert_int_equal(coll_mem_find(p.c[0], blk2, &b, &off), COLL_OK);
+    /* the connection goes: its blocks with it, and nothing is bound */
+    pair_close(&p);
+    assert_null(coll_alloc_hook(4096, COLL_DEVICE_HOST, NULL));
+    assert_non_null(strstr(coll_last_error(), "no connection is bound"));
+    coll_free_hook(blk2, 4096, COLL_DEVICE_HOST, NULL); /* ignored */
 }
 
 static void a_handle_s_op_timeout_is_its_own(void **state)
@@ -533,6 +591,7 @@ int main(void)
         cmocka_unit_test(wait_any_returns_the_one_that_completed),
         cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
+        cmocka_unit_test(alloc_hooks_hand_out_coll_buffers),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
         cmocka_unit_test(a_rank_names_its_slot),
         cmocka_unit_test(bitwise_reductions_and_small_types),

@@ -734,6 +734,56 @@ static int composite_main(void *arg)
     return 0;
 }
 
+/* The allocation hooks a framework's memory pool calls (torch's CUDAPluggableAllocator):
+ * each block is a coll buffer of the bound connection, an op on it runs in place, and
+ * the free hook releases it; nothing is bound once the connection goes. */
+static int hooks_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(0) == cudaSuccess, 4);
+    CHECK(coll_hooks_bind(c) == COLL_OK, 5);
+    enum { N = 3 << 18 }; /* 3 MiB of int32 */
+    int32_t *p = coll_alloc_hook(N * sizeof(int32_t), 0, NULL);
+    CHECK(p != NULL, 6);
+    coll_buffer *b = NULL;
+    size_t off = 1;
+    CHECK(coll_mem_find(c, p + 5, &b, &off) == COLL_OK && off == 5 * sizeof(int32_t), 7);
+    CHECK(coll_mem_size(b) >= N * sizeof(int32_t), 8);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 9);
+    CHECK(cudaMemsetAsync(p, 0x01, N * sizeof(int32_t), st) == cudaSuccess, 10);
+    coll_request r;
+    CHECK(coll_allreduce(g, p, p, N, COLL_INT32, COLL_SUM, st, &r) == COLL_OK, 11);
+    CHECK(coll_wait_stream(c, r, st) == COLL_OK, 12);
+    int32_t last;
+    CHECK(cudaMemcpyAsync(&last, p + N - 1, sizeof(last), cudaMemcpyDeviceToHost, st) == 0, 13);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess && last == 0x01010101, 14);
+    /* a pointer inside the block, or one the hooks did not hand out, is left alone */
+    coll_free_hook(p + 1, 4, 0, st);
+    CHECK(coll_mem_find(c, p, &b, &off) == COLL_OK, 15);
+    coll_free_hook(p, N * sizeof(int32_t), 0, st);
+    CHECK(coll_mem_find(c, p, &b, &off) == COLL_ERR_NOT_FOUND, 16);
+    coll_free_hook(p, N * sizeof(int32_t), 0, st); /* twice: ignored */
+    cudaStreamDestroy(st);
+    coll_group_close(&g);
+    coll_disconnect(&c);
+    CHECK(coll_alloc_hook(4096, 0, NULL) == NULL, 17);
+    CHECK(strstr(coll_last_error(), "no connection is bound") != NULL, 18);
+    return 0;
+}
+
+static void alloc_hooks_give_coll_memory(void **state)
+{
+    (void)state;
+    struct agent a;
+    one_client(&a, 60000, hooks_main);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 static void gather_scatter_alltoallv_on_the_stream(void **state)
 {
     (void)state;
@@ -1112,6 +1162,7 @@ int main(void)
         cmocka_unit_test(repeated_ops_replay),
         cmocka_unit_test(children_run_on_nccl),
         cmocka_unit_test(gather_scatter_alltoallv_on_the_stream),
+        cmocka_unit_test(alloc_hooks_give_coll_memory),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

@@ -280,3 +280,64 @@ coll_err coll_mem_find(coll_conn *c, const void *ptr, coll_buffer **buf, size_t 
     *offset = (size_t)((uintptr_t)ptr - (uintptr_t)b->ptr);
     return COLL_OK;
 }
+
+/* ---- allocation hooks for frameworks' memory pools --------------------------------- */
+
+/* The bound connection; a hook holds hooks_lock while it uses it, so coll_disconnect
+ * (lc_hooks_forget) never frees it under a hook. */
+static pthread_mutex_t hooks_lock = PTHREAD_MUTEX_INITIALIZER;
+static coll_conn *hooks_conn;
+
+coll_err coll_hooks_bind(coll_conn *c)
+{
+    pthread_mutex_lock(&hooks_lock);
+    hooks_conn = c;
+    pthread_mutex_unlock(&hooks_lock);
+    return COLL_OK;
+}
+
+void lc_hooks_forget(coll_conn *c)
+{
+    pthread_mutex_lock(&hooks_lock);
+    if (hooks_conn == c) hooks_conn = NULL;
+    pthread_mutex_unlock(&hooks_lock);
+}
+
+void *coll_alloc_hook(size_t size, int device, void *stream)
+{
+    (void)stream;
+    coll_buffer *b = NULL;
+    pthread_mutex_lock(&hooks_lock);
+    if (!hooks_conn)
+        lc_fail(COLL_ERR_INVALID, "coll_alloc_hook: no connection is bound (coll_hooks_bind)");
+    else if ((ssize_t)size <= 0)
+        lc_fail(COLL_ERR_INVALID, "coll_alloc_hook: size %zd", (ssize_t)size);
+    else if (coll_mem_alloc(&b, hooks_conn, size, device) == COLL_OK)
+        b->hooked = 1; /* b is the connection's: no other thread sees it before we return */
+    pthread_mutex_unlock(&hooks_lock);
+    return b ? b->ptr : NULL;
+}
+
+void coll_free_hook(void *ptr, size_t size, int device, void *stream)
+{
+    (void)size, (void)device, (void)stream;
+    pthread_mutex_lock(&hooks_lock);
+    coll_conn *c = hooks_conn;
+    coll_buffer *b = NULL;
+    if (c) {
+        pthread_mutex_lock(&c->lock);
+        b = lc_find_buffer(c, ptr, 1);
+        if (b && (b->ptr != ptr || !b->hooked)) b = NULL;
+        pthread_mutex_unlock(&c->lock);
+    }
+    if (b) {
+        /* the pool frees a block once its work is done; an op still in flight on it is
+         * waited for (release waits for GPU work that has run, BUSY is the rest) */
+        int64_t until = now_ns() + (int64_t)c->timeout_ms * 1000000;
+        while (coll_mem_release(&b) == COLL_ERR_BUSY && now_ns() < until) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    pthread_mutex_unlock(&hooks_lock);
+}

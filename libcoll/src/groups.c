@@ -343,6 +343,7 @@ void coll_disconnect(coll_conn **conn)
     if (!conn || !*conn) return;
     coll_conn *c = *conn;
     *conn = NULL;
+    lc_hooks_forget(c);
     lc_conn_hang_up(c);
     for (size_t i = 0; i < c->nbufs; i++)
         lc_buffer_free(c->bufs[i]);

@@ -74,6 +74,7 @@ struct coll_buffer {
     void *ptr;
     size_t size;
     uint32_t inflight; /* ops in flight that use it; guarded by conn->lock */
+    int hooked;        /* coll_alloc_hook's block: coll_free_hook may release it */
 };
 
 struct coll_group {
@@ -168,6 +169,8 @@ void lc_buffer_free(coll_buffer *b);
 coll_err lc_shm_for_gpu(coll_conn *c);
 /* The registered buffer that holds [p, p + bytes), or NULL; caller holds the lock. */
 coll_buffer *lc_find_buffer(coll_conn *c, const void *p, uint64_t bytes);
+/* coll_disconnect: the allocation hooks forget c if it is the bound connection. */
+void lc_hooks_forget(coll_conn *c);
 
 /* direct.c: a host group's tiny ops run by this process on connections the agent lent
  * (docs/decisions/0011-direct-ops.md). Lock order: the group's direct lock, then c->lock. */

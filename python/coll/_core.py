@@ -187,6 +187,9 @@ class Connection(_Closes):
         self._stage = {}  # device -> [Buffer], free staging buffers
         self._stage_lock = threading.Lock()
         self._spans = {}  # address -> its coll buffer's span; emptied by every release
+        # starts of this object's Buffers: only their spans are cached (a block of a
+        # memory pool, coll_alloc_hook's, is released in C where no cache is emptied)
+        self._starts = set()
 
     @property
     def handle(self):
@@ -273,6 +276,8 @@ class Connection(_Closes):
                 return False
             start = v.ptr - off.value
             hit = (start, start + lib().coll_mem_size(b))
+            if start not in self._starts:
+                return v.ptr + v.nbytes <= hit[1]
             if len(self._spans) > 4096:
                 self._spans.clear()
             self._spans[v.ptr] = hit
@@ -319,6 +324,7 @@ class Buffer:
         self.ptr = lib().coll_mem_ptr(h)
         self.size = lib().coll_mem_size(h)
         conn._owned.add(self)
+        conn._starts.add(self.ptr)
 
     def _orphan(self):
         self._h = None
@@ -328,13 +334,15 @@ class Buffer:
         if self._h:
             self.conn._spans.clear()
             _check(lib().coll_mem_release(ctypes.byref(self._h)), "releasing a buffer")
+            self.conn._starts.discard(self.ptr)
             self._h = None
             self.__dict__.pop("_u8", None)  # the cached torch view (_arrays._device_u8)
 
     def __del__(self):
         if self._h and self.conn._h:
             self.conn._spans.clear()
-            lib().coll_mem_release(ctypes.byref(self._h))
+            if lib().coll_mem_release(ctypes.byref(self._h)) == 0:
+                self.conn._starts.discard(self.ptr)
 
 
 # ---- groups -------------------------------------------------------------------------

@@ -475,3 +475,35 @@ def _register():
 
 
 _register()
+
+
+# ---- a memory pool in coll memory ---------------------------------------------------
+
+
+def mem_pool():
+    """A torch.cuda.MemPool whose blocks are coll memory of the backend's connection
+    (libcoll's coll_alloc_hook and coll_free_hook behind torch's
+    CUDAPluggableAllocator): tensors made under `with torch.cuda.use_mem_pool(pool):`
+    (a model's parameters, DDP's buckets, FSDP's shards) are in coll memory, so ops on
+    them never stage. Call it after init_process_group("coll"); torch caches the blocks
+    as for its own pool. Keep the pool until torch is done with its tensors: the
+    connection lives as long as the process, and a block goes back to the agent when
+    torch frees it (the pool's end, or empty_cache). Needs torch.cuda.MemPool (torch 2.5
+    and newer): raises RuntimeError, saying so, where torch lacks it."""
+    from ._core import _check, lib
+
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+        raise RuntimeError("coll.torch.mem_pool needs torch.cuda.MemPool and use_mem_pool "
+                           "(torch 2.5 or newer); this is torch %s" % torch.__version__)
+    with _lock:
+        conn = _state["conn"]
+        if conn is None or not conn._h:
+            raise RuntimeError("coll.torch.mem_pool: call init_process_group('coll') first "
+                               "(the pool's memory is the backend connection's)")
+        _check(lib().coll_hooks_bind(conn.handle), "binding the allocation hooks")
+        path = lib().coll_path
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            os.path.abspath(path) if os.sep in path else path, "coll_alloc_hook",
+            "coll_free_hook")
+        _state["allocator"] = alloc  # torch holds the C half; this keeps ours too
+        return torch.cuda.MemPool(alloc.allocator())

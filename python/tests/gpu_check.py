@@ -128,9 +128,64 @@ try:
     check("dist.new_group([0]) on a GPU group: all_reduce on the child (backend %s)" % kind,
           torch.equal(st, torch.arange(10, device="cuda", dtype=torch.float32)))
 
+    nccl = dist.new_group(backend="nccl")
+
+    # a torch memory pool in coll memory (coll_alloc_hook behind CUDAPluggableAllocator):
+    # tensors made in it, DDP's parameters and buckets, never stage
+    takes = []
+    stage_take = conn._stage_take
+    conn._stage_take = lambda n, d: (takes.append(n), stage_take(n, d))[1]
+    calls = {"allreduce": 0}
+    pg_allreduce = coll.torch.ProcessGroupColl.allreduce
+
+    def counted(self, *a, **k):
+        calls["allreduce"] += 1
+        return pg_allreduce(self, *a, **k)
+
+    coll.torch.ProcessGroupColl.allreduce = counted
+    pool = None
+    if hasattr(torch.cuda, "MemPool"):
+        pool = coll.torch.mem_pool()
+        with torch.cuda.use_mem_pool(pool):
+            pt = torch.full((1 << 20,), 2.0, device="cuda")
+        check("a tensor made in coll.torch.mem_pool() is in coll memory",
+              conn.find(pt) is not None)
+        dist.all_reduce(pt)
+        torch.cuda.synchronize()
+        check("dist.all_reduce on it runs in place (no staging)",
+              not takes and float(pt[12345]) == 2.0)
+
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 10)).cuda()
+
+        DDP = torch.nn.parallel.DistributedDataParallel
+        with torch.cuda.use_mem_pool(pool):
+            mine = DDP(make(), device_ids=[0], gradient_as_bucket_view=True)
+        ref = DDP(make(), device_ids=[0], gradient_as_bucket_view=True, process_group=nccl)
+        losses = {}
+        n0 = calls["allreduce"]
+        for name, m in (("coll", mine), ("nccl", ref)):
+            opt = torch.optim.SGD(m.parameters(), lr=0.05)
+            torch.manual_seed(1)
+            for _ in range(5):
+                x = torch.randn(32, 256, device="cuda")
+                loss = m(x).square().mean()
+                opt.zero_grad(set_to_none=False)
+                loss.backward()
+                opt.step()
+                losses.setdefault(name, []).append(float(loss))
+        same = all(torch.equal(a, b) for a, b in zip(mine.parameters(), ref.parameters()))
+        check("DDP in the pool: 5 steps equal to DDP on ProcessGroupNCCL bit for bit "
+              "(%d bucket allreduces, %d staged)" % (calls["allreduce"] - n0, len(takes)),
+              same and losses["coll"] == losses["nccl"] and calls["allreduce"] > n0 and
+              not takes and all(conn.find(p) is not None for p in mine.parameters()))
+    else:
+        print("skip the memory pool: torch %s has no torch.cuda.MemPool" % torch.__version__)
+
     # timings: coll (coll memory), coll on a child of the same rank, coll (staged) and
     # ProcessGroupNCCL, interleaved
-    nccl = dist.new_group(backend="nccl")
     sizes = [8, 1 << 20, 64 << 20, 256 << 20]
     rounds = 5
     cells = {}
@@ -142,8 +197,12 @@ try:
                     "coll-py": conn.zeros(n, torch.float32, device="cuda:0"),
                     "coll-staged": torch.zeros(n, device="cuda"),
                     "nccl": torch.zeros(n, device="cuda")}
-            iters = 200 if size <= 1 << 20 else 10
             order = ["coll", "coll-staged", "coll-py", "nccl", "coll-child"]
+            if pool is not None:  # torch's tensor in the pool: coll memory too
+                with torch.cuda.use_mem_pool(pool):
+                    bufs["coll-pool"] = torch.zeros(n, device="cuda")
+                order.append("coll-pool")
+            iters = 200 if size <= 1 << 20 else 10
             k = r % len(order)
             for v in order[k:] + order[:k]:
                 buf, grp = bufs[v], {"nccl": nccl, "coll-child": sub}.get(v)
@@ -167,15 +226,54 @@ try:
     print("\ndist.all_reduce, one rank on %s, synchronized after each op, median of %d "
           "interleaved rounds (us per op)" % (torch.cuda.get_device_name(0), rounds))
     print("| bytes | coll | coll-staged | coll-py | nccl | nccl/coll | nccl/staged "
-          "| coll-child | child/coll |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| coll-child | child/coll | coll-pool |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         m = {v: statistics.median(cells[(size, v)])
-             for v in ("coll", "coll-staged", "coll-py", "nccl", "coll-child")}
-        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f |" % (
+             for v in ("coll", "coll-staged", "coll-py", "nccl", "coll-child", "coll-pool")
+             if (size, v) in cells}
+        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %s |" % (
             size, m["coll"], m["coll-staged"], m["coll-py"], m["nccl"],
             m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"], m["coll-child"],
-            m["coll-child"] / m["coll"]))
+            m["coll-child"] / m["coll"],
+            "%.1f" % m["coll-pool"] if "coll-pool" in m else "-"))
+
+    # FSDP on the coll backend (one rank: its collectives run, the sums are of one),
+    # the model's memory in the pool; against the same model trained alone
+    if pool is not None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        def train(m):
+            opt = torch.optim.SGD(m.parameters(), lr=0.05)
+            torch.manual_seed(1)
+            out = []
+            for _ in range(5):
+                x = torch.randn(32, 256, device="cuda")
+                loss = m(x).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                out.append(float(loss))
+            return out
+
+        n0 = len(takes)
+        with torch.cuda.use_mem_pool(pool):
+            f1 = FSDP(make(), device_id=0)
+        a, b = train(f1), train(make())
+        check("FSDP (FullyShardedDataParallel) on coll, in the pool: losses %s, alone %s, "
+              "%d staged" % (a[-1], b[-1], len(takes) - n0),
+              max(abs(x - y) for x, y in zip(a, b)) <= 1e-6 * max(abs(y) for y in b))
+        fully_shard = getattr(torch.distributed.fsdp, "fully_shard", None)
+        if fully_shard is not None:
+            m2 = make()
+            fully_shard(m2)
+            a2 = train(m2)
+            check("FSDP2 (fully_shard) on coll: losses %s, alone %s" % (a2[-1], b[-1]),
+                  max(abs(x - y) for x, y in zip(a2, b)) <= 1e-6 * max(abs(y) for y in b))
+        else:
+            print("skip FSDP2: torch %s has no fully_shard" % torch.__version__)
+    coll.torch.ProcessGroupColl.allreduce = pg_allreduce
+    conn._stage_take = stage_take
     dist.destroy_process_group()
 finally:
     rc = agent.stop()

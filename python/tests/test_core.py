@@ -12,6 +12,7 @@ import pytest
 
 import coll
 from coll import _lib as L
+from coll._core import view
 from conftest import ROOT, run_ranks
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint8, np.int16, np.float16]
@@ -373,6 +374,33 @@ def test_arrays_in_coll_memory_live_as_long_as_they_are_used(agent2):
     t = conn.zeros(5, "int16", like="torch") if _has_torch() else None
     if t is not None:
         assert str(t.dtype) == "torch.int16" and conn.find(t) is not None
+    conn.close()
+
+
+def test_blocks_of_the_allocation_hooks_are_coll_memory_until_freed(agent2):
+    # coll_alloc_hook / coll_free_hook (a torch MemPool's allocator), here on host memory:
+    # a block is coll memory while it lives, and the package's span cache never keeps a
+    # block the hooks freed in C
+    conn = coll.connect(agent2.sock)
+    lib = coll.lib()
+    assert lib.coll_hooks_bind(conn.handle) == 0
+    alloc, free = lib.coll_alloc_hook, lib.coll_free_hook
+    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int,
+                                                      ctypes.c_void_p]
+    free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                         ctypes.c_void_p]
+    p = alloc(1 << 16, L.DEVICE_HOST, None)
+    assert p
+    a = np.ctypeslib.as_array((ctypes.c_float * 16).from_address(p))
+    v = view(a)
+    assert conn.find(a) is not None and conn.find(a)[1] == 0
+    assert conn._in_coll(v) and conn._in_coll(v)  # twice: the second from no cache
+    free(p, 1 << 16, L.DEVICE_HOST, None)
+    assert conn.find(a) is None
+    assert not conn._in_coll(v)
+    assert lib.coll_hooks_bind(None) == 0
+    assert not alloc(4096, L.DEVICE_HOST, None)
+    assert b"no connection is bound" in lib.coll_last_error()
     conn.close()
 
 

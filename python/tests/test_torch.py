@@ -111,6 +111,16 @@ def test_premul_sum_says_why_it_is_refused():
             _redop(dist._make_nccl_premul_sum(2.0))
 
 
+def test_mem_pool_says_what_it_needs():
+    # the pool itself runs on the GPU host (python/tests/gpu_check.py); here: its refusals
+    if not hasattr(torch.cuda, "MemPool"):
+        with pytest.raises(RuntimeError, match="torch 2.5 or newer"):
+            coll.torch.mem_pool()
+    else:
+        with pytest.raises(RuntimeError, match="init_process_group"):
+            coll.torch.mem_pool()
+
+
 def test_every_collective_across_two_pods(two_pods):
     run_ranks(_every_collective, 2, [a.sock for a in two_pods], free_port(), timeout=120)
 

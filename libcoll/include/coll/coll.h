@@ -319,6 +319,24 @@ COLL_API coll_err coll_mem_release(coll_buffer **buf);
 COLL_API coll_err coll_mem_find(coll_conn *conn, const void *ptr, coll_buffer **buf,
                                 size_t *offset);
 
+/* Allocation hooks for frameworks whose memory pools take a pluggable allocator by
+ * symbol name, with torch's signatures (CUDAPluggableAllocator(path to libcoll,
+ * "coll_alloc_hook", "coll_free_hook"); size is torch's ssize_t, the same width): each
+ * block a pool asks for is a coll buffer of the bound connection (coll_mem_alloc on
+ * that device), so ops on tensors in the pool never stage. One connection per process:
+ * coll_hooks_bind names it (NULL unbinds; coll_disconnect unbinds its own). Free every
+ * block (torch: release the pool) before the connection goes: coll_disconnect unmaps
+ * the blocks that are left. The hooks are thread-safe and block as coll_mem_alloc and
+ * coll_mem_release do. coll_alloc_hook returns NULL on failure, coll_last_error saying
+ * why (no bound connection, or coll_mem_alloc's error; torch then raises out of
+ * memory). coll_free_hook ignores a pointer that is not the start of a block of the
+ * bound connection, and waits for ops in flight that use the block (up to the
+ * connection's timeout; past it the block stays registered until the disconnect).
+ * stream is not used: the pool frees only blocks whose work is done. */
+COLL_API coll_err coll_hooks_bind(coll_conn *conn);
+COLL_API void *coll_alloc_hook(size_t size, int device, void *stream);
+COLL_API void coll_free_hook(void *ptr, size_t size, int device, void *stream);
+
 /* ---- operations ------------------------------------------------------------- */
 /*
  * Every op is non-blocking: it validates its arguments, queues the op for the agent
