@@ -102,6 +102,7 @@ struct backend_task {
     int nranks;
     void *const *send;
     void *const *recv;
+    const uint64_t *premul; /* redop WIRE_REDOP_PREMUL: each rank's scalar, else unused */
 };
 /* Run one matched op over buffers all mapped here; a coll_err. Scratch: at least
  * HOST_SCRATCH_BYTES, 8-byte aligned. */

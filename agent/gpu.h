@@ -39,8 +39,9 @@ struct gpu_task {
     uint8_t commid[GPU_COMMID_BYTES]; /* the generation's NCCL unique id */
     int device;                       /* the agent's ordinal */
     uint8_t kind, dtype, redop;
-    int peer;     /* root (broadcast, reduce) or peer rank (send, recv) */
-    uint8_t more; /* a send or receive whose NCCL group goes on (WIRE_SQE_F_MORE) */
+    uint64_t premul; /* redop WIRE_REDOP_PREMUL: this rank's scalar (the dtype's bits) */
+    int peer;        /* root (broadcast, reduce) or peer rank (send, recv) */
+    uint8_t more;    /* a send or receive whose NCCL group goes on (WIRE_SQE_F_MORE) */
     uint64_t count;
     void *send, *recv; /* device addresses in the agent */
     /* stream order (struct wire_shm): host addresses of the session's words */

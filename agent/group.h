@@ -31,6 +31,7 @@ struct op {
     int rank;
     int timeout_ms; /* its handle's op timeout */
     int64_t deadline_ns;
+    uint64_t premul; /* sqe.redop WIRE_REDOP_PREMUL: this rank's scalar (the dtype's bits) */
     struct op *next; /* p2p queue */
 };
 

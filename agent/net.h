@@ -43,6 +43,7 @@ struct net_task {
     uint8_t p2p_phase; /* a send between pods: its frame (P2P_EAGER, P2P_RTS, P2P_DATA) */
     uint32_t p2p_no;   /* ... and its number among the frames to that pod (p2p.c) */
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
+    uint64_t premul[NET_MAX_LOCAL]; /* redop WIRE_REDOP_PREMUL: per local slot, its scalar */
     int64_t deadline_ns;
     int status;    /* set by the net thread */
     char why[160]; /* with a failed status: what failed and where, or "" */

@@ -498,3 +498,151 @@ void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, s
         break;
     }
 }
+
+/* ---- premultiplied sums ------------------------------------------------------------- */
+
+/* Integers: each product and the sum modulo 2^bits (unsigned arithmetic, no overflow). */
+#define DEF_PREMUL_INT(T, U, SUF)                                                                  \
+    static void premul_##SUF(void *dst, const void *const *srcs, const uint64_t *scalars,          \
+                             int nsrc, size_t n)                                                   \
+    {                                                                                              \
+        T *d = dst;                                                                                \
+        for (int k = 0; k < nsrc; k++) {                                                           \
+            const T *a = srcs[k];                                                                  \
+            uint64_t s = (U)scalars[k];                                                            \
+            for (size_t i = 0; i < n; i++) {                                                       \
+                uint64_t p = (uint64_t)(U)a[i] * s;                                                \
+                d[i] = (T)(U)(k ? (uint64_t)(U)d[i] + p : p);                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }
+DEF_PREMUL_INT(int8_t, uint8_t, i8)
+DEF_PREMUL_INT(uint8_t, uint8_t, u8)
+DEF_PREMUL_INT(int16_t, uint16_t, i16)
+DEF_PREMUL_INT(uint16_t, uint16_t, u16)
+DEF_PREMUL_INT(int32_t, uint32_t, i32)
+DEF_PREMUL_INT(uint32_t, uint32_t, u32)
+DEF_PREMUL_INT(int64_t, uint64_t, i64)
+DEF_PREMUL_INT(uint64_t, uint64_t, u64)
+
+/* float32 and float64: each product in the type, summed in rank order. */
+#define DEF_PREMUL_FLOAT(T, U, SUF)                                                                \
+    static void premul_##SUF(void *dst, const void *const *srcs, const uint64_t *scalars,          \
+                             int nsrc, size_t n)                                                   \
+    {                                                                                              \
+        T *d = dst;                                                                                \
+        for (int k = 0; k < nsrc; k++) {                                                           \
+            const T *a = srcs[k];                                                                  \
+            U bits = (U)scalars[k];                                                                \
+            T s;                                                                                   \
+            memcpy(&s, &bits, sizeof(s));                                                          \
+            for (size_t i = 0; i < n; i++)                                                         \
+                d[i] = k ? d[i] + a[i] * s : a[i] * s;                                             \
+        }                                                                                          \
+    }
+DEF_PREMUL_FLOAT(float, uint32_t, f32)
+DEF_PREMUL_FLOAT(double, uint64_t, f64)
+
+/* The narrow floats: each product in float32, rounded to the type (as a product of two
+ * such numbers in their own type would be: it is exact in float32), then summed in
+ * float32 and rounded once, as their COLL_SUM. */
+static float narrow_to_float(int dtype, const void *p, size_t i)
+{
+    switch (dtype) {
+    case COLL_FLOAT16:
+        return half_to_float(((const uint16_t *)p)[i]);
+    case COLL_BFLOAT16:
+        return bf16_to_float(((const uint16_t *)p)[i]);
+    case COLL_FLOAT8_E4M3:
+        return reduce_e4m3_to_float(((const uint8_t *)p)[i]);
+    default:
+        return reduce_e5m2_to_float(((const uint8_t *)p)[i]);
+    }
+}
+
+static void float_to_narrow(int dtype, void *p, size_t i, float v)
+{
+    switch (dtype) {
+    case COLL_FLOAT16:
+        ((uint16_t *)p)[i] = float_to_half(v);
+        break;
+    case COLL_BFLOAT16:
+        ((uint16_t *)p)[i] = float_to_bf16(v);
+        break;
+    case COLL_FLOAT8_E4M3:
+        ((uint8_t *)p)[i] = reduce_float_to_e4m3(v);
+        break;
+    default:
+        ((uint8_t *)p)[i] = reduce_float_to_e5m2(v);
+        break;
+    }
+}
+
+static void premul_narrow(int dtype, void *dst, const void *const *srcs, const uint64_t *scalars,
+                          int nsrc, size_t n)
+{
+    enum { STEP = 256 };
+    float acc[STEP], s[64];
+    uint8_t one[8]; /* the scalar rounded through the type: its own bits */
+    for (int k = 0; k < nsrc && k < 64; k++) {
+        memcpy(one, &scalars[k], sizeof(one));
+        s[k] = narrow_to_float(dtype, one, 0);
+    }
+    uint8_t tmp[2];
+    for (size_t i0 = 0; i0 < n; i0 += STEP) {
+        size_t m = n - i0 < STEP ? n - i0 : STEP;
+        for (int k = 0; k < nsrc; k++)
+            for (size_t i = 0; i < m; i++) {
+                float_to_narrow(dtype, tmp, 0, narrow_to_float(dtype, srcs[k], i0 + i) * s[k]);
+                float v = narrow_to_float(dtype, tmp, 0);
+                acc[i] = k ? acc[i] + v : v;
+            }
+        for (size_t i = 0; i < m; i++)
+            float_to_narrow(dtype, dst, i0 + i, acc[i]);
+    }
+}
+
+void reduce_premul_n(int dtype, void *dst, const void *const *srcs, const uint64_t *scalars,
+                     int nsrc, size_t n)
+{
+    switch (dtype) {
+    case COLL_INT8:
+        premul_i8(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_UINT8:
+        premul_u8(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_INT16:
+        premul_i16(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_UINT16:
+        premul_u16(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_INT32:
+        premul_i32(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_UINT32:
+        premul_u32(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_INT64:
+        premul_i64(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_UINT64:
+        premul_u64(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_FLOAT32:
+        premul_f32(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_FLOAT64:
+        premul_f64(dst, srcs, scalars, nsrc, n);
+        break;
+    case COLL_FLOAT16:
+    case COLL_BFLOAT16:
+    case COLL_FLOAT8_E4M3:
+    case COLL_FLOAT8_E5M2:
+        premul_narrow(dtype, dst, srcs, scalars, nsrc, n);
+        break;
+    default: /* bool, complex: refused (wire_redop_fits) */
+        break;
+    }
+}

@@ -21,6 +21,16 @@
 void reduce_n(int dtype, int op, void *dst, const void *const *srcs, int nsrc, size_t n,
               uint32_t avg_div);
 
+/*
+ * A premultiplied sum: dst[i] = sum over k of srcs[k][i] * scalars[k] (each scalar the
+ * dtype's bits, zero-extended), for any n. Integers modulo 2^bits; float32 and float64
+ * in their type, in k order; the narrow floats multiply in float32, round each product
+ * to the type, sum in float32 and round once. nsrc <= 64; dst may equal srcs[0] but no
+ * other source. Bool and complex numbers are never asked for (wire_redop_fits).
+ */
+void reduce_premul_n(int dtype, void *dst, const void *const *srcs, const uint64_t *scalars,
+                     int nsrc, size_t n);
+
 /* Conversions used by the kernels and by tests (round to nearest even). */
 float reduce_half_to_float(uint16_t h);
 uint16_t reduce_float_to_half(float f);

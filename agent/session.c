@@ -58,6 +58,8 @@ void session_destroy(struct session **sp)
             group_detach(s->handles[h].g, s->handles[h].slot);
             s->handles[h].g = NULL;
         }
+        free(s->handles[h].premul);
+        s->handles[h].premul = NULL;
     }
     /* ops lent to the net thread outlive us: they must not complete to freed memory */
     for (int i = 0; i < s->env->ngroups; i++)
@@ -83,77 +85,6 @@ void session_destroy(struct session **sp)
     free(s);
 }
 
-/* ---- replies ------------------------------------------------------------------ */
-
-static int send_reply(struct session *s, const union wire_msg *m, const int *fds, int nfds)
-{
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = m->h.len};
-    union {
-        char buf[CMSG_SPACE(WIRE_LEASE_MAX_FDS * sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds > WIRE_LEASE_MAX_FDS) return -1;
-    if (nfds > 0) {
-        memset(&u, 0, sizeof(u));
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-        memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-    }
-    ssize_t n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    return n == (ssize_t)m->h.len ? 0 : -1;
-}
-
-void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg)
-{
-    union wire_msg m;
-    wire_init(&m, WIRE_ERROR, req_id);
-    m.error.code = code;
-    snprintf(m.error.msg, sizeof(m.error.msg), "%s", msg);
-    send_reply(s, &m, NULL, 0);
-}
-
-/* A request the client may retry or correct: answer with an error, keep the session. */
-static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int refuse(struct session *s, uint32_t req_id, int code, const char *fmt, ...)
-{
-    char msg[WIRE_ERRMSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    unsigned long long dropped;
-    if (log_limit_pass(s->env->lim_request, &dropped))
-        log_msg(LOG_INFO, "session.refuse",
-                "session=%llu pid=%d error=\"%s\" detail=\"%s\" suppressed=%llu",
-                (unsigned long long)s->id, (int)s->pid, coll_strerror((coll_err)code), LOG_Q(msg),
-                dropped);
-    session_send_error(s, req_id, code, msg);
-    return 0;
-}
-
-/* A protocol violation: log once, tell the client, and have the server drop it. */
-int session_violation(struct session *s, const char *fmt, ...)
-{
-    char msg[WIRE_ERRMSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    unsigned long long dropped;
-    if (log_limit_pass(s->env->lim_violation, &dropped))
-        log_msg(LOG_WARN, "session.protocol_error",
-                "session=%llu pid=%d client=\"%s\" detail=\"%s\" suppressed=%llu",
-                (unsigned long long)s->id, (int)s->pid, LOG_Q(s->client), LOG_Q(msg), dropped);
-    session_send_error(s, 0, COLL_ERR_PROTOCOL, msg);
-    return -1;
-}
-
 /* ---- handshake ---------------------------------------------------------------- */
 
 /* Send HELLO_OK with the region and both doorbells; memfd is closed. */
@@ -168,7 +99,7 @@ static int hello_reply(struct session *s, uint64_t req_id, int memfd)
                        (s->env->cfg->agent.direct_ops ? WIRE_HELLO_F_LEASE : 0u);
     snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
-    int rc = send_reply(s, &m, fds, 3);
+    int rc = session_reply(s, &m, fds, 3);
     close(memfd);
     if (rc < 0) return session_violation(s, "cannot answer the handshake: %s", strerror(errno));
     s->state = SESSION_READY;
@@ -247,41 +178,44 @@ static int reply_opened(struct session *s, uint32_t req_id, int h);
 static int on_group_open(struct session *s, const struct wire_group_open *o)
 {
     struct group *g = group_find(s->env->groups, s->env->ngroups, o->name);
-    if (!g) return refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND, "no group named '%s'", o->name);
+    if (!g)
+        return session_refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND, "no group named '%s'", o->name);
     if (!g->be)
-        return refuse(s, o->h.req_id, COLL_ERR_UNSUPPORTED, "group '%s' cannot run here: %s",
-                      o->name, g->backend_why);
+        return session_refuse(s, o->h.req_id, COLL_ERR_UNSUPPORTED,
+                              "group '%s' cannot run here: %s", o->name, g->backend_why);
     int h = 0;
     while (h < SESSION_MAX_HANDLES && s->handles[h].g)
         h++;
     if (h == SESSION_MAX_HANDLES)
-        return refuse(s, o->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
-                      SESSION_MAX_HANDLES);
+        return session_refuse(s, o->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
+                              SESSION_MAX_HANDLES);
     if (o->op_ms > WIRE_OP_MS_MAX)
-        return refuse(s, o->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u", o->op_ms,
-                      WIRE_OP_MS_MAX);
+        return session_refuse(s, o->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u",
+                              o->op_ms, WIRE_OP_MS_MAX);
     if (o->slot < -1 || o->slot >= g->nslots)
-        return refuse(s, o->h.req_id, COLL_ERR_INVALID, "slot %d: group '%s' has slots 0..%d",
-                      o->slot, o->name, g->nslots - 1);
+        return session_refuse(s, o->h.req_id, COLL_ERR_INVALID,
+                              "slot %d: group '%s' has slots 0..%d", o->slot, o->name,
+                              g->nslots - 1);
     int want = o->slot;
     if (o->rank != -1) { /* a rank: the slot that gives it here */
         int lo = g->node_index * g->nslots;
         if (o->rank < -1 || o->rank >= g->size || o->slot != -1)
-            return refuse(s, o->h.req_id, COLL_ERR_INVALID,
-                          "rank %d (slot %d): group '%s' has ranks 0..%d, and a rank "
-                          "excludes a slot",
-                          o->rank, o->slot, o->name, g->size - 1);
+            return session_refuse(s, o->h.req_id, COLL_ERR_INVALID,
+                                  "rank %d (slot %d): group '%s' has ranks 0..%d, and a rank "
+                                  "excludes a slot",
+                                  o->rank, o->slot, o->name, g->size - 1);
         if (o->rank < lo || o->rank >= lo + g->nslots)
-            return refuse(s, o->h.req_id, COLL_ERR_NOT_FOUND,
-                          "rank %d of group '%s' is another pod's: this pod (node index %d) "
-                          "holds ranks %d..%d",
-                          o->rank, o->name, g->node_index, lo, lo + g->nslots - 1);
+            return session_refuse(
+                s, o->h.req_id, COLL_ERR_NOT_FOUND,
+                "rank %d of group '%s' is another pod's: this pod (node index %d) "
+                "holds ranks %d..%d",
+                o->rank, o->name, g->node_index, lo, lo + g->nslots - 1);
         want = o->rank - lo;
     }
     int slot = group_attach(g, s, want);
     if (slot < 0)
-        return refuse(s, o->h.req_id, -slot, "group '%s': %s", o->name,
-                      want < 0 ? "every slot is taken" : "slot is taken");
+        return session_refuse(s, o->h.req_id, -slot, "group '%s': %s", o->name,
+                              want < 0 ? "every slot is taken" : "slot is taken");
     s->handles[h] =
         (struct session_handle){.g = g,
                                 .slot = slot,
@@ -306,34 +240,36 @@ static int reply_opened(struct session *s, uint32_t req_id, int h)
     m.group_open_ok.node_index = (uint32_t)g->node_index;
     m.group_open_ok.nodes = (uint32_t)g->nodes;
     snprintf(m.group_open_ok.backend, sizeof(m.group_open_ok.backend), "%s", g->be->name);
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 /* coll_group_create: a child of the group open on handle parent (group_child.c). */
 static int on_group_create(struct session *s, const struct wire_group_create *q)
 {
     if (q->parent >= SESSION_MAX_HANDLES || !s->handles[q->parent].g)
-        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->parent);
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              q->parent);
     struct session_handle *ph = &s->handles[q->parent];
     struct group *p = ph->g;
     if (ph->epoch != p->epoch)
-        return refuse(s, q->h.req_id, COLL_ERR_EPOCH,
-                      "group '%s' was re-formed since this handle was opened: reopen it",
-                      p->cfg->name);
+        return session_refuse(s, q->h.req_id, COLL_ERR_EPOCH,
+                              "group '%s' was re-formed since this handle was opened: reopen it",
+                              p->cfg->name);
     if (q->op_ms > WIRE_OP_MS_MAX)
-        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u", q->op_ms,
-                      WIRE_OP_MS_MAX);
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "op timeout %u ms: at most %u",
+                              q->op_ms, WIRE_OP_MS_MAX);
     int h = 0;
     while (h < SESSION_MAX_HANDLES && s->handles[h].g)
         h++;
     if (h == SESSION_MAX_HANDLES)
-        return refuse(s, q->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
-                      SESSION_MAX_HANDLES);
+        return session_refuse(s, q->h.req_id, COLL_ERR_LIMIT, "a session holds at most %d groups",
+                              SESSION_MAX_HANDLES);
     int slot = 0, err = 0;
     char why[WIRE_ERRMSG_MAX - 32];
     struct group *c = group_child_join(p, q->ranks, (int)q->n, p->node_index * p->nslots + ph->slot,
                                        s, &slot, &err, why, sizeof(why));
-    if (!c) return refuse(s, q->h.req_id, err, "a child of group '%s': %s", p->cfg->name, why);
+    if (!c)
+        return session_refuse(s, q->h.req_id, err, "a child of group '%s': %s", p->cfg->name, why);
     s->handles[h] = (struct session_handle){
         .g = c, .slot = slot, .epoch = c->epoch, .op_ms = q->op_ms ? (int)q->op_ms : ph->op_ms};
     return reply_opened(s, q->h.req_id, h);
@@ -342,13 +278,16 @@ static int on_group_create(struct session *s, const struct wire_group_create *q)
 static int on_group_close(struct session *s, const struct wire_group_close *c)
 {
     if (c->handle >= SESSION_MAX_HANDLES || !s->handles[c->handle].g)
-        return refuse(s, c->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", c->handle);
+        return session_refuse(s, c->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              c->handle);
     struct session_handle *h = &s->handles[c->handle];
     group_detach(h->g, h->slot);
     h->g = NULL;
+    free(h->premul);
+    h->premul = NULL;
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_CLOSE_OK, c->h.req_id);
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
@@ -356,13 +295,50 @@ static int reply_buf(struct session *s, uint64_t req_id, uint32_t i)
     union wire_msg m;
     wire_init(&m, WIRE_MEM_REG_OK, req_id);
     m.mem_reg_ok.buf_id = i + 1;
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+}
+
+/* A premultiplied sum's slot of a handle: checked whole before it is stored; a slot is
+ * set once (the client hands out a pair it set again), so a ring entry written before a
+ * set never meets a value written after it. */
+static int on_redop_set(struct session *s, const struct wire_redop_set *q)
+{
+    if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              q->handle);
+    struct session_handle *h = &s->handles[q->handle];
+    size_t es = q->dtype < COLL_DTYPE_COUNT ? coll_dtype_size((coll_dtype)q->dtype) : 0;
+    if (q->slot >= WIRE_PREMUL_SLOTS)
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "premultiplied sum slot %u of %u",
+                              q->slot, WIRE_PREMUL_SLOTS);
+    if (!es || !wire_redop_fits(WIRE_OP_ALLREDUCE, q->dtype, WIRE_REDOP_PREMUL))
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "a premultiplied sum of dtype %u",
+                              q->dtype);
+    if (es < 8 && (q->scalar >> (8 * es)) != 0)
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID,
+                              "scalar 0x%llx has bits past its %zu-byte dtype",
+                              (unsigned long long)q->scalar, es);
+    if (h->premul && h->premul[q->slot].set)
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "premultiplied sum slot %u is set",
+                              q->slot);
+    if (!h->premul) {
+        h->premul = calloc(WIRE_PREMUL_SLOTS, sizeof(*h->premul));
+        if (!h->premul)
+            return session_refuse(s, q->h.req_id, COLL_ERR_NOMEM,
+                                  "no memory for premultiplied sums");
+    }
+    h->premul[q->slot] =
+        (struct session_premul){.set = 1, .dtype = (uint8_t)q->dtype, .scalar = q->scalar};
+    union wire_msg m;
+    wire_init(&m, WIRE_REDOP_SET_OK, q->h.req_id);
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int on_group_state(struct session *s, const struct wire_group_state *q)
 {
     if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
-        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              q->handle);
     struct group *g = s->handles[q->handle].g;
     union wire_msg m;
     wire_init(&m, WIRE_GROUP_STATE_OK, q->h.req_id);
@@ -370,7 +346,7 @@ static int on_group_state(struct session *s, const struct wire_group_state *q)
     group_state(g, &formed, &m.group_state_ok.epoch, m.group_state_ok.detail,
                 sizeof(m.group_state_ok.detail));
     m.group_state_ok.formed = (uint32_t)formed;
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 /* ---- direct ops: lending a group's connections (net.h: net_lend) ------------------- */
@@ -400,30 +376,32 @@ int session_lease_busy(const struct session *s, uint32_t handle)
 static int on_lease(struct session *s, const struct wire_lease *q)
 {
     if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
-        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              q->handle);
     struct session_handle *h = &s->handles[q->handle];
     struct group *g = h->g;
     if (!s->env->cfg->agent.direct_ops || !g->net || g->gpu || g->nslots != 1 ||
         q->handle >= WIRE_DIRECT_HANDLES)
-        return refuse(s, q->h.req_id, COLL_ERR_UNSUPPORTED,
-                      "group '%s' does not lend its connections (direct ops: a host group "
-                      "across pods with one slot per pod, among a session's first %d, "
-                      "agent.direct_ops)",
-                      g->cfg->name, WIRE_DIRECT_HANDLES);
+        return session_refuse(s, q->h.req_id, COLL_ERR_UNSUPPORTED,
+                              "group '%s' does not lend its connections (direct ops: a host group "
+                              "across pods with one slot per pod, among a session's first %d, "
+                              "agent.direct_ops)",
+                              g->cfg->name, WIRE_DIRECT_HANDLES);
     if (s->env->draining) /* what it would run goes through us, and is refused */
-        return refuse(s, q->h.req_id, COLL_ERR_SHUTDOWN, "the agent is stopping");
+        return session_refuse(s, q->h.req_id, COLL_ERR_SHUTDOWN, "the agent is stopping");
     if (h->epoch != g->epoch) /* as its ops would be: the handle is over */
-        return refuse(s, q->h.req_id, COLL_ERR_EPOCH,
-                      "group '%s' was re-formed since this handle was opened: reopen it",
-                      g->cfg->name);
+        return session_refuse(s, q->h.req_id, COLL_ERR_EPOCH,
+                              "group '%s' was re-formed since this handle was opened: reopen it",
+                              g->cfg->name);
     if (!g->net_formed || g->lent_to || !group_idle(g))
-        return refuse(s, q->h.req_id, COLL_ERR_BUSY, "group '%s' is not formed and idle",
-                      g->cfg->name);
+        return session_refuse(s, q->h.req_id, COLL_ERR_BUSY, "group '%s' is not formed and idle",
+                              g->cfg->name);
     struct net_lease l;
     char why[160] = "";
     int rc = net_lend(g->net, g->index, &s->shm->lease_q[q->handle], &l,
                       &s->shm->lease_stash[q->handle], why, sizeof(why));
-    if (rc != COLL_OK) return refuse(s, q->h.req_id, rc, "group '%s': %s", g->cfg->name, why);
+    if (rc != COLL_OK)
+        return session_refuse(s, q->h.req_id, rc, "group '%s': %s", g->cfg->name, why);
     union wire_msg m;
     wire_init(&m, WIRE_LEASE_OK, q->h.req_id);
     m.lease_ok.lease_id = l.id;
@@ -441,7 +419,7 @@ static int on_lease(struct session *s, const struct wire_lease *q)
     memcpy(m.lease_ok.stash_len, l.stash_len, sizeof(l.stash_len));
     /* before the reply: the client may count its first direct op before we look again */
     group_direct_follow(g, s, q->handle, &s->shm->direct[q->handle]);
-    if (send_reply(s, &m, l.fds, l.nfds) < 0) {
+    if (session_reply(s, &m, l.fds, l.nfds) < 0) {
         net_unlend(g->net, g->index, l.id, l.seq, l.has_prev, l.run, l.prev, l.stash_len,
                    &s->shm->lease_stash[q->handle], COLL_OK, "", why, sizeof(why));
         return session_violation(s, "cannot hand over the group's connections: %s",
@@ -462,7 +440,8 @@ static int on_lease(struct session *s, const struct wire_lease *q)
 static int on_lease_back(struct session *s, const struct wire_lease_back *q)
 {
     if (q->handle >= SESSION_MAX_HANDLES || !s->handles[q->handle].g)
-        return refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u", q->handle);
+        return session_refuse(s, q->h.req_id, COLL_ERR_INVALID, "no open group with handle %u",
+                              q->handle);
     struct group *g = s->handles[q->handle].g;
     if (q->code < 0 || q->code > COLL_ERR_INTERNAL)
         return session_violation(s, "lease given back with status %d", q->code);
@@ -485,35 +464,36 @@ static int on_lease_back(struct session *s, const struct wire_lease_back *q)
             &s->shm->lease_stash[q->handle], q->code, q->why[0] ? q->why : "a direct op failed",
             m.lease_back_ok.why, sizeof(m.lease_back_ok.why));
     } /* else the lease ended already (its epoch did): nothing to take back */
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
 {
     if ((r->kind == WIRE_MEM_MEMFD) != (r->device == -1))
-        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u with device %d", r->kind,
-                      r->device);
+        return session_refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u with device %d",
+                              r->kind, r->device);
     if (r->kind != WIRE_MEM_MEMFD && !s->env->gpu)
-        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
-                      "device %d: this agent has no GPU group (GPU buffers need the NCCL backend)",
-                      r->device);
+        return session_refuse(
+            s, r->h.req_id, COLL_ERR_UNSUPPORTED,
+            "device %d: this agent has no GPU group (GPU buffers need the NCCL backend)",
+            r->device);
     if ((r->kind == WIRE_MEM_CUDA_IPC) != (fd < 0))
-        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u %s a descriptor", r->kind,
-                      fd < 0 ? "without" : "with");
+        return session_refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer kind %u %s a descriptor",
+                              r->kind, fd < 0 ? "without" : "with");
     if (r->size == 0 || r->size > WIRE_MAX_BUFFER)
-        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer size %llu",
-                      (unsigned long long)r->size);
+        return session_refuse(s, r->h.req_id, COLL_ERR_INVALID, "buffer size %llu",
+                              (unsigned long long)r->size);
     uint32_t i = 0;
     while (i < s->nbufs && s->bufs[i])
         i++;
     if (i == s->nbufs) {
         if (s->nbufs == SESSION_MAX_BUFFERS)
-            return refuse(s, r->h.req_id, COLL_ERR_LIMIT, "a session shares at most %d buffers",
-                          SESSION_MAX_BUFFERS);
+            return session_refuse(s, r->h.req_id, COLL_ERR_LIMIT,
+                                  "a session shares at most %d buffers", SESSION_MAX_BUFFERS);
         uint32_t cap = s->nbufs ? s->nbufs * 2 : 16;
         if (cap > SESSION_MAX_BUFFERS) cap = SESSION_MAX_BUFFERS;
         struct buffer **nb = realloc(s->bufs, cap * sizeof(*nb));
-        if (!nb) return refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory");
+        if (!nb) return session_refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory");
         memset(nb + s->nbufs, 0, (cap - s->nbufs) * sizeof(*nb));
         s->bufs = nb;
         s->nbufs = cap;
@@ -522,23 +502,23 @@ static int on_mem_reg(struct session *s, const struct wire_mem_reg *r, int fd)
         char why[160];
         int code = 0;
         struct buffer *b = buffer_import_memfd(fd, (size_t)r->size, why, sizeof(why), &code);
-        if (!b) return refuse(s, r->h.req_id, code, "%s", why);
+        if (!b) return session_refuse(s, r->h.req_id, code, "%s", why);
         s->bufs[i] = b;
         return reply_buf(s, r->h.req_id, i);
     }
     /* a GPU buffer: opened on the worker, answered when it is back (session_job_done) */
     if (s->shm_gpu <= 0)
-        return refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
-                      "the session region could not be registered with CUDA");
+        return session_refuse(s, r->h.req_id, COLL_ERR_UNSUPPORTED,
+                              "the session region could not be registered with CUDA");
     if (s->imports >= SESSION_MAX_IMPORTS)
-        return refuse(s, r->h.req_id, COLL_ERR_LIMIT,
-                      "a session has at most %d GPU buffer registrations pending",
-                      SESSION_MAX_IMPORTS);
+        return session_refuse(s, r->h.req_id, COLL_ERR_LIMIT,
+                              "a session has at most %d GPU buffer registrations pending",
+                              SESSION_MAX_IMPORTS);
     struct gpu_job *j = calloc(1, sizeof(*j));
     int jfd = fd >= 0 && j ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (!j || (fd >= 0 && jfd < 0)) {
         free(j);
-        return refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory or descriptors");
+        return session_refuse(s, r->h.req_id, COLL_ERR_NOMEM, "agent out of memory or descriptors");
     }
     j->type = r->kind == WIRE_MEM_CUMEM_FD ? GPU_JOB_IMPORT_CUMEM : GPU_JOB_IMPORT_IPC;
     j->session = s->id;
@@ -577,7 +557,8 @@ int session_job_done(struct session_env *env, struct session *s, struct gpu_job 
     s->imports--;
     if (!j->buf) {
         s->bufs[j->slot] = NULL;
-        return refuse(s, j->req_id, j->status ? j->status : COLL_ERR_INTERNAL, "%s", j->why);
+        return session_refuse(s, j->req_id, j->status ? j->status : COLL_ERR_INTERNAL, "%s",
+                              j->why);
     }
     struct buffer *b = j->buf;
     j->buf = NULL;
@@ -593,14 +574,15 @@ static int on_mem_release(struct session *s, const struct wire_mem_release *r)
     uint32_t i = r->buf_id - 1;
     if (r->buf_id == WIRE_BUF_NONE || i >= s->nbufs || !s->bufs[i] ||
         s->bufs[i] == SESSION_BUF_PENDING)
-        return refuse(s, r->h.req_id, COLL_ERR_INVALID, "no buffer with id %u", r->buf_id);
+        return session_refuse(s, r->h.req_id, COLL_ERR_INVALID, "no buffer with id %u", r->buf_id);
     if (s->bufs[i]->refs > 1)
-        return refuse(s, r->h.req_id, COLL_ERR_BUSY, "buffer %u is used by %u ops in flight",
-                      r->buf_id, s->bufs[i]->refs - 1);
+        return session_refuse(s, r->h.req_id, COLL_ERR_BUSY,
+                              "buffer %u is used by %u ops in flight", r->buf_id,
+                              s->bufs[i]->refs - 1);
     buffer_unref(&s->bufs[i]);
     union wire_msg m;
     wire_init(&m, WIRE_MEM_RELEASE_OK, r->h.req_id);
-    return send_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
+    return session_reply(s, &m, NULL, 0) < 0 ? session_violation(s, "cannot reply") : 0;
 }
 
 int session_on_message(struct session *s)
@@ -671,6 +653,9 @@ int session_on_message(struct session *s)
             break;
         case WIRE_LEASE_BACK:
             rc = on_lease_back(s, &m.lease_back);
+            break;
+        case WIRE_REDOP_SET:
+            rc = on_redop_set(s, &m.redop_set);
             break;
         default:
             rc = session_violation(s, "message type %u is not a request", m.h.type);

@@ -47,11 +47,18 @@ struct session_ev {
 extern struct buffer session_pending_marker;
 #define SESSION_BUF_PENDING (&session_pending_marker)
 
+/* A premultiplied sum's slot of a handle (WIRE_REDOP_SET): set once, never changed. */
+struct session_premul {
+    uint8_t set, dtype;
+    uint64_t scalar;
+};
+
 struct session_handle {
     struct group *g; /* NULL: free */
     int slot;
     uint32_t epoch;
     int op_ms; /* its ops' timeout: the client's (coll_group_opts) or the group's */
+    struct session_premul *premul; /* [WIRE_PREMUL_SLOTS] once one is set; freed at close */
 };
 
 struct session {
@@ -114,11 +121,19 @@ extern const struct group_up session_group_up;
 void session_lease_recall(struct session *s, uint32_t handle);
 /* ... and whether it has some under way (its busy word, read after the recall). */
 int session_lease_busy(const struct session *s, uint32_t handle);
+/* ---- session_reply.c: what the agent says to the client ---- */
+/* Send one message (and nfds descriptors, at most WIRE_LEASE_MAX_FDS) without blocking:
+ * 0, or -1 when it did not go whole. */
+int session_reply(struct session *s, const union wire_msg *m, const int *fds, int nfds);
 /* Tell the client why it is being dropped (best effort, never blocks). */
 void session_send_error(struct session *s, uint32_t req_id, int code, const char *msg);
-/* A protocol violation (session.c): log it (rate-limited), tell the client, and return
- * -1, which has the engine drop the session. session.c's control messages and
- * session_ops.c's ring entries report through it. */
+/* A request the client may retry or correct: log it (rate-limited), answer with an
+ * error of code, keep the session; returns 0. */
+int session_refuse(struct session *s, uint32_t req_id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A protocol violation: log it (rate-limited), tell the client, and return -1, which
+ * has the engine drop the session. session.c's control messages and session_ops.c's
+ * ring entries report through it. */
 int session_violation(struct session *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

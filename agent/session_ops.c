@@ -98,6 +98,14 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
     struct session_handle *h = &s->handles[q->group];
     struct group *g = h->g;
     unsigned k = q->kind;
+    if (q->redop >= WIRE_REDOP_PREMUL) { /* a reduction (wire_sqe_check) */
+        const struct session_premul *p =
+            h->premul ? &h->premul[q->redop - WIRE_REDOP_PREMUL] : NULL;
+        if (!p || !p->set || p->dtype != q->dtype)
+            return session_violation(
+                s, "op with premultiplied sum %u, %s for handle %u", q->redop - WIRE_REDOP_PREMUL,
+                p && p->set ? "made for another dtype" : "never set", q->group);
+    }
     if (q->flags & WIRE_SQE_F_GPU) {
         if (!s->env->gpu || g->be != &backend_nccl)
             return session_violation(s, "GPU op for group '%s', which runs on %s", g->cfg->name,
@@ -182,6 +190,10 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         return 0;
     }
     op.rank = g->node_index * g->nslots + h->slot;
+    if (q->redop >= WIRE_REDOP_PREMUL) { /* one value for every rank: they match on it */
+        op.premul = h->premul[q->redop - WIRE_REDOP_PREMUL].scalar;
+        op.sqe.redop = WIRE_REDOP_PREMUL;
+    }
     if (sd.b) {
         op.sb = buffer_ref(sd.b);
         op.send = (char *)sd.b->map + sd.off;

@@ -240,6 +240,77 @@ static void alloc_hooks_hand_out_coll_buffers(void **state)
     coll_free_hook(blk2, 4096, COLL_DEVICE_HOST, NULL); /* ignored */
 }
 
+/* coll_redop_create_premul_sum: what it refuses, that a pair made again is the same op,
+ * that a handle holds 128 pairs, that an op belongs to its handle and dtype, and the
+ * sum itself between two slots of one pod with a scalar each. */
+static void premultiplied_sums_are_checked_and_bounded(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p);
+    coll_redop op, op2;
+    float two = 2.0f, three = 3.0f;
+    uint8_t yes = 1;
+    assert_int_equal(coll_redop_create_premul_sum(NULL, &two, COLL_FLOAT32, &op), COLL_ERR_INVALID);
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], NULL, COLL_FLOAT32, &op),
+                     COLL_ERR_INVALID);
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &yes, COLL_BOOL, &op), COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "takes no bool"));
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &two, COLL_COMPLEX64, &op),
+                     COLL_ERR_INVALID);
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &two, (coll_dtype)99, &op),
+                     COLL_ERR_INVALID);
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &two, COLL_FLOAT32, &op), COLL_OK);
+    assert_true(op >= COLL_PREMUL_SUM_FIRST);
+    assert_string_equal(coll_redop_name(op), "premul_sum");
+    assert_int_equal(coll_redop_create_premul_sum(p.g[1], &three, COLL_FLOAT32, &op2), COLL_OK);
+    /* slot 0 times 2, slot 1 times 3 */
+    for (int k = 0; k < 16; k++) {
+        p.x[0][k] = (float)k;
+        p.x[1][k] = (float)(k + 1);
+    }
+    coll_request r0, r1;
+    assert_int_equal(coll_allreduce(p.g[0], p.x[0], p.x[0] + 16, 16, COLL_FLOAT32, op, NULL, &r0),
+                     COLL_OK);
+    assert_int_equal(coll_allreduce(p.g[1], p.x[1], p.x[1] + 16, 16, COLL_FLOAT32, op2, NULL, &r1),
+                     COLL_OK);
+    assert_int_equal(coll_wait(p.c[0], r0, 10000), COLL_OK);
+    assert_int_equal(coll_wait(p.c[1], r1, 10000), COLL_OK);
+    for (int k = 0; k < 16; k++) {
+        assert_true(p.x[0][16 + k] == 2.0f * k + 3.0f * (k + 1));
+        assert_true(p.x[1][16 + k] == p.x[0][16 + k]);
+    }
+    /* an op of another dtype, or of another handle, is refused before it is sent */
+    assert_int_equal(coll_allreduce(p.g[0], p.x[0], p.x[0] + 16, 4, COLL_INT32, op, NULL, &r0),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "was made for float32"));
+    coll_redop op3;
+    int32_t i5 = 5;
+    assert_int_equal(coll_redop_create_premul_sum(p.g[1], &i5, COLL_INT32, &op3), COLL_OK);
+    assert_int_equal(coll_allreduce(p.g[0], p.x[0], p.x[0] + 16, 4, COLL_INT32, op3, NULL, &r0),
+                     COLL_ERR_INVALID);
+    assert_non_null(strstr(coll_last_error(), "no premultiplied sum of this group handle"));
+    /* a slot never made on this handle is refused */
+    assert_int_equal(coll_allreduce(p.g[0], p.x[0], p.x[0] + 16, 4, COLL_FLOAT32,
+                                    (coll_redop)(COLL_PREMUL_SUM_FIRST + 127), NULL, &r0),
+                     COLL_ERR_INVALID);
+    /* 128 pairs a handle; the 129th is refused, a pair already made is not */
+    for (int k = 1; k < 128; k++) {
+        float v = (float)k + 0.5f;
+        assert_int_equal(coll_redop_create_premul_sum(p.g[0], &v, COLL_FLOAT32, &op3), COLL_OK);
+    }
+    float more = -1.0f;
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &more, COLL_FLOAT32, &op3),
+                     COLL_ERR_LIMIT);
+    assert_non_null(strstr(coll_last_error(), "holds 128 premultiplied sums"));
+    assert_int_equal(coll_redop_destroy(p.g[0], op), COLL_OK);
+    assert_int_equal(coll_redop_destroy(p.g[0], op), COLL_ERR_INVALID);
+    assert_int_equal(coll_redop_create_premul_sum(p.g[0], &two, COLL_FLOAT32, &op3), COLL_OK);
+    assert_int_equal(op3, op);
+    assert_int_equal(coll_redop_destroy(p.g[0], COLL_SUM), COLL_ERR_INVALID);
+    pair_close(&p);
+}
+
 static void a_handle_s_op_timeout_is_its_own(void **state)
 {
     (void)state;
@@ -592,6 +663,7 @@ int main(void)
         cmocka_unit_test(the_descriptor_turns_readable_on_completion_only),
         cmocka_unit_test(mem_find_names_the_buffer_and_offset),
         cmocka_unit_test(alloc_hooks_hand_out_coll_buffers),
+        cmocka_unit_test(premultiplied_sums_are_checked_and_bounded),
         cmocka_unit_test(a_handle_s_op_timeout_is_its_own),
         cmocka_unit_test(a_rank_names_its_slot),
         cmocka_unit_test(bitwise_reductions_and_small_types),

@@ -776,6 +776,69 @@ static int hooks_main(void *arg)
     return 0;
 }
 
+/* A premultiplied sum on NCCL (one rank: its input times its scalar), float32 and
+ * int32, allreduce and reduce_scatter, launched again (never replayed from a graph). */
+static int premul_main(void *arg)
+{
+    struct job *j = arg;
+    coll_conn *c;
+    coll_group *g;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(0) == cudaSuccess, 4);
+    enum { N = 1024 };
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 2 * N * sizeof(float), 0) == COLL_OK, 5);
+    float *x = coll_mem_ptr(b), *y = x + N, h[N], back[N];
+    float s = 2.5f;
+    int32_t si = -3;
+    coll_redop op, opi;
+    CHECK(coll_redop_create_premul_sum(g, &s, COLL_FLOAT32, &op) == COLL_OK, 6);
+    CHECK(coll_redop_create_premul_sum(g, &si, COLL_INT32, &opi) == COLL_OK, 7);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 8);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++)
+            h[i] = (float)(i % 97) + round;
+        CHECK(cudaMemcpyAsync(x, h, sizeof(h), cudaMemcpyHostToDevice, st) == 0, 9);
+        coll_request r;
+        int isint = round == 2;
+        if (isint) {
+            int32_t *xi = (int32_t *)x;
+            int32_t hi[N];
+            for (int i = 0; i < N; i++)
+                hi[i] = i - 500;
+            CHECK(cudaMemcpyAsync(xi, hi, sizeof(hi), cudaMemcpyHostToDevice, st) == 0, 10);
+            CHECK(cudaStreamSynchronize(st) == 0, 10);
+            CHECK(coll_reduce_scatter(g, xi, y, N, COLL_INT32, opi, st, &r) == COLL_OK, 11);
+        } else {
+            CHECK(coll_allreduce(g, x, y, N, COLL_FLOAT32, op, st, &r) == COLL_OK, 12);
+        }
+        CHECK(coll_wait_stream(c, r, st) == COLL_OK, 13);
+        CHECK(cudaMemcpyAsync(back, y, sizeof(back), cudaMemcpyDeviceToHost, st) == 0, 14);
+        CHECK(cudaStreamSynchronize(st) == cudaSuccess, 15);
+        for (int i = 0; i < N; i++) {
+            int ok = isint ? ((int32_t *)back)[i] == (i - 500) * -3 : back[i] == h[i] * 2.5f;
+            if (!ok) {
+                fprintf(stderr, "round %d: [%d] wrong\n", round, i);
+                return 20 + round;
+            }
+        }
+    }
+    cudaStreamDestroy(st);
+    CHECK(coll_mem_release(&b) == COLL_OK, 30);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void premultiplied_sum_on_nccl(void **state)
+{
+    (void)state;
+    struct agent a;
+    one_client(&a, 60000, premul_main);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 static void alloc_hooks_give_coll_memory(void **state)
 {
     (void)state;
@@ -1163,6 +1226,7 @@ int main(void)
         cmocka_unit_test(children_run_on_nccl),
         cmocka_unit_test(gather_scatter_alltoallv_on_the_stream),
         cmocka_unit_test(alloc_hooks_give_coll_memory),
+        cmocka_unit_test(premultiplied_sum_on_nccl),
         cmocka_unit_test(client_killed_mid_op),
         cmocka_unit_test(op_timeout_releases_streams),
         cmocka_unit_test(ops_cumem_buffers),

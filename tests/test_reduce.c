@@ -392,12 +392,52 @@ static void host_alltoall_in_every_mix_of_in_place_ranks(void **state)
             }
 }
 
+/* The premultiplied sum's kernel: integers wrap, each narrow float's product is rounded
+ * to its type before the float32 sum (which is rounded once), and dst may be srcs[0]. */
+static void premultiplied_sums_round_each_product(void **state)
+{
+    (void)state;
+    int8_t a[3] = {100, -7, 1}, b[3] = {3, 2, -128};
+    const void *srcs[2] = {a, b};
+    uint64_t sc[2] = {(uint8_t)3, (uint8_t)(int8_t)-2};
+    reduce_premul_n(COLL_INT8, a, srcs, sc, 2, 3); /* in place on the first source */
+    assert_int_equal(a[0], (int8_t)(uint8_t)(300 - 6));
+    assert_int_equal(a[1], (int8_t)(-21 - 4));
+    assert_int_equal(a[2], (int8_t)(uint8_t)(3 + 256));
+    /* float16: 1 + 2^-10 times 3 is 3 + 3 * 2^-10, between two halves (2^-9 apart): the
+     * product rounds to even first, then the two products add */
+    uint16_t h[2] = {reduce_float_to_half(1.0f + 0x1p-10f), reduce_float_to_half(1.0f + 0x1p-10f)};
+    uint16_t out;
+    const void *hs[2] = {&h[0], &h[1]};
+    uint64_t three = reduce_float_to_half(3.0f);
+    uint64_t hsc[2] = {three, three};
+    reduce_premul_n(COLL_FLOAT16, &out, hs, hsc, 2, 1);
+    float p = reduce_half_to_float(reduce_float_to_half((1.0f + 0x1p-10f) * 3.0f));
+    assert_true(p != (1.0f + 0x1p-10f) * 3.0f); /* the product was rounded */
+    assert_int_equal(out, reduce_float_to_half(p + p));
+    /* bfloat16 and float64 */
+    uint16_t bb[1] = {reduce_float_to_bf16(1.5f)}, bout;
+    const void *bs[1] = {bb};
+    uint64_t bsc[1] = {reduce_float_to_bf16(-0.25f)};
+    reduce_premul_n(COLL_BFLOAT16, &bout, bs, bsc, 1, 1);
+    assert_true(reduce_bf16_to_float(bout) == -0.375f);
+    double d0[2] = {1.5, -2.0}, d1[2] = {4.0, 8.0}, dout[2];
+    const void *ds[2] = {d0, d1};
+    double s0 = 2.0, s1 = 0.125;
+    uint64_t dsc[2];
+    memcpy(&dsc[0], &s0, 8);
+    memcpy(&dsc[1], &s1, 8);
+    reduce_premul_n(COLL_FLOAT64, dout, ds, dsc, 2, 2);
+    assert_true(dout[0] == 3.5 && dout[1] == -3.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(half_conversions_match_the_definition),
         cmocka_unit_test(bf16_conversions_round_to_nearest_even),
         cmocka_unit_test(float8_conversions_match_the_definition),
+        cmocka_unit_test(premultiplied_sums_round_each_product),
         cmocka_unit_test(narrowing_matches_the_definition_across_the_floats),
         cmocka_unit_test(every_kernel_matches_a_scalar_reference),
         cmocka_unit_test(complex_product_ignores_the_order_of_operands),

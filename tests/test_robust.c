@@ -494,6 +494,84 @@ static void more_flag_on_a_host_send_is_dropped(void **state)
     assert_serving(f);
 }
 
+/* A premultiplied sum's slot (WIRE_REDOP_SET) is checked whole before it is stored: a
+ * closed handle, a slot past the table, bool, complex, a dtype past the end, bits past
+ * the dtype's bytes and a slot set twice are each refused with why, and the session
+ * lives on. A ring entry that names a slot set for another dtype, or never set, or a
+ * premultiplied sum on an op that does not reduce, is a violation: the client is
+ * dropped, nothing completes, the agent serves on. */
+static void forged_premultiplied_sums_are_refused(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    static const struct {
+        uint32_t handle_delta, slot, dtype;
+        uint64_t scalar;
+        const char *why;
+    } bad[] = {
+        {9, 0, COLL_INT32, 1, "no open group with handle"},
+        {0, WIRE_PREMUL_SLOTS, COLL_INT32, 1, "premultiplied sum slot 128 of 128"},
+        {0, 0, COLL_BOOL, 1, "a premultiplied sum of dtype 12"},
+        {0, 0, COLL_COMPLEX64, 1, "a premultiplied sum of dtype 15"},
+        {0, 0, 200, 1, "a premultiplied sum of dtype 200"},
+        {0, 0, COLL_INT16, 0x10000, "bits past its 2-byte dtype"},
+        {0, 3, COLL_FLOAT32, 0x40000000, NULL}, /* set: 2.0f */
+        {0, 3, COLL_FLOAT32, 0x40000000, "slot 3 is set"},
+    };
+    union wire_msg m;
+    uint32_t id = 40;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        wire_init(&m, WIRE_REDOP_SET, id++);
+        m.redop_set.handle = handle + bad[i].handle_delta;
+        m.redop_set.slot = bad[i].slot;
+        m.redop_set.dtype = bad[i].dtype;
+        m.redop_set.scalar = bad[i].scalar;
+        raw_send(r.fd, &m, m.h.len, -1);
+        assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+        if (!bad[i].why) {
+            assert_int_equal(m.h.type, WIRE_REDOP_SET_OK);
+            continue;
+        }
+        assert_int_equal(m.h.type, WIRE_ERROR);
+        assert_int_equal(m.error.code, COLL_ERR_INVALID);
+        if (!strstr(m.error.msg, bad[i].why))
+            fail_msg("case %zu: '%s' lacks '%s'", i, m.error.msg, bad[i].why);
+    }
+    /* slot 3 holds a float32 scalar: an int32 op naming it is forged */
+    struct wire_sqe q = {.kind = WIRE_OP_ALLREDUCE,
+                         .dtype = COLL_INT32,
+                         .redop = WIRE_REDOP_PREMUL + 3,
+                         .group = handle,
+                         .epoch = epoch,
+                         .tag = 1};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "premultiplied sum 3, made for another dtype");
+    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0);
+    /* a slot never set */
+    raw_hello(&r, f->a.sock);
+    handle = raw_open_pair(&r, &epoch);
+    q.group = handle;
+    q.epoch = epoch;
+    q.dtype = COLL_FLOAT32;
+    q.redop = WIRE_REDOP_PREMUL + 5;
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "premultiplied sum 5, never set");
+    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0);
+    /* on a broadcast, a premultiplied sum is no reduction at all */
+    raw_hello(&r, f->a.sock);
+    handle = raw_open_pair(&r, &epoch);
+    q.group = handle;
+    q.epoch = epoch;
+    q.kind = WIRE_OP_BROADCAST;
+    q.redop = WIRE_REDOP_PREMUL;
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "reduction 128 out of range");
+    assert_serving(f);
+}
+
 /* Every field is checked before anything happens: a wild tag on a stale-epoch op
  * of a host group is still a violation, not a completion. */
 static void stale_epoch_op_is_validated_first(void **state)
@@ -1540,6 +1618,7 @@ int main(void)
         T(overlapping_ranges_are_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
         T(more_flag_on_a_host_send_is_dropped),
+        T(forged_premultiplied_sums_are_refused),
         T(stale_epoch_op_is_validated_first),
         T(forged_rank_in_group_open_is_refused),
         T(random_ring_entries_never_hurt_the_agent),

@@ -282,6 +282,26 @@ static void sqe_fields_are_range_checked(void **state)
     s.flags = 0x80;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     s.flags = 0;
+    /* a premultiplied sum (WIRE_REDOP_PREMUL + slot): a reduction's, neither of bool nor
+     * of complex numbers; NCCL takes it, as it takes no bitwise one */
+    s.kind = WIRE_OP_REDUCE_SCATTER;
+    s.dtype = COLL_FLOAT16;
+    s.redop = WIRE_REDOP_PREMUL + WIRE_PREMUL_SLOTS - 1;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    assert_null(wire_nccl_refuses(s.kind, s.dtype, s.redop, 0));
+    assert_non_null(wire_nccl_refuses(s.kind, s.dtype, COLL_BOR, 0));
+    s.dtype = COLL_BOOL;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.dtype = COLL_COMPLEX128;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.dtype = COLL_INT64;
+    s.kind = WIRE_OP_ALLGATHER;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "reduction 255 out of range"));
+    s.kind = WIRE_OP_ALLREDUCE;
+    s.redop = WIRE_REDOP_PREMUL - 1; /* between the named reductions and the slots */
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    s.redop = 0;
     s.kind = WIRE_OP_BARRIER;
     s.count = 3;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);

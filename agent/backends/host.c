@@ -60,7 +60,10 @@ static void reduce_range(void *scratch, const struct backend_task *t, size_t blo
         size_t boff = (block * t->count + off) * es;
         for (int r = 0; r < nr; r++)
             srcs[r] = (const char *)t->send[r] + boff;
-        reduce_n(t->dtype, t->redop, scratch, srcs, nr, len, (uint32_t)nr);
+        if (t->redop == WIRE_REDOP_PREMUL)
+            reduce_premul_n(t->dtype, scratch, srcs, t->premul, nr, len);
+        else
+            reduce_n(t->dtype, t->redop, scratch, srcs, nr, len, (uint32_t)nr);
         for (int d = 0; d < ndst; d++) {
             int r = ndst == 1 ? dst_rank : d;
             if (dsts[r]) memcpy((char *)dsts[r] + off * es, scratch, len * es);
@@ -137,7 +140,7 @@ static void run_range(void *x, const struct backend_task *t, size_t e0, size_t n
     int nr = t->nranks;
     switch (t->kind) {
     case WIRE_OP_ALLREDUCE:
-        if (nr == 1 && t->redop != COLL_AVG)
+        if (nr == 1 && t->redop != COLL_AVG && t->redop != WIRE_REDOP_PREMUL)
             copy((char *)t->recv[0] + b0, (const char *)t->send[0] + b0, bl);
         else
             reduce_range(x, t, 0, e0, n, t->recv, nr, 0);
@@ -202,6 +205,7 @@ struct host_job {
     struct host_job *next;
     struct backend_task t;
     void *send[64], *recv[64];
+    uint64_t premul[64];
     uint64_t at; /* elements of each block done */
     uint32_t turns;
     struct op ops[]; /* copies (a session that ends meanwhile is forgotten here) */
@@ -275,13 +279,17 @@ static void host_collective(struct group *g, struct op *ops, uint64_t seq, int64
     if (n <= 64 && kind_known(s->kind) && s->count && (h->head || moved(&t) > HOST_SLICE_BYTES))
         j = malloc(sizeof(*j) + (size_t)n * sizeof(struct op));
     void *send[64], *recv[64];
+    uint64_t premul[64];
     void **sp = j ? j->send : send, **rp = j ? j->recv : recv;
+    uint64_t *pp = j ? j->premul : premul;
     for (int k = 0; k < n && k < 64; k++) {
         sp[k] = ops[k].send;
         rp[k] = ops[k].recv;
+        pp[k] = ops[k].premul;
     }
     t.send = sp;
     t.recv = rp;
+    t.premul = pp;
     if (!j) { /* small, nothing ahead of it (or no memory for a job: at once, as before) */
         int status = n <= 64 ? host_run(h->scratch, &t) : COLL_ERR_UNSUPPORTED;
         for (int k = 0; k < n; k++)

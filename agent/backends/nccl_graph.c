@@ -69,7 +69,11 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
     ncclDataType_t dt = nccl_dtype[t->dtype];
     /* one rank: the average is the value itself; the plain copy path is exact and
      * skips NCCL's scaling kernel */
-    ncclRedOp_t op = c->nranks == 1 && t->redop == COLL_AVG ? ncclSum : nccl_redop[t->redop];
+    int premul = t->redop == WIRE_REDOP_PREMUL && wire_kind_reduces(t->kind);
+    ncclRedOp_t op = premul                                   ? ncclSum
+                     : c->nranks == 1 && t->redop == COLL_AVG ? ncclSum
+                     : t->redop < COLL_REDOP_COUNT            ? nccl_redop[t->redop]
+                                                              : ncclSum;
     if (t->dtype == COLL_BOOL) /* 0 or 1 bytes: or is the max, and the min */
         op = t->redop == COLL_SUM || t->redop == COLL_MAX ? ncclMax : ncclMin;
     size_t n = (size_t)t->count;
@@ -79,6 +83,12 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
     if (t->dtype == COLL_FLOAT8_E4M3 || t->dtype == COLL_FLOAT8_E5M2) return ncclInvalidArgument;
 #endif
     ncclResult_t r = ncclSuccess;
+    /* a premultiplied sum: NCCL's own, this rank's scalar taken at the launch (host
+     * immediate; the dtype's bits are the low bytes), given back once it is enqueued */
+    uint64_t scalar = t->premul;
+    if (premul && (r = ncclRedOpCreatePreMulSum(&op, &scalar, dt, ncclScalarHostImmediate, c->c)) !=
+                      ncclSuccess)
+        return r;
     switch (t->kind) {
     case WIRE_OP_ALLREDUCE:
         r = ncclAllReduce(t->send, t->recv, n, dt, op, c->c, c->stream);
@@ -140,6 +150,7 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
         r = ncclInvalidArgument;
         break;
     }
+    if (premul) ncclRedOpDestroy(op, c->c);
     return r;
 }
 
@@ -180,9 +191,11 @@ static ncclResult_t graph_run(cudaGraphExec_t x, cudaStream_t st)
 /* Launch t on c, from a graph when it repeats (see above). */
 ncclResult_t nccl_graph_launch(struct launcher *l, struct comm *c, const struct gpu_task *t)
 {
-    int kind_ok = t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST ||
-                  t->kind == WIRE_OP_REDUCE || t->kind == WIRE_OP_ALLGATHER ||
-                  t->kind == WIRE_OP_REDUCE_SCATTER;
+    /* a premultiplied sum's operator lives for one launch: never captured */
+    int kind_ok = (t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST ||
+                   t->kind == WIRE_OP_REDUCE || t->kind == WIRE_OP_ALLGATHER ||
+                   t->kind == WIRE_OP_REDUCE_SCATTER) &&
+                  !(t->redop == WIRE_REDOP_PREMUL && wire_kind_reduces(t->kind));
     if (!nccl_graphs_on || (nccl_graphs_on == 1 && c->nranks != 1) || !kind_ok)
         return nccl_launch(c, t);
     unsigned bg = atomic_load(&nccl_buf_gen);

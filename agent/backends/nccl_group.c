@@ -149,6 +149,7 @@ static void to_gpu(struct group *g, struct op *op)
     t->kind = op->sqe.kind;
     t->dtype = op->sqe.dtype;
     t->redop = op->sqe.redop;
+    t->premul = op->premul;
     t->peer = op->sqe.peer;
     t->more = (op->sqe.flags & WIRE_SQE_F_MORE) != 0;
     t->count = op->sqe.count;

@@ -599,7 +599,9 @@ void tcp_init_ctx(struct opctx *o, struct tcp_comm *c, struct net_task *t, char 
     o->why = why;
     o->whylen = whylen;
     o->es = coll_dtype_size((coll_dtype)t->dtype);
-    o->red_op = t->redop == COLL_AVG ? COLL_SUM : t->redop;
+    /* an average divides at the end, a premultiplied sum scales where the local
+     * contributions are reduced (tcp_local_reduce): between pods both are sums */
+    o->red_op = t->redop == COLL_AVG || t->redop == WIRE_REDOP_PREMUL ? COLL_SUM : t->redop;
     o->hdr = tcp_op_hdr(c, t);
     o->late_acks = 0;
 }
@@ -615,77 +617,4 @@ void *tcp_scratch(struct tcp_comm *c, int k, size_t bytes)
         sc->cap[k] = bytes;
     }
     return sc->p[k];
-}
-
-/* dst[i] = op over srcs (n of them, count elements), chunked; dst may be srcs[0]. */
-static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, int n, size_t count)
-{
-    size_t es = o->es;
-    const void *s[RDV_MAX_NODES + NET_MAX_LOCAL];
-    for (size_t off = 0; off < count; off += REDUCE_CHUNK) {
-        size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
-        for (int k = 0; k < n; k++)
-            s[k] = (const char *)srcs[k] + off * es;
-        /* dst may alias srcs[0] only, which reduce_n allows */
-        reduce_n(o->t->dtype, o->red_op, (char *)dst + off * es, s, n, len, 1);
-    }
-}
-
-/* mine = the reduction, in pod order, of every pod's contribution: ours in mine, pod p's
- * at in + p * bytes (our own slot there is unused and serves as the output). The same
- * order on every pod is what makes the results identical everywhere. */
-void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count)
-{
-    const void *srcs[RDV_MAX_NODES];
-    for (int p = 0; p < o->c->nodes; p++)
-        srcs[p] = p == o->c->me ? (const void *)mine : in + (size_t)p * bytes;
-    void *out = in + (size_t)o->c->me * bytes;
-    reduce_all(o, out, srcs, o->c->nodes, count);
-    if (bytes) memcpy(mine, out, bytes);
-}
-
-void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count)
-{
-    int n = o->c->nodes;
-    if (bytes) memcpy(in + (size_t)o->c->me * bytes, mine, bytes);
-    for (int w = 1; w < n; w *= 2)
-        for (int p = 0; p + w < n; p += 2 * w) {
-            void *a = in + (size_t)p * bytes;
-            const void *srcs[2] = {a, in + (size_t)(p + w) * bytes};
-            reduce_all(o, a, srcs, 2, count);
-        }
-    if (bytes) memcpy(mine, in, bytes);
-}
-
-/* dst = reduction of the local participants' send buffers at element offset off. */
-void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count)
-{
-    const void *srcs[NET_MAX_LOCAL];
-    for (int s = 0; s < o->c->nlocal; s++)
-        srcs[s] = (const char *)o->t->send[s] + off * o->es;
-    if (o->c->nlocal == 1) {
-        if (dst != srcs[0] && count) memcpy(dst, srcs[0], count * o->es);
-        return;
-    }
-    /* an in-place participant's send may be dst itself: put it first */
-    for (int s = 1; s < o->c->nlocal; s++) {
-        if (srcs[s] == dst) {
-            const void *tmp = srcs[0];
-            srcs[0] = srcs[s];
-            srcs[s] = tmp;
-        }
-    }
-    reduce_all(o, dst, srcs, o->c->nlocal, count);
-}
-
-void tcp_finish_avg(struct opctx *o, void *buf, size_t count)
-{
-    if (o->t->redop != COLL_AVG || !count) return;
-    uint32_t world = (uint32_t)(o->c->nodes * o->c->nlocal);
-    for (size_t off = 0; off < count; off += REDUCE_CHUNK) {
-        size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
-        char *p = (char *)buf + off * o->es;
-        const void *srcs[1] = {p};
-        reduce_n(o->t->dtype, COLL_AVG, p, srcs, 1, len, world);
-    }
 }

@@ -130,6 +130,7 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
         int slot = ops[k].rank - g->node_index * g->nslots;
         t->send[slot] = ops[k].send;
         t->recv[slot] = ops[k].recv;
+        t->premul[slot] = ops[k].premul;
         t->local_slot = slot;
     }
     int rc = NET_INLINE_NO;

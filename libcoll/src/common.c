@@ -50,6 +50,8 @@ const char *coll_dtype_name(coll_dtype dt)
 
 const char *coll_redop_name(coll_redop op)
 {
+    if ((unsigned)op >= COLL_PREMUL_SUM_FIRST && (unsigned)op < COLL_PREMUL_SUM_FIRST + 128u)
+        return "premul_sum";
     return (unsigned)op < COLL_REDOP_COUNT ? redop_names[op] : "?";
 }
 

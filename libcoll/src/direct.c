@@ -536,6 +536,7 @@ static int run(coll_group *g, uint32_t want, int64_t until, int whole)
                 t->kind = r->kind;
                 t->dtype = r->dtype;
                 t->redop = r->redop;
+                t->premul[0] = r->premul;
                 t->root = r->root;
                 t->count = r->count;
                 t->send[0] = (void *)r->send;

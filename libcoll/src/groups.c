@@ -305,6 +305,77 @@ coll_err coll_group_wait(coll_group *g, int timeout_ms)
     }
 }
 
+/* ---- premultiplied sums ------------------------------------------------------------- */
+
+coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dtype dt,
+                                      coll_redop *op)
+{
+    if (!g || !scalar || !op) return lc_fail(COLL_ERR_INVALID, "NULL argument");
+    size_t es = coll_dtype_size(dt);
+    if (!es) return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", (int)dt);
+    if (dt == COLL_BOOL || dt == COLL_COMPLEX64 || dt == COLL_COMPLEX128)
+        return lc_fail(COLL_ERR_INVALID, "a premultiplied sum takes no %s", coll_dtype_name(dt));
+    if (g->span)
+        return lc_fail(COLL_ERR_UNSUPPORTED,
+                       "group '%s' is a child across pods: it has no premultiplied sum",
+                       g->info.name);
+    uint64_t bits = 0; /* the low bytes (little-endian, as every target of libcoll) */
+    memcpy(&bits, scalar, es);
+    coll_conn *c = g->conn;
+    pthread_mutex_lock(&c->lock);
+    int free_slot = -1;
+    for (unsigned k = 0; k < WIRE_PREMUL_SLOTS; k++) {
+        struct lc_premul *p = &g->premul[k];
+        if (p->set && p->dtype == (uint8_t)dt && p->bits == bits) {
+            p->refs++;
+            pthread_mutex_unlock(&c->lock);
+            *op = (coll_redop)(WIRE_REDOP_PREMUL + k);
+            return COLL_OK;
+        }
+        if (!p->set && free_slot < 0) free_slot = (int)k;
+    }
+    coll_err rc;
+    if (free_slot < 0) {
+        rc = lc_fail(COLL_ERR_LIMIT,
+                     "group '%s': this handle holds %u premultiplied sums (dtype and scalar "
+                     "pairs), all taken",
+                     g->info.name, WIRE_PREMUL_SLOTS);
+    } else {
+        union wire_msg m, r;
+        wire_init(&m, WIRE_REDOP_SET, 0);
+        m.redop_set.handle = g->handle;
+        m.redop_set.slot = (uint32_t)free_slot;
+        m.redop_set.dtype = (uint32_t)dt;
+        m.redop_set.scalar = bits;
+        rc = lc_rpc(c, &m, -1, WIRE_REDOP_SET_OK, &r, NULL, NULL);
+        if (rc == COLL_OK) {
+            struct lc_premul *p = &g->premul[free_slot];
+            p->dtype = (uint8_t)dt;
+            p->bits = bits;
+            p->refs = 1;
+            p->set = 1;
+            *op = (coll_redop)(WIRE_REDOP_PREMUL + (unsigned)free_slot);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+coll_err coll_redop_destroy(coll_group *g, coll_redop op)
+{
+    if (!g) return lc_fail(COLL_ERR_INVALID, "NULL group");
+    unsigned k = (unsigned)op - WIRE_REDOP_PREMUL;
+    coll_conn *c = g->conn;
+    pthread_mutex_lock(&c->lock);
+    int ok = (unsigned)op >= WIRE_REDOP_PREMUL && k < WIRE_PREMUL_SLOTS && g->premul[k].set &&
+             g->premul[k].refs > 0;
+    if (ok) g->premul[k].refs--;
+    pthread_mutex_unlock(&c->lock);
+    return ok ? COLL_OK
+              : lc_fail(COLL_ERR_INVALID, "reduction %d is no premultiplied sum of this handle",
+                        (int)op);
+}
+
 void coll_group_close(coll_group **group)
 {
     if (!group || !*group) return;

@@ -58,6 +58,7 @@ struct req {
     uint8_t kind, dtype, redop;
     int32_t root;
     uint64_t count;
+    uint64_t premul; /* redop WIRE_REDOP_PREMUL: this rank's scalar */
     const void *send;
     void *recv;
     int64_t t0, deadline; /* submitted at, and its deadline */
@@ -77,6 +78,14 @@ struct coll_buffer {
     int hooked;        /* coll_alloc_hook's block: coll_free_hook may release it */
 };
 
+/* A premultiplied sum's slot of a group handle (coll_redop_create_premul_sum): set once,
+ * under conn->lock, and never changed (the agent holds the same value). */
+struct lc_premul {
+    uint8_t set, dtype;
+    uint32_t refs; /* ops the caller holds: informative (a slot is never given back) */
+    uint64_t bits; /* the scalar's bits, zero-extended */
+};
+
 struct coll_group {
     coll_conn *conn;
     uint32_t handle;
@@ -89,6 +98,7 @@ struct coll_group {
     struct lc_span *span;  /* a child across pods (span.c); NULL: the agent runs the group */
     uint32_t next_span_id; /* a group with an agent handle: the id its next span child
                             * proposes (span.c); guarded by conn->lock */
+    struct lc_premul premul[WIRE_PREMUL_SLOTS];
     coll_group *next;
 };
 

@@ -76,8 +76,21 @@ coll_err lc_op_check(const coll_group *g, const struct op_args *a)
 {
     if ((unsigned)a->dtype >= COLL_DTYPE_COUNT)
         return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", a->dtype);
-    if ((unsigned)a->redop >= COLL_REDOP_COUNT)
+    if ((unsigned)a->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(a->kind)) {
+        unsigned k = (unsigned)a->redop - WIRE_REDOP_PREMUL;
+        if (k >= WIRE_PREMUL_SLOTS || !g->premul[k].set)
+            return lc_fail(COLL_ERR_INVALID,
+                           "reduction %d is no premultiplied sum of this group handle "
+                           "(coll_redop_create_premul_sum)",
+                           a->redop);
+        if (g->premul[k].dtype != a->dtype)
+            return lc_fail(
+                COLL_ERR_INVALID, "%s: premultiplied sum %d was made for %s; the op is of %s",
+                wire_kind_name(a->kind), a->redop, coll_dtype_name((coll_dtype)g->premul[k].dtype),
+                coll_dtype_name((coll_dtype)a->dtype));
+    } else if ((unsigned)a->redop >= COLL_REDOP_COUNT) {
         return lc_fail(COLL_ERR_INVALID, "reduction %d out of range", a->redop);
+    }
     if (!wire_redop_fits(a->kind, (unsigned)a->dtype, (unsigned)a->redop))
         return lc_fail(COLL_ERR_INVALID, "%s: reduction %s of %s (%s)", wire_kind_name(a->kind),
                        coll_redop_name((coll_redop)a->redop), coll_dtype_name((coll_dtype)a->dtype),
@@ -203,6 +216,10 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         r->rang = 0;
         r->dtype = (uint8_t)a->dtype;
         r->redop = (uint8_t)a->redop;
+        if (r->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(a->kind)) {
+            r->premul = g->premul[r->redop - WIRE_REDOP_PREMUL].bits;
+            r->redop = WIRE_REDOP_PREMUL;
+        }
         r->root = a->peer;
         r->count = a->count;
         r->send = a->send_used ? a->send : NULL;

@@ -16,6 +16,8 @@ _Static_assert(sizeof(struct wire_cqe) == 16, "cqe size");
 _Static_assert(sizeof(union wire_msg) <= WIRE_MAX_MSG, "messages fit WIRE_MAX_MSG");
 _Static_assert((WIRE_RING_ENTRIES & (WIRE_RING_ENTRIES - 1)) == 0, "ring size is a power of 2");
 _Static_assert(WIRE_STATUS_COUNT == COLL_ERR_INTERNAL + 1, "a direct op's status is counted");
+_Static_assert(WIRE_REDOP_PREMUL == COLL_PREMUL_SUM_FIRST, "premultiplied sums: one numbering");
+_Static_assert(WIRE_REDOP_PREMUL + WIRE_PREMUL_SLOTS <= 256, "a slot's redop fits a byte");
 
 static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_HELLO] = sizeof(struct wire_hello),
@@ -36,6 +38,8 @@ static const size_t type_size[WIRE_TYPE_END] = {
     [WIRE_LEASE_BACK] = sizeof(struct wire_lease_back),
     [WIRE_LEASE_BACK_OK] = sizeof(struct wire_lease_back_ok),
     [WIRE_GROUP_CREATE] = sizeof(struct wire_group_create),
+    [WIRE_REDOP_SET] = sizeof(struct wire_redop_set),
+    [WIRE_REDOP_SET_OK] = sizeof(struct wire_hdr),
 };
 
 size_t wire_size(unsigned t)
@@ -198,19 +202,21 @@ int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop)
     if (bitwise && floating) return 0;
     if (complex && (redop == COLL_MIN || redop == COLL_MAX)) return 0;
     if (dtype == COLL_BOOL && redop == COLL_AVG) return 0;
+    if (redop >= WIRE_REDOP_PREMUL && (complex || dtype == COLL_BOOL)) return 0;
     return 1;
 }
 
 const char *wire_redop_rule(void)
 {
-    return "bitwise ones take integers or bool, complex numbers no min or max, and bool has "
-           "no average";
+    return "bitwise ones take integers or bool, complex numbers no min or max, bool has "
+           "no average, and a premultiplied sum takes neither bool nor complex numbers";
 }
 
 const char *wire_nccl_refuses(unsigned kind, unsigned dtype, unsigned redop, uint32_t p2p_tag)
 {
     if (dtype == COLL_INT16 || dtype == COLL_UINT16) return "NCCL has no 16-bit integers";
-    if (wire_kind_reduces(kind) && redop >= COLL_BAND) return "NCCL has no bitwise reductions";
+    if (wire_kind_reduces(kind) && redop >= COLL_BAND && redop <= COLL_BXOR)
+        return "NCCL has no bitwise reductions";
     if (wire_kind_reduces(kind) && redop == COLL_PROD &&
         (dtype == COLL_COMPLEX64 || dtype == COLL_COMPLEX128))
         return "NCCL has no complex product";
@@ -228,7 +234,8 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
         snprintf(err, errlen, "dtype %u out of range", s->dtype);
         return -1;
     }
-    if (s->redop >= COLL_REDOP_COUNT) {
+    if (s->redop >= COLL_REDOP_COUNT &&
+        !(s->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(s->kind))) {
         snprintf(err, errlen, "reduction %u out of range", s->redop);
         return -1;
     }

@@ -50,6 +50,8 @@ enum wire_type {
     WIRE_LEASE_BACK,     /* client -> agent */
     WIRE_LEASE_BACK_OK,  /* agent -> client */
     WIRE_GROUP_CREATE,   /* client -> agent; answered with WIRE_GROUP_OPEN_OK */
+    WIRE_REDOP_SET,      /* client -> agent */
+    WIRE_REDOP_SET_OK,   /* agent -> client */
     WIRE_TYPE_END
 };
 
@@ -232,6 +234,26 @@ struct wire_mem_release {
     uint32_t pad;
 };
 
+/*
+ * A premultiplied sum (coll_redop_create_premul_sum): ring entries name one by a redop
+ * of WIRE_REDOP_PREMUL + slot, and WIRE_REDOP_SET gives a slot of a group handle its
+ * dtype and scalar first. A slot is set once for the handle's life and never changes
+ * (libcoll hands out a pair it already set again), so no ring entry can meet a value
+ * set after it was written. scalar: the dtype's own bits in the low bytes (integers
+ * and floats of 1 to 8 bytes), the rest zero.
+ */
+#define WIRE_REDOP_PREMUL 128u
+#define WIRE_PREMUL_SLOTS 128u
+
+struct wire_redop_set {
+    struct wire_hdr h;
+    uint32_t handle;
+    uint32_t slot;
+    uint32_t dtype;
+    uint32_t pad;
+    uint64_t scalar;
+};
+
 /* Any control message, decoded. */
 union wire_msg {
     struct wire_hdr h;
@@ -251,6 +273,7 @@ union wire_msg {
     struct wire_lease_ok lease_ok;
     struct wire_lease_back lease_back;
     struct wire_lease_back_ok lease_back_ok;
+    struct wire_redop_set redop_set;
 };
 
 /* Fill the header of m for type (its length comes from the type). */
@@ -339,8 +362,9 @@ struct wire_cqe {
  */
 int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen);
 /* Whether an op of kind may reduce dtype with redop (bitwise reductions take no
- * floats, complex numbers no min or max, bool no average); ops that do not reduce
- * ignore redop. wire_redop_rule says that rule in words, for error messages. */
+ * floats, complex numbers no min or max, bool no average, a premultiplied sum neither
+ * bool nor complex numbers); ops that do not reduce ignore redop. wire_redop_rule says
+ * that rule in words, for error messages. */
 int wire_redop_fits(unsigned kind, unsigned dtype, unsigned redop);
 const char *wire_redop_rule(void);
 /* Why a group on the NCCL backend cannot run an op that fits otherwise (16-bit integers,

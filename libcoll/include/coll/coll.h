@@ -277,6 +277,27 @@ COLL_API int coll_group_parent_ranks(const coll_group *group, int *out, int cap)
  * one round trip at most, after the group's direct ops (above) have finished. */
 COLL_API void coll_group_close(coll_group **group);
 
+/*
+ * A premultiplied sum (NCCL's ncclRedOpCreatePreMulSum, torch's PREMUL_SUM): every rank's
+ * input is multiplied by a scalar of that rank's own, then summed. The scalar is one
+ * element of dt at *scalar (host memory, read at the call). Floats of 16 bits and less
+ * multiply in float32 and round the product to dt, then sum as COLL_SUM does; integers
+ * multiply modulo 2^bits; bool and complex numbers are refused (INVALID). The op it
+ * returns in *op is a value from COLL_PREMUL_SUM_FIRST up, for reductions of dt on this
+ * group handle only (any other dtype or handle: INVALID at submission); every rank of an
+ * op passes one, each with its own scalar. Blocks for one round trip the first time a
+ * (dt, scalar) pair is made on the handle; the same pair again returns the same op at no
+ * cost. A handle holds 128 distinct pairs (LIMIT past that) for its life: a destroyed
+ * op's pair stays and comes back at no cost. Children of a group across pods refuse it
+ * (UNSUPPORTED). Errors: INVALID (NULL argument, dt), LIMIT, the connection's.
+ */
+#define COLL_PREMUL_SUM_FIRST 128
+COLL_API coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dtype dt,
+                                               coll_redop *op);
+/* Give the op back (ops already submitted with it are unaffected). INVALID if op is not
+ * one of this handle's. Does not block. */
+COLL_API coll_err coll_redop_destroy(coll_group *g, coll_redop op);
+
 /* ---- buffers ---------------------------------------------------------------- */
 
 #define COLL_DEVICE_HOST (-1)
