@@ -128,12 +128,55 @@ def _dtype_of(v, reducing):
 
 def redop(op):
     """coll's reduction code for "sum"/"prod"/"min"/"max"/"avg"/"band"/"bor"/"bxor"
-    (or the code itself)."""
+    (or the code itself), or ("premul_sum", scalar): this rank's input times its own
+    scalar, then summed (coll_redop_create_premul_sum)."""
+    if isinstance(op, (tuple, list)) and len(op) == 2 and str(op[0]).lower() == "premul_sum":
+        if isinstance(op[1], bool) or not isinstance(op[1], (int, float)):
+            raise ValueError("premul_sum: the scalar is a number, not %r" % (op[1],))
+        return ("premul_sum", op[1])
     if isinstance(op, str) and op.lower() in L.REDOPS:
         return op.lower()
     if isinstance(op, int) and op in L.REDOPS.values():
         return [k for k, v in L.REDOPS.items() if v == op][0]
-    raise ValueError("reduction %r: one of %s" % (op, ", ".join(L.REDOPS)))
+    raise ValueError("reduction %r: one of %s, or (\"premul_sum\", scalar)" %
+                     (op, ", ".join(L.REDOPS)))
+
+
+_PACK = {"int8": "<b", "uint8": "<B", "int16": "<h", "uint16": "<H", "int32": "<i",
+         "uint32": "<I", "int64": "<q", "uint64": "<Q", "float16": "<e", "float32": "<f",
+         "float64": "<d"}
+
+
+def _scalar_bytes(value, dt):
+    """value as one element of coll dtype dt (its bytes)."""
+    import struct
+
+    name = [k for k, v in L.DTYPES.items() if v == dt][0]
+    if name in _PACK:
+        fmt = _PACK[name]
+        if fmt[1] in "bBhHiIqQ":  # modulo 2^bits, as the products are
+            return struct.pack(fmt.upper(), int(value) % (1 << (8 * struct.calcsize(fmt))))
+        return struct.pack(fmt, value)
+    if name == "bfloat16":  # float32's top half, rounded to nearest even
+        u = struct.unpack("<I", struct.pack("<f", value))[0]
+        return struct.pack("<H", ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+    if name.startswith("float8"):
+        import torch
+
+        tdt = torch.float8_e4m3fn if name == "float8_e4m3" else torch.float8_e5m2
+        return bytes([int(torch.tensor([value]).to(tdt).view(torch.uint8)[0])])
+    raise TypeError("premul_sum: dtype %s takes no premultiplied sum" % name)
+
+
+def _redop_code(g, op, dt):
+    """The C value of reduction op (redop's) for an op of dtype dt on group g."""
+    if not isinstance(op, tuple):
+        return L.REDOPS[op]
+    b = ctypes.create_string_buffer(_scalar_bytes(op[1], dt), 8)
+    out = ctypes.c_int()
+    _check(lib().coll_redop_create_premul_sum(g.handle, b, dt, ctypes.byref(out)),
+           "premul_sum(%r)" % (op[1],))
+    return out.value
 
 
 def _device_arg(device):

@@ -92,6 +92,7 @@ FUNCTIONS = [
     ("coll_mem_release", _i, [_pp]),
     ("coll_mem_find", _i, [_p, _p, _pp, ctypes.POINTER(_sz)]),
     ("coll_hooks_bind", _i, [_p]),
+    ("coll_redop_create_premul_sum", _i, [_p, _p, _i, ctypes.POINTER(_i)]),
     ("coll_allreduce", _i, [_p, _p, _p, _sz, _i, _i, _p, _preq]),
     ("coll_broadcast", _i, [_p, _p, _p, _sz, _i, _i, _p, _preq]),
     ("coll_reduce", _i, [_p, _p, _p, _sz, _i, _i, _i, _p, _preq]),

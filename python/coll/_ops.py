@@ -13,7 +13,7 @@ import threading
 
 from . import _arrays
 from . import _lib as L
-from ._core import CollError, _check, _dtype_of, lib, redop, view
+from ._core import CollError, _check, _dtype_of, _redop_code, lib, redop, view
 from ._request import Request
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
@@ -252,8 +252,8 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
     n = v.numel
-    return p.submit([_C("coll_allreduce", self.handle, send, recv, n, dt, L.REDOPS[op],
-                        p.stream)], res, async_op)
+    return p.submit([_C("coll_allreduce", self.handle, send, recv, n, dt,
+                        _redop_code(self, op, dt), p.stream)], res, async_op)
 
 
 @_raw_first
@@ -286,8 +286,8 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
         _check_numel(what, o, v.numel, "out")
         send, recv, res = p.src(v), p.dst(o), out
     n = v.numel
-    return p.submit([_C("coll_reduce", self.handle, send, recv, n, dt, L.REDOPS[op], root,
-                        p.stream)], res, async_op)
+    return p.submit([_C("coll_reduce", self.handle, send, recv, n, dt,
+                        _redop_code(self, op, dt), root, p.stream)], res, async_op)
 
 
 @_raw_first
@@ -336,8 +336,8 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     else:
         send, recv = p.src(v), p.dst(o)
     n = o.numel
-    return p.submit([_C("coll_reduce_scatter", self.handle, send, recv, n, dt, L.REDOPS[op],
-                        p.stream)], out, async_op)
+    return p.submit([_C("coll_reduce_scatter", self.handle, send, recv, n, dt,
+                        _redop_code(self, op, dt), p.stream)], out, async_op)
 
 
 @_raw_first

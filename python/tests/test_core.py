@@ -377,6 +377,35 @@ def test_arrays_in_coll_memory_live_as_long_as_they_are_used(agent2):
     conn.close()
 
 
+def _premul(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world", rank=i)
+    n, r = g.size, g.rank
+    scal = {"float32": lambda k: 0.5 * (k + 1), "float16": lambda k: 0.25 * (k + 3),
+            "int8": lambda k: 100 + k, "float64": lambda k: -1.5 * k}
+    for dt, s in scal.items():
+        xs = [(np.arange(40) % 13 + k).astype(dt) for k in range(n)]
+        want = sum(xs[k].astype(np.int64 if dt == "int8" else np.float64) * s(k)
+                   for k in range(n))
+        want = (want.astype(np.int64) % 256).astype(np.uint8).view(np.int8) if dt == "int8" \
+            else want.astype(dt)
+        x = _into(conn, xs[r])
+        g.allreduce(x, op=("premul_sum", s(r)))
+        np.testing.assert_array_equal(x, want, err_msg=dt)
+        y = g.reduce_scatter(_into(conn, np.tile(xs[r], n)), out=_into(conn, np.zeros(40, dt)),
+                             op=("premul_sum", s(r)))
+        np.testing.assert_array_equal(y, want, err_msg=dt)
+    with pytest.raises(TypeError, match="no premultiplied sum|complex"):
+        g.allreduce(np.zeros(4, np.complex64), op=("premul_sum", 2.0))
+    with pytest.raises(ValueError, match="scalar is a number"):
+        g.allreduce(np.zeros(4, np.float32), op=("premul_sum", "2"))
+    conn.close()
+
+
+def test_premultiplied_sums_each_rank_its_scalar(two_pods):
+    run_ranks(lambda i: _premul(i, two_pods[i].sock), 2)
+
+
 def test_blocks_of_the_allocation_hooks_are_coll_memory_until_freed(agent2):
     # coll_alloc_hook / coll_free_hook (a torch MemPool's allocator), here on host memory:
     # a block is coll memory while it lives, and the package's span cache never keeps a
