@@ -251,6 +251,15 @@ class ProcessGroupColl(dist.ProcessGroup):
         super().__init__(rank, size)
         self.coll = group
         self._error = error
+        self._name = None
+
+    @property
+    def group_name(self):
+        """torch's name of the group (a ProcessGroup keeps its name in its backends,
+        and this one has none of torch's: DeviceMesh and FSDP2 ask it by name)."""
+        if self._name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._name
 
     # the group, or the failure kept from its creation
     def _g(self):
@@ -414,6 +423,15 @@ def _timeout_s(timeout):
 
 
 def _create(opts, pg_options=None):
+    pg = _create_pg(opts)
+    # torch uses a ProcessGroup a creator returns as the group itself, unnamed: it takes
+    # the name torch gave the group (DeviceMesh, FSDP2 and functional collectives look
+    # groups up by it)
+    pg._name = getattr(opts, "group_id", None) or None
+    return pg
+
+
+def _create_pg(opts):
     rank, size = opts.group_rank, opts.group_size
     ranks = list(getattr(opts, "global_ranks_in_group", None) or range(size))
     t = _timeout_s(opts.timeout)

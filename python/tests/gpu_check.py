@@ -165,8 +165,9 @@ try:
             mine = DDP(make(), device_ids=[0], gradient_as_bucket_view=True)
         ref = DDP(make(), device_ids=[0], gradient_as_bucket_view=True, process_group=nccl)
         losses = {}
-        n0 = calls["allreduce"]
-        for name, m in (("coll", mine), ("nccl", ref)):
+        n0, t0 = calls["allreduce"], len(takes)
+
+        def steps(name, m):
             opt = torch.optim.SGD(m.parameters(), lr=0.05)
             torch.manual_seed(1)
             for _ in range(5):
@@ -175,12 +176,20 @@ try:
                 opt.zero_grad(set_to_none=False)
                 loss.backward()
                 opt.step()
-                losses.setdefault(name, []).append(float(loss))
+                losses.setdefault(name, []).append(float(loss.detach()))
+
+        # the steps too: DDP rebuilds its buckets in the first backward
+        with torch.cuda.use_mem_pool(pool):
+            steps("coll", mine)
+        steps("nccl", ref)
         same = all(torch.equal(a, b) for a, b in zip(mine.parameters(), ref.parameters()))
         check("DDP in the pool: 5 steps equal to DDP on ProcessGroupNCCL bit for bit "
-              "(%d bucket allreduces, %d staged)" % (calls["allreduce"] - n0, len(takes)),
-              same and losses["coll"] == losses["nccl"] and calls["allreduce"] > n0 and
-              not takes and all(conn.find(p) is not None for p in mine.parameters()))
+              "(losses %s / %s)" % (losses["coll"][-1], losses["nccl"][-1]),
+              same and losses["coll"] == losses["nccl"])
+        check("DDP in the pool: %d bucket allreduces, %d staged (%d at DDP's construction), "
+              "its parameters in coll memory" % (calls["allreduce"] - n0, len(takes) - t0, t0),
+              calls["allreduce"] > n0 and len(takes) == t0 and
+              all(conn.find(p) is not None for p in mine.parameters()))
     else:
         print("skip the memory pool: torch %s has no torch.cuda.MemPool" % torch.__version__)
 
@@ -253,7 +262,7 @@ try:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                out.append(float(loss))
+                out.append(float(loss.detach()))
             return out
 
         n0 = len(takes)
