@@ -134,6 +134,13 @@ def _new_groups(i, sock, port):
     evens = dist.new_group([0, 2])
     odds = dist.new_group([1, 3])
     mine = evens if i % 2 == 0 else odds
+    # each group answers to the name torch gave it (DeviceMesh and FSDP2 ask for it)
+    c10d = dist.distributed_c10d
+    names = c10d._world.pg_names if hasattr(c10d, "_world") else c10d._pg_names
+    world = c10d._get_default_group()
+    for pg in (world, mine):
+        assert pg.group_name == names[pg], (pg.group_name, names[pg])
+    assert world.group_name != mine.group_name
     t = torch.tensor([float(i)])
     dist.all_reduce(t, group=mine)
     assert t.item() == (2.0 if i % 2 == 0 else 4.0)
