@@ -602,47 +602,21 @@ static void premul_narrow(int dtype, void *dst, const void *const *srcs, const u
     }
 }
 
+typedef void (*premul_fn)(void *, const void *const *, const uint64_t *, int, size_t);
+static const premul_fn premul_of[COLL_DTYPE_COUNT] = {
+    [COLL_INT8] = premul_i8,     [COLL_UINT8] = premul_u8,   [COLL_INT16] = premul_i16,
+    [COLL_UINT16] = premul_u16,  [COLL_INT32] = premul_i32,  [COLL_UINT32] = premul_u32,
+    [COLL_INT64] = premul_i64,   [COLL_UINT64] = premul_u64, [COLL_FLOAT32] = premul_f32,
+    [COLL_FLOAT64] = premul_f64,
+};
+
 void reduce_premul_n(int dtype, void *dst, const void *const *srcs, const uint64_t *scalars,
                      int nsrc, size_t n)
 {
-    switch (dtype) {
-    case COLL_INT8:
-        premul_i8(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_UINT8:
-        premul_u8(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_INT16:
-        premul_i16(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_UINT16:
-        premul_u16(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_INT32:
-        premul_i32(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_UINT32:
-        premul_u32(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_INT64:
-        premul_i64(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_UINT64:
-        premul_u64(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_FLOAT32:
-        premul_f32(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_FLOAT64:
-        premul_f64(dst, srcs, scalars, nsrc, n);
-        break;
-    case COLL_FLOAT16:
-    case COLL_BFLOAT16:
-    case COLL_FLOAT8_E4M3:
-    case COLL_FLOAT8_E5M2:
+    if (dtype == COLL_FLOAT16 || dtype == COLL_BFLOAT16 || dtype == COLL_FLOAT8_E4M3 ||
+        dtype == COLL_FLOAT8_E5M2)
         premul_narrow(dtype, dst, srcs, scalars, nsrc, n);
-        break;
-    default: /* bool, complex: refused (wire_redop_fits) */
-        break;
-    }
+    else if (dtype >= 0 && dtype < COLL_DTYPE_COUNT && premul_of[dtype])
+        premul_of[dtype](dst, srcs, scalars, nsrc, n);
+    /* bool, complex: never asked for (wire_redop_fits) */
 }

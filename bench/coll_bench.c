@@ -33,6 +33,9 @@
  * alone (coll_group_create of its K ranks) instead of the split ("create to first op");
  * rank 0 prints its own child's time and, with -K, the slowest child's ("slowest").
  * The ops then run on those children.
+ * -M reduces with a premultiplied sum (coll_redop_create_premul_sum) whose scalar is one
+ * on every rank instead of COLL_SUM: the same results (-c checks them), the scaling's
+ * cost (bench/premul.sh).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -71,7 +74,11 @@ struct opts {
     int child;        /* -C: run on a child split from the group */
     int child_ranks;  /* -K: of this many consecutive ranks (0: all) */
     int create;       /* -X: made by coll_group_create, not split */
+    int premul;       /* -M: a premultiplied sum by one instead of COLL_SUM */
 };
+
+/* The reduction of the ops (-M: a premultiplied sum made once the group is open). */
+static coll_redop bench_redop = COLL_SUM;
 
 #define BENCH_PROCS_MAX 512 /* -p, and the sockets of -s */
 
@@ -189,15 +196,15 @@ static int submit(const struct opts *o, coll_group *g, void *s, void *r, size_t 
 {
     switch (o->op) {
     case 0:
-        return coll_allreduce(g, s, r, count, o->dtype, COLL_SUM, NULL, req);
+        return coll_allreduce(g, s, r, count, o->dtype, bench_redop, NULL, req);
     case 1:
         return coll_broadcast(g, s, r, count, o->dtype, 0, NULL, req);
     case 2:
-        return coll_reduce(g, s, r, count, o->dtype, COLL_SUM, 0, NULL, req);
+        return coll_reduce(g, s, r, count, o->dtype, bench_redop, 0, NULL, req);
     case 3:
         return coll_allgather(g, s, r, count, o->dtype, NULL, req);
     case 4:
-        return coll_reduce_scatter(g, s, r, count, o->dtype, COLL_SUM, NULL, req);
+        return coll_reduce_scatter(g, s, r, count, o->dtype, bench_redop, NULL, req);
     case 5:
         return coll_alltoall(g, s, r, count, o->dtype, NULL, req);
     case 7: /* to rank 0: sends and receives between pods */
@@ -306,6 +313,36 @@ static int run_rank(const struct opts *o)
         parent = g;
         g = k; /* the parent stays open: the child lives in its epoch */
         coll_group_info_get(g, &info);
+    }
+    if (o->premul) {
+        uint64_t one = 0; /* 1 in the dtype */
+        switch (o->dtype) {
+        case COLL_FLOAT32: {
+            float f = 1.0f;
+            memcpy(&one, &f, sizeof(f));
+            break;
+        }
+        case COLL_FLOAT64: {
+            double d = 1.0;
+            memcpy(&one, &d, sizeof(d));
+            break;
+        }
+        case COLL_FLOAT16:
+            one = 0x3c00;
+            break;
+        case COLL_BFLOAT16:
+            one = 0x3f80;
+            break;
+        default: /* the integers */
+            one = 1;
+            break;
+        }
+        e = coll_redop_create_premul_sum(g, &one, o->dtype, &bench_redop);
+        if (e) {
+            fprintf(stderr, "coll-bench: premul_sum: %s (%s)\n", coll_strerror(e),
+                    coll_last_error());
+            return 1;
+        }
     }
     int rank = info.rank, n = info.size;
     size_t es = coll_dtype_size(o->dtype);
@@ -448,7 +485,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:CK:Xh")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:CK:XMh")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -518,6 +555,9 @@ int main(int argc, char **argv)
             o.child = 1;
             o.create = 1;
             break;
+        case 'M':
+            o.premul = 1;
+            break;
         case 'O':
             o.dump = optarg;
             break;
@@ -541,7 +581,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
                             "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS] "
-                            "[-O PREFIX] [-C] [-K CHILD_RANKS] [-X]\n");
+                            "[-O PREFIX] [-C] [-K CHILD_RANKS] [-X] [-M]\n");
             return 2;
         }
     }
