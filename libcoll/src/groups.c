@@ -353,7 +353,7 @@ coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dt
             p->dtype = (uint8_t)dt;
             p->bits = bits;
             p->refs = 1;
-            p->set = 1;
+            atomic_store_explicit(&p->set, 1, memory_order_release);
             *op = (coll_redop)(WIRE_REDOP_PREMUL + (unsigned)free_slot);
         }
     }

@@ -79,9 +79,11 @@ struct coll_buffer {
 };
 
 /* A premultiplied sum's slot of a group handle (coll_redop_create_premul_sum): set once,
- * under conn->lock, and never changed (the agent holds the same value). */
+ * under conn->lock, and never changed (the agent holds the same value). set is written
+ * last (release) and read first (acquire) by submissions, which take no lock. */
 struct lc_premul {
-    uint8_t set, dtype;
+    _Atomic uint8_t set;
+    uint8_t dtype;
     uint32_t refs; /* ops the caller holds: informative (a slot is never given back) */
     uint64_t bits; /* the scalar's bits, zero-extended */
 };

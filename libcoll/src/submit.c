@@ -78,7 +78,8 @@ coll_err lc_op_check(const coll_group *g, const struct op_args *a)
         return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", a->dtype);
     if ((unsigned)a->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(a->kind)) {
         unsigned k = (unsigned)a->redop - WIRE_REDOP_PREMUL;
-        if (k >= WIRE_PREMUL_SLOTS || !g->premul[k].set)
+        if (k >= WIRE_PREMUL_SLOTS ||
+            !atomic_load_explicit(&g->premul[k].set, memory_order_acquire))
             return lc_fail(COLL_ERR_INVALID,
                            "reduction %d is no premultiplied sum of this group handle "
                            "(coll_redop_create_premul_sum)",
