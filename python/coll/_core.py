@@ -131,9 +131,11 @@ def redop(op):
     (or the code itself), or ("premul_sum", scalar): this rank's input times its own
     scalar, then summed (coll_redop_create_premul_sum)."""
     if isinstance(op, (tuple, list)) and len(op) == 2 and str(op[0]).lower() == "premul_sum":
-        if isinstance(op[1], bool) or not isinstance(op[1], (int, float)):
+        import numbers
+
+        if isinstance(op[1], bool) or not isinstance(op[1], numbers.Real):
             raise ValueError("premul_sum: the scalar is a number, not %r" % (op[1],))
-        return ("premul_sum", op[1])
+        return ("premul_sum", float(op[1]) if isinstance(op[1], float) else op[1])
     if isinstance(op, str) and op.lower() in L.REDOPS:
         return op.lower()
     if isinstance(op, int) and op in L.REDOPS.values():
@@ -155,8 +157,10 @@ def _scalar_bytes(value, dt):
     if name in _PACK:
         fmt = _PACK[name]
         if fmt[1] in "bBhHiIqQ":  # modulo 2^bits, as the products are
+            if int(value) != value:
+                raise ValueError("premul_sum: scalar %r for %s is not an integer" % (value, name))
             return struct.pack(fmt.upper(), int(value) % (1 << (8 * struct.calcsize(fmt))))
-        return struct.pack(fmt, value)
+        return struct.pack(fmt, float(value))
     if name == "bfloat16":  # float32's top half, rounded to nearest even
         u = struct.unpack("<I", struct.pack("<f", value))[0]
         return struct.pack("<H", ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)

@@ -242,6 +242,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
+    code = _redop_code(self, op, dt)  # before anything is staged
     p = _Prep(self, what, stream)
     if out is None or view(out).ptr == v.ptr:
         send = recv = p.dst(v, copy_in=True)
@@ -253,7 +254,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
         send, recv, res = p.src(v), p.dst(o), out
     n = v.numel
     return p.submit([_C("coll_allreduce", self.handle, send, recv, n, dt,
-                        _redop_code(self, op, dt), p.stream)], res, async_op)
+                        code, p.stream)], res, async_op)
 
 
 @_raw_first
@@ -276,6 +277,7 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
+    code = _redop_code(self, op, dt)  # before anything is staged
     p = _Prep(self, what, stream)
     if out is None:
         send = recv = p.dst(v, copy_in=True)
@@ -287,7 +289,7 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
         send, recv, res = p.src(v), p.dst(o), out
     n = v.numel
     return p.submit([_C("coll_reduce", self.handle, send, recv, n, dt,
-                        _redop_code(self, op, dt), root, p.stream)], res, async_op)
+                        code, root, p.stream)], res, async_op)
 
 
 @_raw_first
@@ -321,6 +323,7 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
+    code = _redop_code(self, op, dt)  # before anything is staged
     if out is None:
         if not x.shape or x.shape[0] % self.size:
             raise ValueError("%s: x's first dimension must be a multiple of %d" %
@@ -337,7 +340,7 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
         send, recv = p.src(v), p.dst(o)
     n = o.numel
     return p.submit([_C("coll_reduce_scatter", self.handle, send, recv, n, dt,
-                        _redop_code(self, op, dt), p.stream)], out, async_op)
+                        code, p.stream)], out, async_op)
 
 
 @_raw_first

@@ -399,6 +399,11 @@ def _premul(i, sock):
         g.allreduce(np.zeros(4, np.complex64), op=("premul_sum", 2.0))
     with pytest.raises(ValueError, match="scalar is a number"):
         g.allreduce(np.zeros(4, np.float32), op=("premul_sum", "2"))
+    with pytest.raises(ValueError, match="not an integer"):
+        g.allreduce(np.zeros(4, np.int32), op=("premul_sum", 2.5))
+    x = _into(conn, np.full(3, 2.0, np.float32))  # numpy scalars are numbers too
+    g.allreduce(x, op=("premul_sum", np.float32(0.5)))
+    np.testing.assert_array_equal(x, np.full(3, 1.0 * n, np.float32))
     conn.close()
 
 
