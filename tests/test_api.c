@@ -610,6 +610,7 @@ static void the_layout_bindings_mirror_holds(void **state)
                  VAL(COLL_BAND),
                  VAL(COLL_BOR),
                  VAL(COLL_BXOR),
+                 VAL(COLL_PREMUL_SUM_FIRST),
                  VAL(COLL_OK),
                  VAL(COLL_ERR_INVALID),
                  VAL(COLL_ERR_NOMEM),

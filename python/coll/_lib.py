@@ -42,6 +42,7 @@ RANK_ANY = -1
 TAG_MAX = (1 << 30) - 1  # COLL_TAG_MAX: the tags above are coll's own
 SPLIT_NOCOLOR = -1
 DEVICE_HOST = -1
+PREMUL_SUM_FIRST = 128  # COLL_PREMUL_SUM_FIRST: the first premultiplied sum a handle makes
 
 # enum coll_dtype and coll_redop (values never change meaning)
 DTYPES = {

@@ -24,7 +24,7 @@ def test_the_layout_matches_abi_txt():
                "coll_group_opts": L.GroupOpts}
     values = {"COLL_SLOT_ANY": L.SLOT_ANY, "COLL_RANK_ANY": L.RANK_ANY,
               "COLL_SPLIT_NOCOLOR": L.SPLIT_NOCOLOR, "COLL_DEVICE_HOST": L.DEVICE_HOST,
-              "COLL_TAG_MAX": L.TAG_MAX}
+              "COLL_TAG_MAX": L.TAG_MAX, "COLL_PREMUL_SUM_FIRST": L.PREMUL_SUM_FIRST}
     values.update({"COLL_" + k.upper(): v for k, v in L.DTYPES.items()})
     values.update({"COLL_" + k.upper(): v for k, v in L.REDOPS.items()})
     values.update({("COLL_" if k == "OK" else "COLL_ERR_") + k: v for k, v in L.ERRORS.items()})
