@@ -3,8 +3,8 @@
  * mapped in the agent, so a collective is a set of copies and one reduction pass
  * per chunk, straight from the senders' memory into the receivers' with one
  * cache-resident scratch chunk in between (that also makes in-place use safe).
- * It is the floor of the backends: the tcp backend moves its in-pod data with
- * host_run and host_pair, and every backend checks placement with
+ * It is the floor of the backends: the tcp backend pairs its in-pod sends and
+ * receives with host_pair, and every backend checks placement with
  * backend_check_placement; nothing here calls up into backend.c or another backend.
  */
 #include <stdio.h>

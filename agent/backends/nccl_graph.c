@@ -69,7 +69,7 @@ ncclResult_t nccl_launch(struct comm *c, const struct gpu_task *t)
     ncclDataType_t dt = nccl_dtype[t->dtype];
     /* one rank: the average is the value itself; the plain copy path is exact and
      * skips NCCL's scaling kernel */
-    int premul = t->redop == WIRE_REDOP_PREMUL && wire_kind_reduces(t->kind);
+    int premul = t->redop == WIRE_REDOP_PREMUL; /* reductions only (the agent's intake) */
     ncclRedOp_t op = premul                                   ? ncclSum
                      : c->nranks == 1 && t->redop == COLL_AVG ? ncclSum
                      : t->redop < COLL_REDOP_COUNT            ? nccl_redop[t->redop]
@@ -195,7 +195,7 @@ ncclResult_t nccl_graph_launch(struct launcher *l, struct comm *c, const struct 
     int kind_ok = (t->kind == WIRE_OP_ALLREDUCE || t->kind == WIRE_OP_BROADCAST ||
                    t->kind == WIRE_OP_REDUCE || t->kind == WIRE_OP_ALLGATHER ||
                    t->kind == WIRE_OP_REDUCE_SCATTER) &&
-                  !(t->redop == WIRE_REDOP_PREMUL && wire_kind_reduces(t->kind));
+                  t->redop != WIRE_REDOP_PREMUL;
     if (!nccl_graphs_on || (nccl_graphs_on == 1 && c->nranks != 1) || !kind_ok)
         return nccl_launch(c, t);
     unsigned bg = atomic_load(&nccl_buf_gen);

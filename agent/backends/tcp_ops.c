@@ -110,10 +110,10 @@ static int op_allreduce(struct opctx *o)
     void *buf = t->recv[0];
     /* one participant here: its input is read where it is (no copy into buf first),
      * unless it is scaled first (a premultiplied sum) */
-    const void *src = o->c->nlocal == 1 && t->redop != WIRE_REDOP_PREMUL &&
-                              tcp_apart(t->send[0], bytes, buf, bytes)
-                          ? t->send[0]
-                          : NULL;
+    const void *src =
+        o->c->nlocal == 1 && tcp_input_as_is(t) && tcp_apart(t->send[0], bytes, buf, bytes)
+            ? t->send[0]
+            : NULL;
     if (!src) tcp_local_reduce(o, buf, 0, count);
     /* small ones went the tiny way (tcp_run) */
     int st = ring_reduce_scatter(o, buf, count, 1, src, NULL);
@@ -134,7 +134,7 @@ static int op_reduce_scatter(struct opctx *o)
     if (!T) return tcp_failf(o, COLL_ERR_NOMEM, "scratch");
     /* one participant here: its input is read where it is, and our block is folded
      * straight into its result */
-    int direct = L == 1 && t->recv[0] && count && t->redop != WIRE_REDOP_PREMUL &&
+    int direct = L == 1 && t->recv[0] && count && tcp_input_as_is(t) &&
                  tcp_apart(t->send[0], bb * N, t->recv[0], bb);
     if (!direct) tcp_local_reduce(o, T, 0, block * N);
     char *mine = direct ? t->recv[0] : T + (size_t)c->me * bb;

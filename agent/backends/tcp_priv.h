@@ -137,6 +137,13 @@ static inline int tcp_apart(const void *a, size_t an, const void *b, size_t bn)
     const char *x = a, *y = b;
     return x + an <= y || y + bn <= x;
 }
+/* Whether a lone participant's input may be sent or folded from where it is, instead of
+ * being reduced into a buffer first: not a premultiplied sum's, which tcp_local_reduce
+ * scales on the way. */
+static inline int tcp_input_as_is(const struct net_task *t)
+{
+    return t->redop != WIRE_REDOP_PREMUL;
+}
 
 void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes, size_t count);
 /* The same, combined pairwise as recursive doubling does ((0+1)+(2+3), ...; pods a power

@@ -12,8 +12,11 @@
 #include "coll/coll.h"
 #include "wire.h"
 
-/* dst[i] = op over srcs (n of them, count elements), chunked; dst may be srcs[0]. */
-static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, int n, size_t count)
+/* dst[i] = op over srcs (n of them, count elements), chunked; dst may be srcs[0]. With
+ * scalars, each source's own (the local contributions of a premultiplied sum): scaled as
+ * they are summed. */
+static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, const uint64_t *scalars,
+                       int n, size_t count)
 {
     size_t es = o->es;
     const void *s[RDV_MAX_NODES + NET_MAX_LOCAL];
@@ -21,32 +24,11 @@ static void reduce_all(struct opctx *o, void *dst, const void *const *srcs, int 
         size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
         for (int k = 0; k < n; k++)
             s[k] = (const char *)srcs[k] + off * es;
-        /* dst may alias srcs[0] only, which reduce_n allows */
-        reduce_n(o->t->dtype, o->red_op, (char *)dst + off * es, s, n, len, 1);
-    }
-}
-
-/* dst[i] = the premultiplied sum of srcs, in chunks; dst may alias one source (it is
- * put first, as reduce_premul_n wants) */
-static void premul_all(struct opctx *o, void *dst, const void *const *srcs, const uint64_t *scalars,
-                       int n, size_t count)
-{
-    const void *s[NET_MAX_LOCAL];
-    int first = 0;
-    for (int k = 0; k < n; k++) /* the one that aliases dst first, with its scalar */
-        if (srcs[k] == dst) first = k;
-    uint64_t sc[NET_MAX_LOCAL];
-    for (int k = 0; k < n; k++) {
-        int from = k == 0 ? first : k == first ? 0 : k;
-        sc[k] = scalars[from];
-    }
-    for (size_t off = 0; off < count; off += REDUCE_CHUNK) {
-        size_t len = count - off < REDUCE_CHUNK ? count - off : REDUCE_CHUNK;
-        for (int k = 0; k < n; k++) {
-            int from = k == 0 ? first : k == first ? 0 : k;
-            s[k] = (const char *)srcs[from] + off * o->es;
-        }
-        reduce_premul_n(o->t->dtype, (char *)dst + off * o->es, s, sc, n, len);
+        /* dst may alias srcs[0] only, which both kernels allow */
+        if (scalars)
+            reduce_premul_n(o->t->dtype, (char *)dst + off * es, s, scalars, n, len);
+        else
+            reduce_n(o->t->dtype, o->red_op, (char *)dst + off * es, s, n, len, 1);
     }
 }
 
@@ -59,7 +41,7 @@ void tcp_reduce_in_pod_order(struct opctx *o, void *mine, char *in, size_t bytes
     for (int p = 0; p < o->c->nodes; p++)
         srcs[p] = p == o->c->me ? (const void *)mine : in + (size_t)p * bytes;
     void *out = in + (size_t)o->c->me * bytes;
-    reduce_all(o, out, srcs, o->c->nodes, count);
+    reduce_all(o, out, srcs, NULL, o->c->nodes, count);
     if (bytes) memcpy(mine, out, bytes);
 }
 
@@ -71,7 +53,7 @@ void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t byte
         for (int p = 0; p + w < n; p += 2 * w) {
             void *a = in + (size_t)p * bytes;
             const void *srcs[2] = {a, in + (size_t)(p + w) * bytes};
-            reduce_all(o, a, srcs, 2, count);
+            reduce_all(o, a, srcs, NULL, 2, count);
         }
     if (bytes) memcpy(mine, in, bytes);
 }
@@ -79,26 +61,29 @@ void tcp_reduce_in_tree_order(struct opctx *o, void *mine, char *in, size_t byte
 /* dst = reduction of the local participants' send buffers at element offset off. */
 void tcp_local_reduce(struct opctx *o, void *dst, size_t off, size_t count)
 {
+    int n = o->c->nlocal, premul = o->t->redop == WIRE_REDOP_PREMUL;
     const void *srcs[NET_MAX_LOCAL];
-    for (int s = 0; s < o->c->nlocal; s++)
+    uint64_t sc[NET_MAX_LOCAL];
+    for (int s = 0; s < n; s++) {
         srcs[s] = (const char *)o->t->send[s] + off * o->es;
-    if (o->t->redop == WIRE_REDOP_PREMUL) { /* scaled as they are summed */
-        premul_all(o, dst, srcs, o->t->premul, o->c->nlocal, count);
-        return;
+        sc[s] = o->t->premul[s];
     }
-    if (o->c->nlocal == 1) {
+    if (n == 1 && !premul) {
         if (dst != srcs[0] && count) memcpy(dst, srcs[0], count * o->es);
         return;
     }
-    /* an in-place participant's send may be dst itself: put it first */
-    for (int s = 1; s < o->c->nlocal; s++) {
+    /* an in-place participant's send may be dst itself: put it first (with its scalar) */
+    for (int s = 1; s < n; s++) {
         if (srcs[s] == dst) {
             const void *tmp = srcs[0];
+            uint64_t t = sc[0];
             srcs[0] = srcs[s];
             srcs[s] = tmp;
+            sc[0] = sc[s];
+            sc[s] = t;
         }
     }
-    reduce_all(o, dst, srcs, o->c->nlocal, count);
+    reduce_all(o, dst, srcs, premul ? sc : NULL, n, count);
 }
 
 void tcp_finish_avg(struct opctx *o, void *buf, size_t count)

@@ -235,8 +235,8 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
          * block folded straight into its result, with no copy of either (each fold
          * takes the same two operands as it would in vec; reduce.c's reductions give the
          * same bits in either order, but for which NaN a sum of two keeps) */
-        int direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) &&
-                     t->redop != WIRE_REDOP_PREMUL && tcp_apart(t->send[0], bb * N, t->recv[0], bb);
+        int direct = L == 1 && bb && t->recv[0] && (halve || c->nodes == 2) && tcp_input_as_is(t) &&
+                     tcp_apart(t->send[0], bb * N, t->recv[0], bb);
         s->src = direct ? t->send[0] : s->vec;
         s->out = direct ? t->recv[0] : s->vec + (size_t)c->me * bb;
         if (!direct) tcp_local_reduce(&s->o, s->vec, 0, block * N);
@@ -289,7 +289,7 @@ static int tiny_setup(struct tcp_tiny *s, const struct tcp_comm *c, struct net_t
      * straight from its send buffer and fold into its result, with no copy between them
      * first (the same two operands in the same order) */
     int direct = (c->nodes == 2 || use_doubling(c, bytes)) && L == 1 &&
-                 t->kind == WIRE_OP_ALLREDUCE && t->redop != WIRE_REDOP_PREMUL && bytes &&
+                 t->kind == WIRE_OP_ALLREDUCE && tcp_input_as_is(t) && bytes &&
                  tcp_apart(own, bytes, t->recv[0], bytes);
     s->src = direct ? own : NULL;
     if (t->kind == WIRE_OP_ALLREDUCE) {

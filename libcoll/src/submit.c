@@ -217,7 +217,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         r->rang = 0;
         r->dtype = (uint8_t)a->dtype;
         r->redop = (uint8_t)a->redop;
-        if (r->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(a->kind)) {
+        if (r->redop >= WIRE_REDOP_PREMUL) { /* a reduction's (lc_op_check) */
             r->premul = g->premul[r->redop - WIRE_REDOP_PREMUL].bits;
             r->redop = WIRE_REDOP_PREMUL;
         }

@@ -173,9 +173,8 @@ def _scalar_bytes(value, dt):
 
 
 def _redop_code(g, op, dt):
-    """The C value of reduction op (redop's) for an op of dtype dt on group g."""
-    if not isinstance(op, tuple):
-        return L.REDOPS[op]
+    """The C value of a premultiplied sum (redop's ("premul_sum", scalar)) for an op of
+    dtype dt on group g: the same pair again is the same value, at no round trip."""
     b = ctypes.create_string_buffer(_scalar_bytes(op[1], dt), 8)
     out = ctypes.c_int()
     _check(lib().coll_redop_create_premul_sum(g.handle, b, dt, ctypes.byref(out)),

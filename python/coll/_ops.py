@@ -242,7 +242,8 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
-    code = _redop_code(self, op, dt)  # before anything is staged
+    # a premultiplied sum's op is made before anything is staged
+    code = _redop_code(self, op, dt) if type(op) is tuple else L.REDOPS[op]
     p = _Prep(self, what, stream)
     if out is None or view(out).ptr == v.ptr:
         send = recv = p.dst(v, copy_in=True)
@@ -277,7 +278,8 @@ def reduce(self, x, root=0, op="sum", out=None, async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
-    code = _redop_code(self, op, dt)  # before anything is staged
+    # a premultiplied sum's op is made before anything is staged
+    code = _redop_code(self, op, dt) if type(op) is tuple else L.REDOPS[op]
     p = _Prep(self, what, stream)
     if out is None:
         send = recv = p.dst(v, copy_in=True)
@@ -323,7 +325,8 @@ def reduce_scatter(self, x, out=None, op="sum", async_op=False, stream=None):
     op = redop(op)
     v = view(x)
     dt = _dtype_of(v, op)
-    code = _redop_code(self, op, dt)  # before anything is staged
+    # a premultiplied sum's op is made before anything is staged
+    code = _redop_code(self, op, dt) if type(op) is tuple else L.REDOPS[op]
     if out is None:
         if not x.shape or x.shape[0] % self.size:
             raise ValueError("%s: x's first dimension must be a multiple of %d" %
