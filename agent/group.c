@@ -177,6 +177,7 @@ static void finish_op(struct group *g, struct op *op, int status, const char *wh
         g->ops_done++;
     else
         g->ops_failed++;
+    if (op->any_task) group_p2p_twin_done(g, op);
     count_op(g, op, status);
     g->up->complete(op, status, status == COLL_OK ? NULL : why);
 }
@@ -337,15 +338,7 @@ static void break_local(struct group *g, int err, const char *why)
         }
         r->arrived = 0;
     }
-    while (g->p2p_head) {
-        struct op *op = g->p2p_head;
-        g->p2p_head = op->next;
-        finish_op(g, op, err, why);
-        op->next = g->p2p_free;
-        g->p2p_free = op;
-        failed++;
-    }
-    g->p2p_tail = NULL;
+    failed += group_p2p_fail(g, err, why);
     if (g->be && g->be->epoch_over) g->be->epoch_over(g, err, why);
     uint32_t old = g->epoch;
     g->epoch++;
@@ -366,13 +359,6 @@ static int agree(const struct wire_sqe *a, const struct wire_sqe *b)
     if (wire_kind_reduces(a->kind) && a->redop != b->redop) return 0;
     if (wire_kind_rooted(a->kind) && a->peer != b->peer) return 0;
     return 1;
-}
-
-static void describe(const struct wire_sqe *s, char *buf, size_t n)
-{
-    snprintf(buf, n, "%s %s count=%llu op=%s root=%d", wire_kind_name(s->kind),
-             coll_dtype_name((coll_dtype)s->dtype), (unsigned long long)s->count,
-             coll_redop_name((coll_redop)s->redop), s->peer);
 }
 
 /* Every participant is in: the backend runs the op, or all fail with the round's
@@ -417,8 +403,8 @@ static void submit_collective(struct group *g, int slot, struct op *op)
             first++;
         if (!agree(&r->ops[first].sqe, &op->sqe)) {
             char a[128], b[128];
-            describe(&r->ops[first].sqe, a, sizeof(a));
-            describe(&op->sqe, b, sizeof(b));
+            group_describe(&r->ops[first].sqe, a, sizeof(a));
+            group_describe(&op->sqe, b, sizeof(b));
             log_msg(LOG_WARN, "group.mismatch",
                     "group=%s epoch=%u seq=%llu rank=%d op=\"%s\" rank=%d op=\"%s\"", g->cfg->name,
                     g->epoch, (unsigned long long)seq, r->ops[first].rank, a, op->rank, b);
@@ -433,59 +419,10 @@ static void submit_collective(struct group *g, int slot, struct op *op)
     if (r->arrived == g->nslots) run_round(g, r);
 }
 
-static void submit_p2p(struct group *g, struct op *op)
-{
-    int is_send = op->sqe.kind == WIRE_OP_SEND;
-    if (g->be->p2p(g, op)) return; /* the backend pairs it (another pod, or NCCL) */
-    struct op **pp = &g->p2p_head, *prev = NULL;
-    for (; *pp; prev = *pp, pp = &(*pp)->next) {
-        struct op *o = *pp;
-        int o_send = o->sqe.kind == WIRE_OP_SEND;
-        if (o_send == is_send || o->rank != op->sqe.peer || o->sqe.peer != op->rank ||
-            o->sqe.p2p_tag != op->sqe.p2p_tag)
-            continue;
-        /* matched: unlink, move the data, complete both */
-        *pp = o->next;
-        if (g->p2p_tail == o) g->p2p_tail = prev;
-        struct op *snd = is_send ? op : o, *rcv = is_send ? o : op;
-        int status = COLL_OK;
-        if (snd->sqe.count != rcv->sqe.count || snd->sqe.dtype != rcv->sqe.dtype) {
-            char a[128], b[128];
-            describe(&snd->sqe, a, sizeof(a));
-            describe(&rcv->sqe, b, sizeof(b));
-            log_msg(LOG_WARN, "group.mismatch", "group=%s send=\"%s\" recv=\"%s\"", g->cfg->name, a,
-                    b);
-            status = COLL_ERR_MISMATCH;
-        } else {
-            status = g->be->pair(g, snd, rcv);
-        }
-        finish_op(g, snd, status, NULL);
-        finish_op(g, rcv, status, NULL);
-        if (o != op) {
-            o->next = g->p2p_free;
-            g->p2p_free = o;
-        }
-        return;
-    }
-    struct op *q = g->p2p_free;
-    if (!q) {
-        finish_op(g, op, COLL_ERR_LIMIT, "too many sends and receives wait for their partners");
-        return;
-    }
-    g->p2p_free = q->next;
-    *q = *op;
-    q->next = NULL;
-    if (g->p2p_tail)
-        g->p2p_tail->next = q;
-    else
-        g->p2p_head = q;
-    g->p2p_tail = q;
-}
-
 void group_submit(struct group *g, int slot, struct op *op)
 {
     if (op->sqe.kind == WIRE_OP_SEND || op->sqe.kind == WIRE_OP_RECV)
-        submit_p2p(g, op);
+        group_p2p_submit(g, op);
     else
         submit_collective(g, slot, op);
 }
@@ -504,17 +441,16 @@ int64_t group_check_timeouts(struct group *g, int64_t now)
         snprintf(why, sizeof(why), "the pods did not form the group within %d ms",
                  g->cfg->op_timeout_ms);
         group_break(g, COLL_ERR_TIMEOUT, why);
-    } else if (g->p2p_head && g->p2p_head->deadline_ns <= now) {
+    } else if (group_p2p_deadline(g) <= now) {
         char why[160];
-        snprintf(why, sizeof(why), "%s from rank %d to rank %d found no partner in %d ms",
-                 wire_kind_name(g->p2p_head->sqe.kind), g->p2p_head->rank, g->p2p_head->sqe.peer,
-                 g->p2p_head->timeout_ms);
+        group_p2p_late(g, why, sizeof(why));
         group_break(g, COLL_ERR_TIMEOUT, why);
     }
     int64_t next = INT64_MAX;
     r = &g->rounds[g->lo_seq & WMASK];
     if (r->arrived) next = r->deadline_ns;
-    if (g->p2p_head && g->p2p_head->deadline_ns < next) next = g->p2p_head->deadline_ns;
+    int64_t p2p = group_p2p_deadline(g);
+    if (p2p < next) next = p2p;
     held = g->be && g->be->held_deadline ? g->be->held_deadline(g) : INT64_MAX;
     if (held < next) next = held;
     for (struct group *c = g->children; c; c = c->next_child) {

@@ -33,6 +33,14 @@ struct op {
     int64_t deadline_ns;
     uint64_t premul; /* sqe.redop WIRE_REDOP_PREMUL: this rank's scalar (the dtype's bits) */
     struct op *next; /* p2p queue */
+    /* sends and receives: the order they came in (which receive a send meets first); a
+     * receive: the rank whose send it took (the session says it to a receive from any rank) */
+    uint64_t p2p_no;
+    int source;
+    /* a receive from any rank in a group across pods: its twin, lent to the net thread
+     * at once, which other pods' sends may take; whichever side claims it first
+     * (net_any_claim) completes it */
+    struct net_task *any_task;
 };
 
 /* Completion sink: called once for every op the group finishes or fails; it must
@@ -89,6 +97,8 @@ struct group {
     uint64_t lo_seq; /* lowest round not yet finished */
     struct round rounds[WIRE_RING_ENTRIES];
     struct op *p2p_head, *p2p_tail, *p2p_free; /* sends and receives paired here */
+    struct op *any_head, *any_tail; /* receives from any rank waiting here (and in the net) */
+    uint64_t p2p_count;             /* sends and receives submitted (op.p2p_no) */
     struct op *p2p_pool;
     const struct group_up *up;
     uint64_t ops_done, ops_failed;
@@ -217,5 +227,18 @@ struct group *group_child_join(struct group *parent, const uint32_t *ranks, int 
  * fail with EPOCH), goes once no member and no child of its own holds it, and goes
  * with its parent; group_child.c only makes children and joins sessions to them. */
 void group_child_release(struct group *child);
+
+/* Sends and receives paired in the pod, and receives from any rank (group_p2p.c, below
+ * group.c). submit: op (a send or receive) paired or kept, or handed to the backend.
+ * fail: everything kept fails with err (the epoch ends); returns how many. twin_done:
+ * op, a receive from any rank that the net thread completed (its twin's copy), takes its
+ * entry here along. deadline: the earliest deadline of what is kept (INT64_MAX: none);
+ * late: what missed it, in words. describe: an op in words, for the logs. */
+void group_p2p_submit(struct group *g, struct op *op);
+int group_p2p_fail(struct group *g, int err, const char *why);
+void group_p2p_twin_done(struct group *g, const struct op *op);
+int64_t group_p2p_deadline(const struct group *g);
+void group_p2p_late(const struct group *g, char *why, size_t n);
+void group_describe(const struct wire_sqe *s, char *buf, size_t n);
 
 #endif

@@ -49,6 +49,7 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
     }
     rendezvous_tick(&g->rdv, t);
     char why[160];
+    p2p_purge(n, g);
     if (p2p_oldest_deadline(g) <= t) {
         snprintf(why, sizeof(why), "a send or receive found no partner within its op timeout");
         net_epoch_end(n, g, COLL_ERR_TIMEOUT, why, 0, g->rdv.committed);

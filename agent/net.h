@@ -8,6 +8,7 @@
 #ifndef AGENT_NET_H
 #define AGENT_NET_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "backends/tcp.h"
@@ -47,11 +48,27 @@ struct net_task {
     int64_t deadline_ns;
     int status;    /* set by the net thread */
     char why[160]; /* with a failed status: what failed and where, or "" */
+    int source;    /* a receive: the rank whose send it took (net thread) */
+    /* a receive from any rank (root WIRE_ANY_SOURCE): the engine holds it too, for the
+     * pod's own sends; the side that claims it first completes it (net_any_claim) */
+    _Atomic int any_claim;
     /* engine-owned */
     struct op *ops;
     int nops;
     struct net_task *engine_next;
 };
+
+/* A receive from any rank lives on both threads: the engine pairs it with a send of its
+ * pod, the net thread with a message from another pod. Each side claims it before it
+ * takes a send for it; 1 if who (NET_ANY_NET, NET_ANY_ENGINE) has it now. The net thread
+ * returns a receive the engine claimed without touching it; the engine claims for the
+ * net one that comes back unclaimed (failed: the epoch ended, or it timed out). */
+enum { NET_ANY_FREE = 0, NET_ANY_NET, NET_ANY_ENGINE };
+static inline int net_any_claim(struct net_task *t, int who)
+{
+    int was = NET_ANY_FREE;
+    return atomic_compare_exchange_strong(&t->any_claim, &was, who) || was == who;
+}
 
 /* Something the engine must act on. */
 struct net_event {

@@ -344,6 +344,9 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t);
 void p2p_progress(struct net *n, struct ngroup *g);
 void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why);
 int64_t p2p_oldest_deadline(const struct ngroup *g);
+/* Hand the engine back the receives from any rank it paired in the pod (before a look at
+ * the deadlines: theirs no longer count). */
+void p2p_purge(struct net *n, struct ngroup *g);
 void p2p_free(struct ngroup *g);
 
 #endif

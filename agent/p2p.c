@@ -68,12 +68,64 @@ static int my_rank(const struct ngroup *g, const struct net_task *t)
     return g->me * g->nlocal + t->local_slot;
 }
 
+static int p2p_any(const struct net_task *t)
+{
+    return t->root == WIRE_ANY_SOURCE;
+}
+
 /* Does receive t take the message described by h? 1 yes, 0 not for it. */
 static int p2p_matches(const struct ngroup *g, const struct net_task *t,
                        const struct data_op_hdr *h)
 {
-    return h->src_rank == (uint32_t)t->root && h->dst_rank == (uint32_t)my_rank(g, t) &&
+    return (p2p_any(t) || h->src_rank == (uint32_t)t->root) &&
+           h->dst_rank == (uint32_t)my_rank(g, t) &&
            (h->seq & 0xffffffffu) == t->seq; /* a send or receive's seq is its tag */
+}
+
+/* Receive t may take a message here: a named one always, one from any rank unless the
+ * engine paired it in the pod first (net.h), which gets it back untouched. */
+static int p2p_claim(struct net *n, struct net_task *t)
+{
+    if (!p2p_any(t) || net_any_claim(t, NET_ANY_NET)) return 1;
+    net_return_task(n, t, COLL_OK, "");
+    return 0;
+}
+
+/* The oldest posted receive that takes the message of header h, out of the list (NULL:
+ * none); receives from any rank that the engine paired meanwhile go back on the way. */
+static struct net_task *posted_take(struct net *n, struct ngroup *g, const struct data_op_hdr *h)
+{
+    struct net_task **pp = &g->posted_head, *prev = NULL;
+    while (*pp) {
+        struct net_task *t = *pp;
+        if (!p2p_matches(g, t, h)) {
+            prev = t;
+            pp = &t->next;
+            continue;
+        }
+        *pp = t->next;
+        if (g->posted_tail == t) g->posted_tail = prev;
+        t->next = NULL;
+        if (p2p_claim(n, t)) return t;
+    }
+    return NULL;
+}
+
+void p2p_purge(struct net *n, struct ngroup *g)
+{
+    struct net_task **pp = &g->posted_head, *prev = NULL;
+    while (*pp) {
+        struct net_task *t = *pp;
+        if (!p2p_any(t) || atomic_load(&t->any_claim) != NET_ANY_ENGINE) {
+            prev = t;
+            pp = &t->next;
+            continue;
+        }
+        *pp = t->next;
+        if (g->posted_tail == t) g->posted_tail = prev;
+        t->next = NULL;
+        net_return_task(n, t, COLL_OK, "");
+    }
 }
 
 static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
@@ -110,7 +162,8 @@ static struct net_task *q_take(const struct ngroup *g, struct net_task **head,
     struct net_task **pp = head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct net_task *t = *pp;
-        if ((uint32_t)t->root != theirs || (uint32_t)my_rank(g, t) != mine || wire_seq(t) != seq)
+        int peer = p2p_any(t) ? t->source : t->root; /* a cleared receive from any rank */
+        if ((uint32_t)peer != theirs || (uint32_t)my_rank(g, t) != mine || wire_seq(t) != seq)
             continue;
         *pp = t->next;
         if (*tail == t) *tail = prev;
@@ -157,6 +210,7 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
                               .dst_rank = h->src_rank,
                               .seq = h->seq, /* the frame's own */
                               .count = t->count};
+    t->source = (int)h->src_rank;
     net_return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
     p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &ack);
 }
@@ -180,6 +234,7 @@ static void p2p_clear(struct net *n, struct ngroup *g, struct net_task *t,
                               .seq = h->seq,
                               .count = t->count};
     t->p2p_no = (uint32_t)(h->seq >> 32); /* its DATA comes with this seq */
+    t->source = (int)h->src_rank;         /* ... from this rank (one from any rank) */
     q_append(&g->cts_head, &g->cts_tail, t);
     p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &cts);
 }
@@ -234,11 +289,17 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
         p2p_write(n, g, peer);
         return;
     }
-    /* a receive: the message may be here already */
+    /* a receive (from any rank: unless the engine paired it in the pod meanwhile) */
+    if (p2p_any(t) && atomic_load(&t->any_claim) == NET_ANY_ENGINE) {
+        net_return_task(n, t, COLL_OK, "");
+        return;
+    }
+    /* the message may be here already */
     struct unexpected **pp = &g->unx_head, *prev = NULL;
     for (; *pp; prev = *pp, pp = &(*pp)->next) {
         struct unexpected *u = *pp;
         if (!p2p_matches(g, t, &u->hdr)) continue;
+        if (!p2p_claim(n, t)) return;
         *pp = u->next;
         if (g->unx_tail == u) g->unx_tail = prev;
         if (u->hdr.redop == P2P_RTS) { /* a large send asked: clear it */
@@ -256,20 +317,23 @@ void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
         p2p_finish(n, g, t, &h);
         return;
     }
-    /* or parked in its sender's socket: read it straight into this receive */
-    int from = t->root / g->nlocal;
-    struct p2p_in *in = &g->in[from];
-    if (in->parked && p2p_matches(g, t, &in->hdr) && in->hdr.redop == P2P_RTS) {
-        struct data_op_hdr h = in->hdr; /* an ask, parked for want of room: done with */
-        memset(in, 0, sizeof(*in));
-        p2p_clear(n, g, t, &h);
-        p2p_read(n, g, from);
-        return;
-    }
-    if (in->parked && p2p_matches(g, t, &in->hdr)) {
-        in->parked = 0;
-        in->task = t;
-        in->discard = !p2p_agree(t, &in->hdr);
+    /* or parked in its sender's socket (any sender's, for a receive from any rank): read
+     * it straight into this receive */
+    int first = p2p_any(t) ? 0 : t->root / g->nlocal;
+    int last = p2p_any(t) ? g->nodes - 1 : first;
+    for (int from = first; from <= last; from++) {
+        struct p2p_in *in = &g->in[from];
+        if (from == g->me || !in->parked || !p2p_matches(g, t, &in->hdr)) continue;
+        if (!p2p_claim(n, t)) return;
+        if (in->hdr.redop == P2P_RTS) {
+            struct data_op_hdr h = in->hdr; /* an ask, parked for want of room: done with */
+            memset(in, 0, sizeof(*in));
+            p2p_clear(n, g, t, &h);
+        } else {
+            in->parked = 0;
+            in->task = t;
+            in->discard = !p2p_agree(t, &in->hdr);
+        }
         p2p_read(n, g, from);
         return;
     }
@@ -426,14 +490,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
             }
             if (h->redop == P2P_RTS) { /* a large send asks: its receive may be posted */
                 struct data_op_hdr rh = *h;
-                struct net_task **pp = &g->posted_head, *prev = NULL, *m = NULL;
-                for (; *pp; prev = *pp, pp = &(*pp)->next) {
-                    if (!p2p_matches(g, *pp, &rh)) continue;
-                    m = *pp;
-                    *pp = m->next;
-                    if (g->posted_tail == m) g->posted_tail = prev;
-                    break; /* pp may point at NULL now: no step past it */
-                }
+                struct net_task *m = posted_take(n, g, &rh);
                 if (!m && !unx_fits(g, peer, 0)) {
                     in->parked = 1; /* no room to keep the ask: the stream waits */
                     return;
@@ -462,15 +519,8 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 g->unx_tail = u;
                 continue;
             }
-            struct net_task **pp = &g->posted_head, *prev = NULL;
-            for (; *pp; prev = *pp, pp = &(*pp)->next) {
-                if (!p2p_matches(g, *pp, h)) continue;
-                in->task = *pp;
-                *pp = in->task->next;
-                if (g->posted_tail == in->task) g->posted_tail = prev;
-                in->discard = !p2p_agree(in->task, h);
-                break;
-            }
+            in->task = posted_take(n, g, h);
+            if (in->task) in->discard = !p2p_agree(in->task, h);
             if (!in->task) {
                 if (!unx_fits(g, peer, in->plen)) {
                     in->parked = 1; /* read on when its receive is posted */
@@ -502,14 +552,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
         } else {
             /* its receive may have been posted while the bytes were arriving */
             struct unexpected *u = in->unx;
-            struct net_task **pp = &g->posted_head, *prev = NULL, *match = NULL;
-            for (; *pp; prev = *pp, pp = &(*pp)->next) {
-                if (!p2p_matches(g, *pp, &u->hdr)) continue;
-                match = *pp;
-                *pp = match->next;
-                if (g->posted_tail == match) g->posted_tail = prev;
-                break;
-            }
+            struct net_task *match = posted_take(n, g, &u->hdr);
             if (match) {
                 if (p2p_agree(match, &u->hdr) && match->count)
                     memcpy(match->recv[match->local_slot], u->data, in->plen);

@@ -33,6 +33,8 @@ void session_complete(struct op *op, int status, const char *why)
     struct wire_shm *shm = s->shm;
     if (status != COLL_OK && idx < WIRE_RING_ENTRIES) /* read by the client after the cqe */
         snprintf(shm->why[idx], sizeof(shm->why[idx]), "%s", why ? why : "");
+    if (op->sqe.kind == WIRE_OP_RECV && idx < WIRE_RING_ENTRIES) /* read after the cqe */
+        shm->src[idx] = op->source;
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
     slot->tag = op->sqe.tag;
     slot->status = status;
@@ -124,9 +126,14 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
                                  nccl_no);
     int needs_peer =
         k == WIRE_OP_BROADCAST || k == WIRE_OP_REDUCE || k == WIRE_OP_SEND || k == WIRE_OP_RECV;
-    if (needs_peer && (q->peer < 0 || q->peer >= g->size))
+    if (k == WIRE_OP_RECV && q->peer == WIRE_ANY_SOURCE) {
+        if (g->be == &backend_nccl)
+            return session_violation(s, "a receive from any rank for group '%s', on NCCL",
+                                     g->cfg->name);
+    } else if (needs_peer && (q->peer < 0 || q->peer >= g->size)) {
         return session_violation(s, "%s names rank %d; the group has %d", wire_kind_name(k),
                                  q->peer, g->size);
+    }
     int rank = g->node_index * g->nslots + h->slot;
     int send_used =
         k != WIRE_OP_RECV && k != WIRE_OP_BARRIER && !(k == WIRE_OP_BROADCAST && rank != q->peer);

@@ -36,7 +36,7 @@ static void pair_open(struct pair *p)
     for (int i = 0; i < 2; i++) {
         assert_int_equal(coll_connect(&p->c[i], p->a.sock, 5000), COLL_OK);
         assert_int_equal(coll_group_open(&p->g[i], p->c[i], "g", i), COLL_OK);
-        assert_int_equal(coll_mem_alloc(&p->b[i], p->c[i], 4096, COLL_DEVICE_HOST), COLL_OK);
+        assert_int_equal(coll_mem_alloc(&p->b[i], p->c[i], 2 << 20, COLL_DEVICE_HOST), COLL_OK);
         p->x[i] = coll_mem_ptr(p->b[i]);
     }
 }
@@ -503,6 +503,105 @@ static void tags_pair(coll_conn **c, coll_group **g, float **x)
                      COLL_ERR_INVALID);
 }
 
+/* Receives from any rank, rank 1 receiving what rank 0 sends (c[i], g[i], x[i]: rank i):
+ * each says who sent; they meet sends in the order both were posted, a named receive
+ * included; a count that disagrees fails both; bad tags are refused. */
+static void any_pair(coll_conn **c, coll_group **g, float **x)
+{
+    coll_request s[3], r[3];
+    int src[3] = {-7, -7, -7};
+    for (int k = 0; k < 3; k++)
+        x[0][64 * k] = (float)(10 + k);
+    /* two from any rank (the second without a source), then one naming rank 0: the sends
+     * go in that order */
+    assert_int_equal(coll_recv_any(g[1], x[1], 1, COLL_FLOAT32, 4, &src[0], NULL, &r[0]), COLL_OK);
+    assert_int_equal(coll_recv_any(g[1], x[1] + 64, 1, COLL_FLOAT32, 4, NULL, NULL, &r[1]),
+                     COLL_OK);
+    assert_int_equal(coll_recv_tag(g[1], x[1] + 128, 1, COLL_FLOAT32, 0, 4, NULL, &r[2]), COLL_OK);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(coll_send_tag(g[0], x[0] + 64 * k, 1, COLL_FLOAT32, 1, 4, NULL, &s[k]),
+                         COLL_OK);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(coll_wait(c[1], r[k], 20000), COLL_OK);
+        assert_int_equal(coll_wait(c[0], s[k], 20000), COLL_OK);
+        assert_true(x[1][64 * k] == (float)(10 + k));
+    }
+    assert_int_equal(src[0], 0);
+    /* a send that came first (kept until a receive takes it), and a large one */
+    enum { BIG = 300000 }; /* 1.2 MB: over the early-message limit between pods */
+    assert_int_equal(coll_send_tag(g[0], x[0], 1, COLL_FLOAT32, 1, 5, NULL, &s[0]), COLL_OK);
+    usleep(20 * 1000);
+    assert_int_equal(coll_recv_any(g[1], x[1], 1, COLL_FLOAT32, 5, &src[1], NULL, &r[0]), COLL_OK);
+    assert_int_equal(coll_wait(c[1], r[0], 20000), COLL_OK);
+    assert_int_equal(coll_wait(c[0], s[0], 20000), COLL_OK);
+    assert_int_equal(src[1], 0);
+    for (int i = 0; i < BIG; i++)
+        x[0][i] = (float)(i % 1021);
+    assert_int_equal(coll_recv_any(g[1], x[1], BIG, COLL_FLOAT32, 6, &src[2], NULL, &r[0]),
+                     COLL_OK);
+    assert_int_equal(coll_send_tag(g[0], x[0], BIG, COLL_FLOAT32, 1, 6, NULL, &s[0]), COLL_OK);
+    assert_int_equal(coll_wait(c[1], r[0], 20000), COLL_OK);
+    assert_int_equal(coll_wait(c[0], s[0], 20000), COLL_OK);
+    assert_int_equal(src[2], 0);
+    for (int i = 0; i < BIG; i++)
+        if (x[1][i] != (float)(i % 1021)) fail_msg("element %d: %g", i, (double)x[1][i]);
+    /* a count that disagrees: both fail, and the source is left alone */
+    src[0] = -7;
+    assert_int_equal(coll_recv_any(g[1], x[1], 8, COLL_FLOAT32, 7, &src[0], NULL, &r[0]), COLL_OK);
+    assert_int_equal(coll_send_tag(g[0], x[0], 16, COLL_FLOAT32, 1, 7, NULL, &s[0]), COLL_OK);
+    assert_int_equal(coll_wait(c[1], r[0], 20000), COLL_ERR_MISMATCH);
+    assert_int_equal(coll_wait(c[0], s[0], 20000), COLL_ERR_MISMATCH);
+    assert_int_equal(src[0], -7);
+    assert_int_equal(coll_recv_any(g[1], x[1], 1, COLL_FLOAT32, -1, &src[0], NULL, &r[0]),
+                     COLL_ERR_INVALID);
+    assert_int_equal(
+        coll_recv_any(g[1], x[1], 1, COLL_FLOAT32, COLL_TAG_MAX + 1, NULL, NULL, &r[0]),
+        COLL_ERR_INVALID);
+    assert_int_equal(coll_recv_tag(g[1], x[1], 1, COLL_FLOAT32, -2, 0, NULL, &r[0]),
+                     COLL_ERR_INVALID);
+}
+
+static void receives_from_any_rank(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p); /* two slots of one pod: the agent pairs them */
+    any_pair(p.c, p.g, p.x);
+    /* a rank's send to itself and one from the other rank, to two receives from any rank */
+    coll_request s[2], r[2];
+    int src[2] = {-1, -1};
+    p.x[0][0] = 3.0f;
+    p.x[1][0] = 4.0f;
+    assert_int_equal(coll_recv_any(p.g[0], p.x[0] + 8, 1, COLL_FLOAT32, 0, &src[0], NULL, &r[0]),
+                     COLL_OK);
+    assert_int_equal(coll_recv_any(p.g[0], p.x[0] + 9, 1, COLL_FLOAT32, 0, &src[1], NULL, &r[1]),
+                     COLL_OK);
+    assert_int_equal(coll_send(p.g[1], p.x[1], 1, COLL_FLOAT32, 0, NULL, &s[1]), COLL_OK);
+    assert_int_equal(coll_send(p.g[0], p.x[0], 1, COLL_FLOAT32, 0, NULL, &s[0]), COLL_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(coll_wait(p.c[0], r[i], 20000), COLL_OK);
+        assert_int_equal(coll_wait(p.c[i], s[i], 20000), COLL_OK);
+    }
+    /* the two sessions' sends reach the agent in either order: each receive says which */
+    assert_true(src[0] + src[1] == 1 && (src[0] == 0 || src[0] == 1));
+    for (int i = 0; i < 2; i++)
+        assert_true(p.x[0][8 + i] == (src[i] ? 4.0f : 3.0f));
+    pair_close(&p);
+    /* one with no sender fails with TIMEOUT at its handle's op timeout, which ends the
+     * epoch as a lone named receive does */
+    pair_open(&p);
+    coll_group *gt;
+    coll_group_opts o = {
+        .size = sizeof(o), .slot = COLL_SLOT_ANY, .op_timeout_ms = 300, .rank = COLL_RANK_ANY};
+    coll_group_close(&p.g[0]);
+    assert_int_equal(coll_group_open_opts(&gt, p.c[0], "g", &o), COLL_OK);
+    assert_int_equal(coll_recv_any(gt, p.x[0], 1, COLL_FLOAT32, 0, NULL, NULL, &r[0]), COLL_OK);
+    assert_int_equal(coll_wait(p.c[0], r[0], 20000), COLL_ERR_TIMEOUT);
+    assert_non_null(strstr(coll_last_error(), "receive from any rank on rank"));
+    coll_group_close(&gt);
+    pair_close(&p);
+}
+
 static void sends_and_receives_pair_by_tag(void **state)
 {
     (void)state;
@@ -531,12 +630,13 @@ static void sends_and_receives_pair_by_tag(void **state)
         coll_buffer *b;
         assert_int_equal(coll_connect(&c[i], a[i].sock, 5000), COLL_OK);
         assert_int_equal(coll_group_open(&g[i], c[i], "g", 0), COLL_OK);
-        assert_int_equal(coll_mem_alloc(&b, c[i], 4096, COLL_DEVICE_HOST), COLL_OK);
+        assert_int_equal(coll_mem_alloc(&b, c[i], 2 << 20, COLL_DEVICE_HOST), COLL_OK);
         x[i] = coll_mem_ptr(b);
     }
     for (int i = 0; i < 2; i++)
         assert_int_equal(coll_group_wait(g[i], 10000), COLL_OK);
     tags_pair(c, g, x);
+    any_pair(c, g, x); /* the net thread pairs them */
     for (int i = 0; i < 2; i++)
         coll_disconnect(&c[i]);
     for (int i = 0; i < 2; i++)
@@ -584,6 +684,7 @@ static void the_layout_bindings_mirror_holds(void **state)
                  VAL(COLL_SPLIT_NOCOLOR),
                  VAL(COLL_RANK_ANY),
                  VAL(COLL_TAG_MAX),
+                 VAL(COLL_ANY_SOURCE),
                  VAL(COLL_DEVICE_HOST),
                  VAL(COLL_INT8),
                  VAL(COLL_UINT8),
@@ -669,6 +770,7 @@ int main(void)
         cmocka_unit_test(a_rank_names_its_slot),
         cmocka_unit_test(bitwise_reductions_and_small_types),
         cmocka_unit_test(sends_and_receives_pair_by_tag),
+        cmocka_unit_test(receives_from_any_rank),
         cmocka_unit_test(the_layout_bindings_mirror_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -227,6 +227,12 @@ static int auto_main(void *arg)
                          &r) == COLL_ERR_INVALID,
           22);
     CHECK(strstr(coll_last_error(), "GPU buffers") != NULL, 23);
+    /* NCCL has no receive from any rank: refused before anything is sent */
+    int src = -1;
+    CHECK(coll_recv_any(g, coll_mem_ptr(db), 4, COLL_FLOAT32, 0, &src, NULL, &r) ==
+              COLL_ERR_UNSUPPORTED,
+          60);
+    CHECK(strstr(coll_last_error(), "NCCL has no receive from any rank") != NULL, 61);
     CHECK(coll_allreduce(h, coll_mem_ptr(db), coll_mem_ptr(db), 4, COLL_FLOAT32, COLL_SUM, NULL,
                          &r) == COLL_ERR_INVALID,
           24);

@@ -2439,6 +2439,117 @@ static int early_rank_main(void *arg)
     return 0;
 }
 
+/* Receives from any rank on 2 pods of 2 ranks, rank 0 receiving. Rounds: ranks 1 (its
+ * pod's: the engine pairs it) and 2 (the other pod's: the net thread) each send one
+ * message of the round's tag to two receives from any rank, posted 32 rounds at a time,
+ * so that both threads race for the same receives; each must take exactly one message,
+ * say its sender and hold that sender's value. Then large messages (asked for first, then
+ * cleared) from ranks 1, 2 and 3 to three such receives; then 20 messages of rank 3 to
+ * receives from any rank and named ones in turn, which meet them in the order sent. */
+#define ANY_ROUNDS 320
+#define ANY_WINDOW 32
+#define ANY_BIG (300u * 1024u) /* floats: 1.2 MB, over the early-message limit */
+
+static int any_rank_main(void *arg)
+{
+    const char *sock = *(const char **)arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(sock, (size_t)4 * ANY_BIG * 4, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    coll_request r[2 * ANY_WINDOW];
+    int src[2 * ANY_WINDOW];
+    if (info.rank == 0) {
+        for (int w = 0; w < ANY_ROUNDS; w += ANY_WINDOW) {
+            for (int k = 0; k < 2 * ANY_WINDOW; k++)
+                if (coll_recv_any(g, x + k, 1, COLL_FLOAT32, 1 + w + k / 2, &src[k], NULL, &r[k]))
+                    return 110;
+            for (int k = 0; k < 2 * ANY_WINDOW; k++)
+                if (coll_wait(c, r[k], 30000)) {
+                    fprintf(stderr, "rank 0: %s\n", coll_last_error());
+                    return 111;
+                }
+            for (int k = 0; k < 2 * ANY_WINDOW; k += 2) {
+                int round = w + k / 2;
+                if (src[k] + src[k + 1] != 3 || (src[k] != 1 && src[k] != 2)) {
+                    fprintf(stderr, "round %d: sources %d and %d\n", round, src[k], src[k + 1]);
+                    return 112;
+                }
+                for (int j = 0; j < 2; j++)
+                    if (x[k + j] != (float)(src[k + j] * 1000 + round)) return 113;
+            }
+        }
+        for (int k = 0; k < 3; k++)
+            if (coll_recv_any(g, x + (size_t)(k + 1) * ANY_BIG, ANY_BIG, COLL_FLOAT32, 9000,
+                              &src[k], NULL, &r[k]))
+                return 114;
+        for (int k = 0; k < 3; k++)
+            if (coll_wait(c, r[k], 30000)) {
+                fprintf(stderr, "rank 0, large: %s\n", coll_last_error());
+                return 115;
+            }
+        if (src[0] + src[1] + src[2] != 6 || src[0] * src[1] * src[2] != 6) return 116;
+        for (int k = 0; k < 3; k++)
+            for (size_t i = 0; i < ANY_BIG; i++)
+                if (x[(size_t)(k + 1) * ANY_BIG + i] != (float)(src[k] * 7 + (int)(i % 1009)))
+                    return 117;
+        for (int k = 0; k < 20; k++) {
+            int rc2 = k % 2 ? coll_recv_tag(g, x + k, 1, COLL_FLOAT32, 3, 9001, NULL, &r[k])
+                            : coll_recv_any(g, x + k, 1, COLL_FLOAT32, 9001, &src[k], NULL, &r[k]);
+            if (rc2) return 118;
+        }
+        for (int k = 0; k < 20; k++) {
+            if (coll_wait(c, r[k], 30000)) return 119;
+            if (x[k] != (float)k || (k % 2 == 0 && src[k] != 3)) {
+                fprintf(stderr, "message %d: %g from %d\n", k, (double)x[k], src[k]);
+                return 120;
+            }
+        }
+    } else {
+        if (info.rank < 3)
+            for (int round = 0; round < ANY_ROUNDS; round++) {
+                x[0] = (float)(info.rank * 1000 + round);
+                if (coll_send_tag(g, x, 1, COLL_FLOAT32, 0, 1 + round, NULL, &r[0]) ||
+                    coll_wait(c, r[0], 30000)) {
+                    fprintf(stderr, "rank %d: %s\n", info.rank, coll_last_error());
+                    return 121;
+                }
+            }
+        for (size_t i = 0; i < ANY_BIG; i++)
+            x[i] = (float)(info.rank * 7 + (int)(i % 1009));
+        if (coll_send_tag(g, x, ANY_BIG, COLL_FLOAT32, 0, 9000, NULL, &r[0]) ||
+            coll_wait(c, r[0], 30000))
+            return 122;
+        if (info.rank == 3) {
+            for (int k = 0; k < 20; k++) {
+                x[ANY_BIG + (size_t)k] = (float)k;
+                if (coll_send_tag(g, x + ANY_BIG + k, 1, COLL_FLOAT32, 0, 9001, NULL, &r[k]))
+                    return 123;
+            }
+            for (int k = 0; k < 20; k++)
+                if (coll_wait(c, r[k], 30000)) return 124;
+        }
+    }
+    /* nobody leaves before rank 0 is done: a rank leaving ends the epoch */
+    if (coll_barrier(g, NULL, &r[0]) || coll_wait(c, r[0], 30000)) return 125;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void receives_from_any_rank_across_pods(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 2, &port);
+    const char *socks[4] = {a[0].sock, a[0].sock, a[1].sock, a[1].sock};
+    run_ranks(any_rank_main, socks, sizeof(socks[0]), 4, 120000);
+    stop_all(a, 2);
+}
+
 /* Found on c65a60e: a message sent before its receive was posted was copied into memory
  * the net thread allocated, whatever size its header announced (up to 1 TiB). Now only
  * small ones are, within per-peer and per-group bounds; a large one waits in the
@@ -3819,6 +3930,7 @@ int main(void)
         cmocka_unit_test(garbage_frames_are_dropped),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
+        cmocka_unit_test(receives_from_any_rank_across_pods),
         cmocka_unit_test(a_large_early_send_holds_no_other_rank_back),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(the_accepting_side_proves_the_secret_too),

@@ -594,6 +594,38 @@ static void stale_epoch_op_is_validated_first(void **state)
     assert_serving(f);
 }
 
+/* Only a receive may be from any rank: a send, broadcast or reduce naming rank -1
+ * (WIRE_ANY_SOURCE) or a receive naming -2 is a violation; nothing completes. */
+static void any_rank_only_on_a_receive(void **state)
+{
+    struct fixture *f = *state;
+    const struct {
+        uint8_t kind;
+        int32_t peer;
+        const char *why;
+    } cases[] = {{WIRE_OP_SEND, WIRE_ANY_SOURCE, "send names rank -1"},
+                 {WIRE_OP_BROADCAST, WIRE_ANY_SOURCE, "broadcast names rank -1"},
+                 {WIRE_OP_REDUCE, WIRE_ANY_SOURCE, "reduce names rank -1"},
+                 {WIRE_OP_RECV, -2, "recv names rank -2"}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct raw r;
+        raw_hello(&r, f->a.sock);
+        uint32_t epoch;
+        uint32_t handle = raw_open_pair(&r, &epoch);
+        struct wire_sqe q = {.kind = cases[k].kind,
+                             .dtype = COLL_INT32,
+                             .count = 0,
+                             .group = handle,
+                             .epoch = epoch,
+                             .peer = cases[k].peer,
+                             .tag = 1};
+        raw_submit(&r, &q, 1);
+        expect_dropped(r.fd, COLL_ERR_PROTOCOL, cases[k].why);
+        assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0);
+    }
+    assert_serving(f);
+}
+
 /* ---- a hostile client: random entries and messages against the live agent ----------- */
 
 static uint64_t rnd(uint64_t *st)
@@ -1620,6 +1652,7 @@ int main(void)
         T(more_flag_on_a_host_send_is_dropped),
         T(forged_premultiplied_sums_are_refused),
         T(stale_epoch_op_is_validated_first),
+        T(any_rank_only_on_a_receive),
         T(forged_rank_in_group_open_is_refused),
         T(random_ring_entries_never_hurt_the_agent),
         T(random_messages_never_hurt_the_agent),

@@ -97,9 +97,9 @@ static void give_back(struct tcp_group *x, struct net_task *t)
 
 /* Lend a matched op (its ops copied into a task) to the net thread; a tiny one the
  * engine may run itself (net_inline) when nothing of the group is with the net thread,
- * which keeps the group's ops in order. */
-static void to_net(struct group *g, const struct op *ops, int nops, const struct wire_sqe *s,
-                   uint64_t seq, int64_t deadline)
+ * which keeps the group's ops in order. Returns the task, NULL when done already. */
+static struct net_task *to_net(struct group *g, const struct op *ops, int nops,
+                               const struct wire_sqe *s, uint64_t seq, int64_t deadline)
 {
     struct tcp_group *x = g->be_ctx;
     struct net_task *t = x->free;
@@ -108,7 +108,7 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
             struct op tmp = ops[k];
             g->op_done(g, &tmp, COLL_ERR_INTERNAL, "no free network task");
         }
-        return;
+        return NULL;
     }
     x->free = t->engine_next;
     struct op *keep = t->ops;
@@ -133,19 +133,22 @@ static void to_net(struct group *g, const struct op *ops, int nops, const struct
         t->premul[slot] = ops[k].premul;
         t->local_slot = slot;
     }
+    if (t->kind == WIRE_OP_RECV && t->root == WIRE_ANY_SOURCE) t->ops[0].any_task = t;
     int rc = NET_INLINE_NO;
-    if (!x->in_net && !g->mark_busy && !g->mark_pending && nops == g->nslots)
+    if (!x->in_net && !g->mark_busy && !g->mark_pending && nops == g->nslots &&
+        s->kind != WIRE_OP_SEND && s->kind != WIRE_OP_RECV) /* those wait for their partner */
         rc = net_inline(g->net, t);
     x->inline_count[rc]++;
     if (rc == NET_INLINE_DONE) {
         for (int k = 0; k < t->nops; k++)
             g->op_done(g, &t->ops[k], t->status, t->why);
         give_back(x, t);
-        return;
+        return NULL;
     }
     t->engine_next = x->in_net;
     x->in_net = t;
     if (rc == NET_INLINE_NO) net_submit(g->net, t);
+    return t;
 }
 
 static void tcp_collective(struct group *g, struct op *ops, uint64_t seq, int64_t deadline_ns)
@@ -155,6 +158,10 @@ static void tcp_collective(struct group *g, struct op *ops, uint64_t seq, int64_
 
 static int tcp_p2p(struct group *g, struct op *op)
 {
+    if (op->sqe.peer == WIRE_ANY_SOURCE) { /* queued in the group: its twin waits here */
+        op->any_task = to_net(g, op, 1, &op->sqe, op->sqe.p2p_tag, op->deadline_ns);
+        return 0;
+    }
     if (op->sqe.peer / g->nslots == g->node_index) return 0;      /* the partner is here */
     to_net(g, op, 1, &op->sqe, op->sqe.p2p_tag, op->deadline_ns); /* seq: the tag */
     return 1;
@@ -169,8 +176,16 @@ void tcp_group_done(struct group *g, struct net_task *t)
             break;
         }
     }
-    for (int k = 0; k < t->nops; k++)
+    /* a receive from any rank the engine paired in the pod comes back untouched; one
+     * nobody claimed (failed) is the net's to complete */
+    if (t->kind == WIRE_OP_RECV && t->root == WIRE_ANY_SOURCE && !net_any_claim(t, NET_ANY_NET)) {
+        give_back(x, t);
+        return;
+    }
+    for (int k = 0; k < t->nops; k++) {
+        if (t->kind == WIRE_OP_RECV) t->ops[k].source = t->source;
         g->op_done(g, &t->ops[k], t->status, t->why);
+    }
     give_back(x, t);
 }
 

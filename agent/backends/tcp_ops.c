@@ -285,7 +285,7 @@ int tcp_op_peers(int nodes, int me, int nlocal, const struct net_task *t, uint8_
     switch (t->kind) {
     case WIRE_OP_SEND:
     case WIRE_OP_RECV:
-        MARK(t->root / nlocal);
+        if (t->root >= 0) MARK(t->root / nlocal); /* from any rank: the senders connect */
         return marked;
     case WIRE_OP_ALLTOALL:
         all = 1;

@@ -61,6 +61,7 @@ struct req {
     uint64_t premul; /* redop WIRE_REDOP_PREMUL: this rank's scalar */
     const void *send;
     void *recv;
+    int *src_out;         /* a receive from any rank: where its consumer writes the sender */
     int64_t t0, deadline; /* submitted at, and its deadline */
     coll_group *dg;
     char why[WIRE_WHY_MAX]; /* a failed direct op's reason */
@@ -135,6 +136,7 @@ struct coll_conn {
     uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
     int agent_gpu;             /* the agent imports GPU buffers */
     int agent_lease;           /* the agent lends host groups' connections (direct.c) */
+    int agent_any;             /* the agent says who sent (wire_shm.src): receives from any rank */
     int direct_all;            /* COLL_DIRECT=all: every collective may run here (direct.c) */
     int64_t direct_wait_ns;    /* COLL_DIRECT_WAIT_MS: how long a refused lease is asked again */
     int shm_gpu;               /* the region is registered with CUDA */
@@ -243,6 +245,7 @@ struct op_args {
     void *stream;
     int tag;        /* send, recv */
     unsigned flags; /* WIRE_SQE_F_MORE: a GPU group's send or receive whose NCCL group goes on */
+    int *source;    /* a receive from any rank (peer COLL_ANY_SOURCE): where to say who sent */
 };
 /* The op's arguments, range-checked against g (a failure said). */
 coll_err lc_op_check(const coll_group *g, const struct op_args *a);

@@ -119,6 +119,18 @@ coll_err coll_recv_tag(coll_group *g, void *recv, size_t count, coll_dtype dt, i
     return submit_op(g, &a, req);
 }
 
+coll_err coll_recv_any(coll_group *g, void *recv, size_t count, coll_dtype dt, int tag, int *source,
+                       void *stream, coll_request *req)
+{
+    coll_err e = tag_ok(g, tag);
+    if (e != COLL_OK) return e;
+    struct op_args a = {WIRE_OP_RECV, dt, 0, COLL_ANY_SOURCE, count, NULL, recv, 0, 1};
+    a.stream = stream;
+    a.tag = tag;
+    a.source = source;
+    return submit_op(g, &a, req);
+}
+
 coll_err coll_barrier(coll_group *g, void *stream, coll_request *req)
 {
     struct op_args a = {WIRE_OP_BARRIER, 0, 0, 0, 0, NULL, NULL, 0, 0};

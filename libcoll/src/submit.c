@@ -68,6 +68,7 @@ static void take_slot(coll_conn *c, struct req *r, uint32_t group, int gpu, coll
     r->status = COLL_OK;
     r->sb = sb;
     r->rb = rb;
+    r->src_out = NULL;
     if (sb) sb->inflight++;
     if (rb) rb->inflight++;
 }
@@ -103,9 +104,15 @@ coll_err lc_op_check(const coll_group *g, const struct op_args *a)
         return lc_fail(COLL_ERR_UNSUPPORTED, "%s of %s with %s (tag %d) on a GPU group: %s",
                        wire_kind_name(a->kind), coll_dtype_name((coll_dtype)a->dtype),
                        coll_redop_name((coll_redop)a->redop), a->tag, nccl_no);
-    if ((a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE || a->kind == WIRE_OP_SEND ||
-         a->kind == WIRE_OP_RECV) &&
-        (a->peer < 0 || a->peer >= g->info.size))
+    if (a->kind == WIRE_OP_RECV && a->peer == COLL_ANY_SOURCE) {
+        const char *no = g->gpu    ? "a GPU group's (NCCL has no receive from any rank)"
+                         : g->span ? "a child across pods' (its receives name their rank)"
+                         : !g->conn->agent_any ? "this agent's (it is older than such receives)"
+                                               : NULL;
+        if (no) return lc_fail(COLL_ERR_UNSUPPORTED, "a receive from any rank is not %s", no);
+    } else if ((a->kind == WIRE_OP_BROADCAST || a->kind == WIRE_OP_REDUCE ||
+                a->kind == WIRE_OP_SEND || a->kind == WIRE_OP_RECV) &&
+               (a->peer < 0 || a->peer >= g->info.size))
         return lc_fail(COLL_ERR_INVALID, "%s: rank %d is outside the group (size %d)",
                        wire_kind_name(a->kind), a->peer, g->info.size);
     return COLL_OK;
@@ -252,6 +259,7 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
         s.flags |= WIRE_SQE_F_GPU | (a->flags & WIRE_SQE_F_MORE);
     }
     take_slot(c, r, g->handle, gpu, sb, rb);
+    r->src_out = a->source;
     struct wire_sqe *slot = &c->shm->sq[c->sq_next & RING_MASK];
     memcpy(slot, &s, offsetof(struct wire_sqe, seq));
     ring_publish(&slot->seq, c->sq_next);

@@ -31,6 +31,8 @@ static coll_err consume(coll_conn *c, struct req *r)
 {
     coll_err st = (coll_err)r->status;
     r->state = REQ_FREE;
+    if (r->src_out && st == COLL_OK) /* only receives from any rank set it (agent_any) */
+        *r->src_out = c->shm->src[r - c->reqs];
     c->free_idx[c->nfree++] = (uint32_t)(r - c->reqs);
     if (st != COLL_OK) {
         char why[WIRE_WHY_MAX] = "";

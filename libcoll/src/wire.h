@@ -90,7 +90,8 @@ struct wire_error {
 };
 
 #define WIRE_OP_MS_MAX 86400000u /* a handle's op timeout: a day at most */
-#define WIRE_TAG_MAX 0x7fffffff  /* sends and receives pair by tag, 0 to this */
+#define WIRE_ANY_SOURCE (-1)    /* a receive's peer: whichever rank sends first (COLL_ANY_SOURCE) */
+#define WIRE_TAG_MAX 0x7fffffff /* sends and receives pair by tag, 0 to this */
 struct wire_group_open {
     struct wire_hdr h;
     int32_t slot;   /* -1: any */
@@ -477,6 +478,10 @@ struct wire_shm {
      * (wire_lease_ok, wire_lease_back: stash_len). Written only by the side that hands
      * the lease over, before its message; the other copies it out once on receipt */
     wire_stash lease_stash[WIRE_DIRECT_HANDLES];
+    /* src[i]: the rank whose send the receive of request slot i took, written before
+     * its cqe is published (a receive from any rank asks who). Agents from before it
+     * make the region end above this: a client offers no such receive then */
+    int32_t src[WIRE_RING_ENTRIES];
 };
 #define WIRE_SHM_MIN offsetof(struct wire_shm, lease_end)
 

@@ -454,6 +454,18 @@ COLL_API coll_err coll_send_tag(coll_group *g, const void *send, size_t count, c
                                 int peer, int tag, void *stream, coll_request *req);
 COLL_API coll_err coll_recv_tag(coll_group *g, void *recv, size_t count, coll_dtype dt, int peer,
                                 int tag, void *stream, coll_request *req);
+/* A receive from any rank (MPI_ANY_SOURCE; torch's recv without a source): it takes the
+ * first send of that tag to this rank that reaches the agent, from whichever rank; a
+ * rank's own sends to itself included. Between one sender and this rank, sends still meet
+ * receives in the order both were posted: a receive from any rank posted before one from
+ * rank r takes r's send first if nothing else came. source (may be NULL): where the
+ * coll_wait or coll_test that consumes the request writes the sender's rank, on success
+ * only; it must stay valid until then (as recv does). A send whose count or dtype
+ * disagrees fails both with MISMATCH, as for a named peer. Host groups only:
+ * UNSUPPORTED on GPU groups (NCCL has no such receive) and on children across pods. */
+#define COLL_ANY_SOURCE (-1)
+COLL_API coll_err coll_recv_any(coll_group *g, void *recv, size_t count, coll_dtype dt, int tag,
+                                int *source, void *stream, coll_request *req);
 
 /* ---- completion ------------------------------------------------------------- */
 
