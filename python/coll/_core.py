@@ -496,8 +496,8 @@ def _prepare(self, op, *args, **kwargs):
     collectives are: g.prepare("allreduce", x)() runs what g.allreduce(x) runs, without
     checking the arguments again. Every array must be a host array in coll memory (a
     Prepared never stages); op is any op but the composed ones (alltoallv, gather,
-    scatter). Returns a coll.Prepared."""
-    if op not in _ops.__all__ or op in ("alltoallv", "gather", "scatter"):
+    scatter) and recv_any (its answer is its own). Returns a coll.Prepared."""
+    if op not in _ops.__all__ or op in ("alltoallv", "gather", "scatter", "recv_any"):
         raise ValueError("prepare: '%s' is not an op that can be prepared" % op)
     if "async_op" in kwargs:
         raise TypeError("prepare: run the Prepared, or its start(), for async_op")

@@ -42,6 +42,7 @@ RANK_ANY = -1
 TAG_MAX = (1 << 30) - 1  # COLL_TAG_MAX: the tags above are coll's own
 SPLIT_NOCOLOR = -1
 DEVICE_HOST = -1
+ANY_SOURCE = -1  # COLL_ANY_SOURCE: a receive from whichever rank sends first
 PREMUL_SUM_FIRST = 128  # COLL_PREMUL_SUM_FIRST: the first premultiplied sum a handle makes
 
 # enum coll_dtype and coll_redop (values never change meaning)
@@ -102,6 +103,7 @@ FUNCTIONS = [
     ("coll_alltoall", _i, [_p, _p, _p, _sz, _i, _p, _preq]),
     ("coll_send_tag", _i, [_p, _p, _sz, _i, _i, _i, _p, _preq]),
     ("coll_recv_tag", _i, [_p, _p, _sz, _i, _i, _i, _p, _preq]),
+    ("coll_recv_any", _i, [_p, _p, _sz, _i, _i, ctypes.POINTER(_i), _p, _preq]),
     ("coll_barrier", _i, [_p, _p, _preq]),
     ("coll_gather", _i, [_p, _p, _p, _sz, _i, _i, _p, _preq]),
     ("coll_scatter", _i, [_p, _p, _p, _sz, _i, _i, _p, _preq]),

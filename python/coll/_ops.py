@@ -17,7 +17,7 @@ from ._core import CollError, _check, _dtype_of, _redop_code, lib, redop, view
 from ._request import Request
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
-           "alltoallv", "gather", "scatter", "send", "recv", "barrier"]
+           "alltoallv", "gather", "scatter", "send", "recv", "recv_any", "barrier"]
 
 
 class _C:
@@ -478,6 +478,25 @@ def recv(self, x, peer, tag=0, async_op=False, stream=None):
     n = v.numel
     return p.submit([_C("coll_recv_tag", self.handle, ptr, n, dt, peer, tag, p.stream)], x,
                     async_op)
+
+
+def recv_any(self, x, tag=0, async_op=False, stream=None):
+    """Into x from whichever rank's send of that tag comes first. Returns the sender's
+    rank; async: a Request whose source says it once completed. Host groups only."""
+    what = _what(self, "recv from any rank")
+    v = view(x)
+    dt = _dtype_of(v, None)
+    p = _Prep(self, what, stream)
+    ptr = p.dst(v)
+    src = ctypes.c_int(-1)
+    p.keep.append(src)  # libcoll writes it when the request is consumed
+    q = p.submit([_C("coll_recv_any", self.handle, ptr, v.numel, dt, tag, ctypes.byref(src),
+                     p.stream)], x, True)
+    q._source = src
+    if async_op:
+        return q
+    q.wait()
+    return q.source
 
 
 def barrier(self, async_op=False, stream=None):

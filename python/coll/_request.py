@@ -34,6 +34,7 @@ class Request:
         self._result = result
         self._gpu = gpu
         self._err = None
+        self._source = None  # a receive from any rank: the ctypes int libcoll fills
         self._lock = threading.Lock()
         self._done = not self._pending
         if self._done:
@@ -46,6 +47,14 @@ class Request:
     @property
     def result(self):
         return self._result
+
+    @property
+    def source(self):
+        """A receive from any rank that completed well: the rank whose send it took
+        (None before, after a failure, and for other ops)."""
+        if self._source is None or not self._done or self._err is not None:
+            return None
+        return self._source.value
 
     def _fail(self, rc, reason):
         if self._err is None:

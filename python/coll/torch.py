@@ -191,6 +191,13 @@ class Work(_WorkBase):
     def result(self):
         return self._value
 
+    def _source_rank(self):
+        """A receive from any rank (recv_anysource), once waited for: who sent."""
+        src = self._req.source
+        if src is None:
+            raise RuntimeError("coll: _source_rank() is for a completed receive from any rank")
+        return src
+
     def get_future(self):
         with self._lock:
             if self._fut is not None:
@@ -402,7 +409,8 @@ class ProcessGroupColl(dist.ProcessGroup):
                           tensors)
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("coll: recv from any source is not supported: name the sender")
+        """dist.recv / irecv without src: torch asks the Work's _source_rank()."""
+        return self._work(self._g().recv_any(tensors[0], tag=tag, async_op=True), tensors)
 
     def barrier(self, opts=None):
         return self._work(self._g().barrier(async_op=True), [])

@@ -24,7 +24,8 @@ def test_the_layout_matches_abi_txt():
                "coll_group_opts": L.GroupOpts}
     values = {"COLL_SLOT_ANY": L.SLOT_ANY, "COLL_RANK_ANY": L.RANK_ANY,
               "COLL_SPLIT_NOCOLOR": L.SPLIT_NOCOLOR, "COLL_DEVICE_HOST": L.DEVICE_HOST,
-              "COLL_TAG_MAX": L.TAG_MAX, "COLL_PREMUL_SUM_FIRST": L.PREMUL_SUM_FIRST}
+              "COLL_TAG_MAX": L.TAG_MAX, "COLL_ANY_SOURCE": L.ANY_SOURCE,
+              "COLL_PREMUL_SUM_FIRST": L.PREMUL_SUM_FIRST}
     values.update({"COLL_" + k.upper(): v for k, v in L.DTYPES.items()})
     values.update({"COLL_" + k.upper(): v for k, v in L.REDOPS.items()})
     values.update({("COLL_" if k == "OK" else "COLL_ERR_") + k: v for k, v in L.ERRORS.items()})
@@ -204,6 +205,45 @@ def _composed(i, sock):
 
 def test_alltoallv_gather_scatter_and_tags_across_pods(two_pods):
     run_ranks(lambda i: _composed(i, two_pods[i].sock), 2)
+
+
+def _any(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    r = g.rank
+    if r == 0:  # ranks 1 (this pod) and 2, 3 (the other pod) to receives from any rank
+        xs = [conn.zeros(3, np.int32) for _ in range(3)]
+        qs = [g.recv_any(xs[0], tag=2, async_op=True), g.recv_any(xs[1], tag=2, async_op=True)]
+        assert qs[0].source is None  # not before it completed
+        src = g.recv_any(xs[2], tag=2)
+        for q in qs:
+            assert q.wait(30) is not None
+        got = {q.source: x for q, x in zip(qs, xs)}
+        got[src] = xs[2]
+        assert sorted(got) == [1, 2, 3]
+        for s, x in got.items():
+            np.testing.assert_array_equal(x, np.full(3, 10 * s, np.int32))
+        y = np.zeros(2, np.float64)  # ordinary memory: staged, and the count disagrees
+        with pytest.raises(coll.CollError) as e:
+            g.recv_any(y, tag=9)
+        assert e.value.name == "MISMATCH"
+        with pytest.raises(coll.CollError) as e:
+            g.recv_any(y, tag=-1)
+        assert e.value.name == "INVALID"
+        with pytest.raises(ValueError, match="recv_any"):
+            g.prepare("recv_any", xs[0])
+    else:
+        g.send(conn.zeros(3, np.int32) + 10 * r, 0, tag=2)
+        if r == 3:
+            with pytest.raises(coll.CollError):
+                g.send(np.zeros(3, np.float64), 0, tag=9)
+    g.barrier()
+    conn.close()
+
+
+def test_receives_from_any_rank_across_pods(two_pods_two_slots):
+    socks = [two_pods_two_slots[i // 2].sock for i in range(4)]
+    run_ranks(lambda i: _any(i, socks[i]), 4)
 
 
 def test_alltoallv_gather_scatter_on_four_slots(agent4):

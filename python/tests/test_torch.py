@@ -85,6 +85,21 @@ def _every_collective(i, socks, port):
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert inbox.tolist() == [float(prv)] * 2
+    # from any rank (torch's recv and irecv without src): every other rank sends to 0
+    if r == 0:
+        got = {}
+        for k in range(size - 1):
+            t = torch.zeros(1)
+            if k % 2:
+                w = dist.irecv(t, tag=4)
+                w.wait()
+                src = w._source_rank()
+            else:
+                src = dist.recv(t, tag=4)
+            got[src] = t.item()
+        assert got == {k: float(10 * k) for k in range(1, size)}
+    else:
+        dist.send(torch.tensor([float(10 * r)]), 0, tag=4)
     # object collectives through torch's own helpers (pickles over allgather/broadcast)
     objs = [None] * size
     dist.all_gather_object(objs, {"rank": r, "name": "pod-%d" % r})
