@@ -3,7 +3,8 @@
 # Starts N agents of BUILD on loopback, node i with socket DIR/i.sock and log DIR/i.log,
 # all in one host-backend group "bench" whose coordinator listens on PORT; EXTRA is
 # added to each agent section (e.g. "  spin_us: 0"), $NODE_EXTRA to each node section
-# (e.g. "  tcp_congestion: bbr"); $LOG_LEVEL sets their log level (default warn; info
+# (e.g. "  tcp_congestion: bbr"), $GROUP_EXTRA to the group (e.g. "    local_slots: 2");
+# $LOG_LEVEL sets their log level (default warn; info
 # logs the path and spin counts at exit), $HEARTBEAT_MS their heartbeat (default 1000).
 # Appends the agents' pids to AGENT_PIDS and sets AGENT_SOCKS (comma-separated, node
 # order); returns once every socket accepts (at most 20 s in all). With PIN=1, agent i
@@ -62,6 +63,7 @@ groups:
     backend: host
     members: $n
     timeouts: {op_ms: 120000, heartbeat_ms: ${HEARTBEAT_MS:-1000}}
+${GROUP_EXTRA:-}
 YAML
         if [ "${PIN:-0}" = 1 ]; then
             taskset -c $((i % $(nproc))) "$build/coll-agent" --config "$dir/$i.yaml" 2>"$dir/$i.log" &

@@ -36,6 +36,8 @@
  * -M reduces with a premultiplied sum (coll_redop_create_premul_sum) whose scalar is one
  * on every rank instead of COLL_SUM: the same results (-c checks them), the scaling's
  * cost (bench/premul.sh).
+ * -o sendrecv (two ranks): rank 1 sends, rank 0 receives, from rank 1 or, with -A, from
+ * any rank (coll_recv_any; the sender it names is checked): bench/anysource.sh.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -58,9 +60,9 @@ static double now_us(void)
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-static const char *const op_names[] = {"allreduce", "broadcast",      "reduce",
-                                       "allgather", "reduce_scatter", "alltoall",
-                                       "barrier",   "gather",         NULL};
+static const char *const op_names[] = {"allreduce",      "broadcast", "reduce",  "allgather",
+                                       "reduce_scatter", "alltoall",  "barrier", "gather",
+                                       "sendrecv",       NULL};
 
 struct opts {
     size_t minb, maxb;
@@ -75,10 +77,13 @@ struct opts {
     int child_ranks;  /* -K: of this many consecutive ranks (0: all) */
     int create;       /* -X: made by coll_group_create, not split */
     int premul;       /* -M: a premultiplied sum by one instead of COLL_SUM */
+    int any;          /* -A: sendrecv's receive is from any rank */
 };
 
 /* The reduction of the ops (-M: a premultiplied sum made once the group is open). */
 static coll_redop bench_redop = COLL_SUM;
+static int bench_rank;       /* this process's rank in the group */
+static int bench_source = 1; /* sendrecv -A: who the last receive said sent */
 
 #define BENCH_PROCS_MAX 512 /* -p, and the sockets of -s */
 
@@ -209,6 +214,10 @@ static int submit(const struct opts *o, coll_group *g, void *s, void *r, size_t 
         return coll_alltoall(g, s, r, count, o->dtype, NULL, req);
     case 7: /* to rank 0: sends and receives between pods */
         return coll_gather(g, s, r, count, o->dtype, 0, NULL, req);
+    case 8: /* rank 1 to rank 0 */
+        if (bench_rank == 1) return coll_send(g, s, count, o->dtype, 0, NULL, req);
+        if (o->any) return coll_recv_any(g, r, count, o->dtype, 0, &bench_source, NULL, req);
+        return coll_recv(g, r, count, o->dtype, 1, NULL, req);
     default:
         return coll_barrier(g, NULL, req);
     }
@@ -219,7 +228,8 @@ static long check(const struct opts *o, const void *r, size_t count, int rank, i
 {
     long wrong = 0;
     size_t total = o->op == 3 || o->op == 5 || o->op == 7 ? count * (size_t)n : count;
-    if ((o->op == 2 || o->op == 7) && rank != 0) return 0;
+    if ((o->op == 2 || o->op == 7 || o->op == 8) && rank != 0) return 0;
+    if (o->op == 8 && bench_source != 1) return (long)total; /* it named another sender */
     if (o->op == 6) return 0;
     for (size_t i = 0; i < total; i++) {
         double want = 0;
@@ -234,6 +244,10 @@ static long check(const struct opts *o, const void *r, size_t count, int rank, i
             break;
         case 1:
             want = (1 + (int)(i % 3)) % 4;
+            break;
+        case 8: /* rank 1's block */
+            want = 2 + (int)(i % 3);
+            want = (int)want % 4;
             break;
         case 3:
         case 7:
@@ -345,6 +359,11 @@ static int run_rank(const struct opts *o)
         }
     }
     int rank = info.rank, n = info.size;
+    bench_rank = rank;
+    if (o->op == 8 && n != 2) {
+        fprintf(stderr, "coll-bench: sendrecv runs on two ranks (the group has %d)\n", n);
+        return 1;
+    }
     size_t es = coll_dtype_size(o->dtype);
     size_t maxc = o->maxb / es ? o->maxb / es : 1;
     coll_buffer *sb, *rb;
@@ -485,7 +504,7 @@ int main(int argc, char **argv)
                      .check = 1,
                      .group = "demo"};
     int c, pin = 0;
-    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:CK:XMh")) != -1) {
+    while ((c = getopt(argc, argv, "b:e:f:o:d:n:w:p:g:s:G:c:aiL:T:O:CK:XMAh")) != -1) {
         switch (c) {
         case 'b':
             o.minb = strtoull(optarg, NULL, 0);
@@ -558,6 +577,9 @@ int main(int argc, char **argv)
         case 'M':
             o.premul = 1;
             break;
+        case 'A':
+            o.any = 1;
+            break;
         case 'O':
             o.dump = optarg;
             break;
@@ -581,7 +603,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: coll-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP] [-d DTYPE] "
                             "[-n ITERS] [-w WARMUP] [-p PROCS] [-g GROUP] [-s SOCKET] "
                             "[-G GAP_US] [-c 0|1] [-a] [-i] [-L SIZE,SIZE...] [-T MIN_MS] "
-                            "[-O PREFIX] [-C] [-K CHILD_RANKS] [-X] [-M]\n");
+                            "[-O PREFIX] [-C] [-K CHILD_RANKS] [-X] [-M] [-A]\n");
             return 2;
         }
     }
