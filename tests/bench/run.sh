@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark tools that bench/compare.sh's figures rest on: coll-bench -T (every size
 # runs at least MIN_MS, the count from rank 0's warmup told to every rank, exact results),
-# BENCH_RUSAGE's per-size lines, -O's per-op times, -M's premultiplied sums, coll-floors' tcp_stream, tcp_feed, -S
+# BENCH_RUSAGE's per-size lines, -O's per-op times, -M's premultiplied sums, sendrecv (-A),
+# coll-floors' tcp_stream, tcp_feed, -S
 # and -x floors, phases.sh's argument checks, and compare_report.py's
 # verdicts and its table of where a small op's time went on a raw.txt whose
 # answers are known (a steady miss at the CPU-bound floor, an 8 B miss against the bare
@@ -58,6 +59,13 @@ for spec in "allreduce float64" "reduce_scatter bfloat16" "reduce int32"; do
         -L 8,65536 -n 5 -w 1 -c 1 -M)
     echo "$out" | awk '!/^#/ && $1 ~ /^[0-9]+$/' | awk '$6 != 0 {exit 1} END {if (NR != 2) exit 1}' ||
         fail "-M $spec: wrong elements or missing sizes"
+done
+# sendrecv, named and from any rank (-A): every element checked, and the sender -A names
+for flag in "" -A; do
+    out=$(timeout 60 "$build/coll-bench" -s "$AGENT_SOCKS" -p 2 -g bench -o sendrecv \
+        -L 8,2097152 -n 5 -w 1 -c 1 $flag)
+    echo "$out" | awk '!/^#/ && $1 ~ /^[0-9]+$/' | awk '$6 != 0 {exit 1} END {if (NR != 2) exit 1}' ||
+        fail "sendrecv $flag: wrong elements or missing sizes"
 done
 # -O: every rank's single-op times, one file per size and rank, one line per timed op,
 # each a positive number; a prefix that cannot be written fails the run
