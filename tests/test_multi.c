@@ -2550,6 +2550,109 @@ static void receives_from_any_rank_across_pods(void **state)
     stop_all(a, 2);
 }
 
+/* A receive from any rank waiting in both threads when the other pod dies: pods of 2
+ * ranks, rank 0's receive (its entry in the engine, its twin with the net thread) fails
+ * with a retryable error, never completes twice or hangs; with pod 1 back, the group
+ * re-forms and a receive from any rank takes sends from both pods again. */
+struct anylost {
+    const char *sock;
+    const char *ready; /* touched once rank 0's receive is posted */
+    int doomed;        /* 1: pod 1's first ranks, killed while they wait */
+};
+
+static int anylost_main(void *arg)
+{
+    const struct anylost *o = arg;
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem;
+    int rc = rank_open(o->sock, 4096, &c, &g, &info, &mem);
+    if (rc) return rc;
+    float *x = mem;
+    coll_request r;
+    if (o->ready) { /* the first epoch */
+        if (coll_barrier(g, NULL, &r) || coll_wait(c, r, 30000)) return 130;
+        if (o->doomed) {
+            sleep(60); /* killed meanwhile */
+            return 131;
+        }
+        if (info.rank == 0) {
+            int src = -5;
+            if (coll_recv_any(g, x + 200, 1, COLL_FLOAT32, 11, &src, NULL, &r)) return 132;
+            FILE *f = fopen(o->ready, "w");
+            if (!f) return 133;
+            fclose(f);
+            coll_err e = coll_wait(c, r, 30000);
+            if (!coll_err_retryable(e) || src != -5) {
+                fprintf(stderr, "rank 0: %s (%s), source %d\n", coll_strerror(e), coll_last_error(),
+                        src);
+                return 134;
+            }
+        }
+    }
+    coll_err e = allreduce_after_reform(c, &g, x, 16, info.rank);
+    if (e != COLL_OK || x[64] != 10.0f) {
+        fprintf(stderr, "re-form: %s (%s), %g\n", coll_strerror(e), coll_last_error(),
+                (double)x[64]);
+        return 135;
+    }
+    coll_group_info_get(g, &info); /* the ranks may have moved between pod 0's two */
+    int src[2] = {-1, -1};
+    coll_request q[2];
+    if (info.rank == 0) {
+        for (int k = 0; k < 2; k++)
+            if (coll_recv_any(g, x + 300 + k, 1, COLL_FLOAT32, 12, &src[k], NULL, &q[k]))
+                return 136;
+        for (int k = 0; k < 2; k++)
+            if (coll_wait(c, q[k], 30000)) return 137;
+        if (src[0] + src[1] != 3 || src[0] * src[1] != 2) return 138;
+        for (int k = 0; k < 2; k++)
+            if (x[300 + k] != (float)(40 + src[k])) return 139;
+    } else if (info.rank <= 2) {
+        x[300] = (float)(40 + info.rank);
+        if (coll_send_tag(g, x + 300, 1, COLL_FLOAT32, 0, 12, NULL, &q[0]) ||
+            coll_wait(c, q[0], 30000))
+            return 140;
+    }
+    if (coll_barrier(g, NULL, &r) || coll_wait(c, r, 30000)) return 141;
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_receive_from_any_rank_fails_retryably_when_a_pod_dies(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port;
+    start_all(a, 2, 2, &port);
+    char ready[128];
+    tmp_path(ready, sizeof(ready), "ready", 0);
+    struct anylost pod0 = {a[0].sock, ready, 0}, pod1 = {a[1].sock, ready, 1};
+    pid_t p[4] = {child_run(anylost_main, &pod0), child_run(anylost_main, &pod0),
+                  child_run(anylost_main, &pod1), child_run(anylost_main, &pod1)};
+    double until = now_ms() + 20000;
+    while (access(ready, F_OK) != 0 && now_ms() < until)
+        usleep(10000);
+    assert_int_equal(access(ready, F_OK), 0);
+    unlink(ready);
+    usleep(100 * 1000); /* its twin posted with the net thread */
+    kill(a[1].pid, SIGKILL);
+    child_wait(a[1].pid, 5000);
+    a[1].pid = 0;
+    for (int i = 2; i < 4; i++) {
+        kill(p[i], SIGKILL);
+        child_wait(p[i], 5000);
+    }
+    assert_int_equal(start_member(&a[1], port, 1, 2, 2, NULL), 0);
+    struct anylost again = {a[1].sock, NULL, 0};
+    p[2] = child_run(anylost_main, &again);
+    p[3] = child_run(anylost_main, &again);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(child_wait(p[i], 60000), 0);
+    stop_all(a, 2);
+}
+
 /* Found on c65a60e: a message sent before its receive was posted was copied into memory
  * the net thread allocated, whatever size its header announced (up to 1 TiB). Now only
  * small ones are, within per-peer and per-group bounds; a large one waits in the
@@ -3931,6 +4034,7 @@ int main(void)
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(receives_from_any_rank_across_pods),
+        cmocka_unit_test(a_receive_from_any_rank_fails_retryably_when_a_pod_dies),
         cmocka_unit_test(a_large_early_send_holds_no_other_rank_back),
         cmocka_unit_test(forged_data_hellos_are_refused),
         cmocka_unit_test(the_accepting_side_proves_the_secret_too),
