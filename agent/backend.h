@@ -48,7 +48,9 @@ struct backend_ops {
     void (*collective)(struct group *g, struct op *ops, uint64_t seq, int64_t deadline_ns);
     /* A send or receive: 1 when the backend takes it (its partner is on another pod, or
      * the backend pairs them itself), 0 when the group pairs it within the pod and
-     * then calls pair. */
+     * then calls pair. A receive from any rank comes once the group keeps it: the
+     * backend may lend it to other pods too (op->any_task) and returns 0, or 1 when it
+     * failed it. */
     int (*p2p)(struct group *g, struct op *op);
     /* A send and its receive, both in this pod and agreeing: move the bytes. Returns a
      * coll_err; the group completes both. */

@@ -138,7 +138,10 @@ void group_p2p_submit(struct group *g, struct op *op)
         return;
     }
     struct op *q = p2p_keep(g, op, &g->any_head, &g->any_tail);
-    if (q) g->be->p2p(g, q);
+    if (q && g->be->p2p(g, q)) { /* the backend failed it: kept no more */
+        p2p_unlink(&g->any_head, &g->any_tail, q);
+        p2p_release(g, q);
+    }
 }
 
 int group_p2p_fail(struct group *g, int err, const char *why)

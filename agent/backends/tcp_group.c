@@ -158,9 +158,9 @@ static void tcp_collective(struct group *g, struct op *ops, uint64_t seq, int64_
 
 static int tcp_p2p(struct group *g, struct op *op)
 {
-    if (op->sqe.peer == WIRE_ANY_SOURCE) { /* queued in the group: its twin waits here */
+    if (op->sqe.peer == WIRE_ANY_SOURCE) { /* kept in the group: its twin waits here */
         op->any_task = to_net(g, op, 1, &op->sqe, op->sqe.p2p_tag, op->deadline_ns);
-        return 0;
+        return !op->any_task; /* none: to_net failed it */
     }
     if (op->sqe.peer / g->nslots == g->node_index) return 0;      /* the partner is here */
     to_net(g, op, 1, &op->sqe, op->sqe.p2p_tag, op->deadline_ns); /* seq: the tag */
