@@ -120,6 +120,7 @@ void group_p2p_submit(struct group *g, struct op *op)
         if (!a || (o && o->p2p_no < a->p2p_no)) break;
         /* a failed claim is the net's (p2p_find skips it from now on) */
         if (a->any_task && !net_any_claim(a->any_task, NET_ANY_ENGINE)) continue;
+        if (a->any_task) net_knock(g->net); /* its twin comes back at the net's next turn */
         o = a;
         from_any = 1;
         break;

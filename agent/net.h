@@ -104,6 +104,9 @@ void net_free(struct net **n);
 
 /* Engine thread. Queue t (FIFO per group). Never blocks. */
 void net_submit(struct net *n, struct net_task *t);
+/* Any thread: the net thread takes a turn soon (its loop runs once more, its groups'
+ * timers included), asleep or not. Never blocks. */
+void net_knock(struct net *n);
 /* Engine thread, once: how a tiny op the engine runs itself (net_inline) may sleep
  * there instead of going to the net thread when its peers are slow. fd (the engine's
  * epoll set) becomes readable when the engine has other work, once nap(ctx, 1) has told

@@ -12,14 +12,6 @@
 #include "coll/coll.h"
 #include "net_priv.h"
 
-static void knock_net(struct net *n)
-{
-    atomic_store_explicit(&n->in_pending, 1, memory_order_release);
-    uint64_t one = 1;
-    ssize_t w = write(n->in_efd, &one, sizeof(one));
-    (void)w;
-}
-
 int net_lend(struct net *n, int group, struct wire_lease_words *words, struct net_lease *out,
              wire_stash *stash_out, char *why, size_t whylen)
 {
@@ -128,7 +120,7 @@ int net_unlend(struct net *n, int group, uint64_t id, uint64_t seq, uint32_t has
         }
     } /* else an ended lease: its epoch is gone already */
     pthread_mutex_unlock(&n->coll_lock);
-    if (knock) knock_net(n);
+    if (knock) net_knock(n);
     return end;
 }
 
@@ -142,5 +134,5 @@ void net_lease_forget(struct net *n, int group, uint64_t id)
         g->drain_until = 0; /* nobody will give it back: a drain ends now */
     }
     pthread_mutex_unlock(&n->coll_lock);
-    knock_net(n);
+    net_knock(n);
 }

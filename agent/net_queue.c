@@ -35,6 +35,14 @@ void net_submit(struct net *n, struct net_task *t)
     }
 }
 
+void net_knock(struct net *n)
+{
+    atomic_store_explicit(&n->in_pending, 1, memory_order_release);
+    uint64_t one = 1;
+    ssize_t w = write(n->in_efd, &one, sizeof(one));
+    (void)w;
+}
+
 int net_notify_fd(const struct net *n)
 {
     return n->out_efd;
