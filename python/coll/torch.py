@@ -249,6 +249,40 @@ def _work(req, value, post=None, bufs=()):
     return Work(req, value, post, bufs)
 
 
+class _Splitting:
+    """What torch's split_group asks of a group's backend (ProcessGroupNCCL's names), for
+    a ProcessGroupColl; the coll group is `coll`."""
+
+    supports_splitting = True
+
+    def __init__(self, pg):
+        self.coll = pg.coll
+        self._pg = pg
+        self.options = _Options(pg)
+
+    def comm_split_count(self):
+        return self._pg._splits
+
+    def _set_sequence_number_for_group(self):
+        pass
+
+    def _set_default_timeout(self, timeout):
+        pass
+
+    def eager_connect_single_device(self, device=None):
+        pass
+
+    def name(self):
+        return "coll"
+
+
+class _Options:
+    """A backend's options as split_group copies them: the op timeout."""
+
+    def __init__(self, pg):
+        self._timeout = getattr(pg.coll, "op_timeout", None)
+
+
 class ProcessGroupColl(dist.ProcessGroup):
     """A torch ProcessGroup over a coll group (or a child of one)."""
 
@@ -259,6 +293,8 @@ class ProcessGroupColl(dist.ProcessGroup):
         self.coll = group
         self._error = error
         self._name = None
+        self._store = None  # torch's store of the group (split_group asks for it)
+        self._splits = 0
 
     @property
     def group_name(self):
@@ -267,6 +303,33 @@ class ProcessGroupColl(dist.ProcessGroup):
         if self._name is None:
             raise RuntimeError("ProcessGroup name not set")
         return self._name
+
+    # torch's split_group (torch 2.6 and later) asks the group's backend whether it
+    # splits and then the group to split; a group torch got from a creator is its own
+    # backend here (no C++ backend of torch's behind it)
+    def _get_backend(self, device=None):
+        return _Splitting(self)
+
+    def get_group_store(self):
+        if self._store is None:
+            raise RuntimeError("coll: this group has no store of torch's")
+        return self._store
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None):
+        """torch's split_group: collective over this group, every rank with the sorted
+        ranks of its part (a rank in no part: one that does not hold it, and gets None).
+        A child of coll's (coll_group_split: color the part's first rank, key the rank)."""
+        g = self._g()
+        ranks = sorted(ranks)
+        mine = g.rank in ranks
+        self._splits += 1
+        child = g.split(ranks[0] if mine else None, g.rank)
+        if child is None:
+            return None
+        pg = ProcessGroupColl(child)
+        pg._name = group_name
+        pg._store = self._store
+        return pg
 
     # the group, or the failure kept from its creation
     def _g(self):
@@ -436,6 +499,7 @@ def _create(opts, pg_options=None):
     # the name torch gave the group (DeviceMesh, FSDP2 and functional collectives look
     # groups up by it)
     pg._name = getattr(opts, "group_id", None) or None
+    pg._store = getattr(opts, "store", None)
     return pg
 
 

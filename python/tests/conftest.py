@@ -112,6 +112,28 @@ class Agent:
         return self.proc.returncode
 
 
+def torch_recv_from_any(rank, size, tag):
+    """torch's recv and irecv without src (in turn) on rank 0, a send of 10 x rank from
+    every other rank: each receive says its sender, each sender's value lands."""
+    import torch
+    import torch.distributed as dist
+
+    if rank != 0:
+        dist.send(torch.full((2,), 10.0 * rank), 0, tag=tag)
+        return
+    got = {}
+    for k in range(size - 1):
+        x = torch.zeros(2)
+        if k % 2:
+            w = dist.irecv(x, tag=tag)
+            w.wait()
+            src = w._source_rank()
+        else:
+            src = dist.recv(x, tag=tag)
+        got[src] = x.tolist()
+    assert got == {k: [10.0 * k] * 2 for k in range(1, size)}, got
+
+
 def one_pod(slots, name="world", extra_group=""):
     """An agent holding a host group of `slots` local slots on one pod."""
     return Agent("groups:\n  - name: %s\n    backend: host\n    local_slots: %d\n%s" %

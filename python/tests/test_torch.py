@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (python3-tor
 import torch.distributed as dist  # noqa: E402
 
 import coll.torch  # noqa: E402,F401
-from conftest import free_port, run_ranks  # noqa: E402
+from conftest import free_port, run_ranks, torch_recv_from_any  # noqa: E402
 
 
 def _init(i, sock, size, port):
@@ -85,21 +85,7 @@ def _every_collective(i, socks, port):
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert inbox.tolist() == [float(prv)] * 2
-    # from any rank (torch's recv and irecv without src): every other rank sends to 0
-    if r == 0:
-        got = {}
-        for k in range(size - 1):
-            t = torch.zeros(1)
-            if k % 2:
-                w = dist.irecv(t, tag=4)
-                w.wait()
-                src = w._source_rank()
-            else:
-                src = dist.recv(t, tag=4)
-            got[src] = t.item()
-        assert got == {k: float(10 * k) for k in range(1, size)}
-    else:
-        dist.send(torch.tensor([float(10 * r)]), 0, tag=4)
+    torch_recv_from_any(r, size, 4)  # torch's recv and irecv without src
     # object collectives through torch's own helpers (pickles over allgather/broadcast)
     objs = [None] * size
     dist.all_gather_object(objs, {"rank": r, "name": "pod-%d" % r})
@@ -134,6 +120,34 @@ def test_mem_pool_says_what_it_needs():
     else:
         with pytest.raises(RuntimeError, match="init_process_group"):
             coll.torch.mem_pool()
+
+
+def _split(i, sock, port):
+    _init(i, sock, 4, port)
+    r = dist.get_rank()
+    pg = dist.distributed_c10d._get_default_group()
+    be = pg._get_backend(torch.device("cpu"))  # what torch 2.x's split_group asks first
+    assert be.supports_splitting and be.comm_split_count() == 0
+    # torch 2.x's split_group calls this with the sorted ranks of this rank's part
+    half = pg.split_group([0, 1] if r < 2 else [3, 2], group_name="half-%d" % (r // 2))
+    assert half.group_name == "half-%d" % (r // 2) and half.size() == 2
+    assert half.rank() == r % 2 and be.comm_split_count() == 1
+    t = torch.tensor([float(r)])
+    half.allreduce([t]).wait()
+    assert t.item() == (1.0 if r < 2 else 5.0)
+    # a rank in no part gets None, and takes part all the same
+    low = pg.split_group([0, 1], group_name="low")
+    assert (low is None) == (r >= 2)
+    if low is not None:
+        t = torch.ones(2)
+        low.allreduce([t]).wait()
+        assert t.tolist() == [2.0, 2.0]
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_split_group_as_torch_2_calls_it(agent4):
+    run_ranks(_split, 4, agent4.sock, free_port(), timeout=120)
 
 
 def test_every_collective_across_two_pods(two_pods):

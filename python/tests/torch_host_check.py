@@ -2,7 +2,7 @@
 """torch.distributed on coll's host backend where there is no pytest (the GPU host, whose
 torch is 2.x, while this machine's pytest runs Debian's 1.13): four ranks on one pod,
 point to point with and without a source (torch's recv_anysource and the Work's
-_source_rank), and an all_reduce. Prints one line per check; exits 1 on a failure.
+_source_rank), an all_reduce, and (torch 2.x with CUDA) dist.split_group. Prints one line per check; exits 1 on a failure.
 
     COLL_AGENT=build/coll-agent COLL_LIB=build/libcoll.so.0 PYTHONPATH=python \
         python3 python/tests/torch_host_check.py
@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import free_port, one_pod, run_ranks  # noqa: E402
+from conftest import free_port, one_pod, run_ranks, torch_recv_from_any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -27,24 +27,27 @@ def _rank(i, sock, port, size):
     t = torch.full((3,), float(r))
     dist.all_reduce(t)
     assert t.tolist() == [float(sum(range(size)))] * 3, t
+    torch_recv_from_any(r, size, 4)
     if r == 0:
-        got = {}
-        for k in range(size - 1):
-            x = torch.zeros(2)
-            if k % 2:
-                w = dist.irecv(x, tag=4)
-                w.wait()
-                src = w._source_rank()
-            else:
-                src = dist.recv(x, tag=4)
-            got[src] = x.tolist()
-        assert got == {k: [10.0 * k] * 2 for k in range(1, size)}, got
         x = torch.zeros(2)
         assert dist.recv(x, 2, tag=5) == 2 and x.tolist() == [5.0, 5.0]
-    else:
-        dist.send(torch.full((2,), 10.0 * r), 0, tag=4)
-        if r == 2:
-            dist.send(torch.full((2,), 5.0), 0, tag=5)
+    elif r == 2:
+        dist.send(torch.full((2,), 5.0), 0, tag=5)
+    if hasattr(dist, "split_group") and torch.cuda.is_available():
+        # torch 2.x's split_group wants the default group bound to a device (as
+        # init_process_group(device_id=...) binds it); the ops stay on the CPU
+        dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+        half = dist.split_group(split_ranks=[[0, 1], [2, 3]])
+        assert dist.get_world_size(half) == 2 and dist.get_rank(half) == r % 2
+        t = torch.tensor([float(r)])
+        dist.all_reduce(t, group=half)
+        assert t.item() == (1.0 if r < 2 else 5.0), t
+        low = dist.split_group(split_ranks=[[0, 1]])
+        assert (low is None) == (r >= 2), low
+        if low is not None:
+            t = torch.ones(2)
+            dist.all_reduce(t, group=low)
+            assert t.tolist() == [2.0, 2.0], t
     dist.barrier()
     dist.destroy_process_group()
 
@@ -55,7 +58,10 @@ def main():
     try:
         run_ranks(_rank, size, agent.sock, free_port(), size, timeout=120)
         print("ok   torch %s on a host group of %d ranks: all_reduce, send, recv and irecv "
-              "with and without a source" % (torch.__version__, size), flush=True)
+              "with and without a source%s" % (
+                  torch.__version__, size,
+                  ", split_group" if hasattr(dist, "split_group") and torch.cuda.is_available()
+                  else " (no split_group here: torch 2.x with CUDA has it)"), flush=True)
     except AssertionError as e:
         print("FAIL torch %s: %s" % (torch.__version__, e), flush=True)
         return 1
