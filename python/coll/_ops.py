@@ -110,6 +110,21 @@ def _raw_first(fn):
     return op
 
 
+_current_raw = None
+
+
+def _raw_stream(device):
+    """The cudaStream_t of torch's current stream on device, as an int: torch's own raw
+    getter where it has one (no Stream object made per op), else the Stream's."""
+    global _current_raw
+    if _current_raw is None:
+        import torch
+
+        _current_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+            (lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _current_raw(device)
+
+
 class _Prep:
     """One op's arrays resolved to coll memory: staged where they are not in it (or, in
     _raw_first's first try, host arrays taken as they are)."""
@@ -121,19 +136,22 @@ class _Prep:
         self.device = None
         self.stream_arg = stream
         self.stream = None
+        self.tstream = None
 
     def _dev(self, v):
         if self.device is None:
             self.device = v.device
             if v.device >= 0:
-                import torch
-
                 s = self.stream_arg
-                if s is None:
-                    s = torch.cuda.current_stream(v.device)
-                self.tstream = s if hasattr(s, "cuda_stream") else \
-                    torch.cuda.ExternalStream(s, device=v.device)
-                self.stream = self.tstream.cuda_stream
+                if s is None:  # torch's current stream: staging copies run there anyway
+                    self.tstream = None
+                    self.stream = _raw_stream(v.device)
+                else:
+                    import torch
+
+                    self.tstream = s if hasattr(s, "cuda_stream") else \
+                        torch.cuda.ExternalStream(s, device=v.device)
+                    self.stream = self.tstream.cuda_stream
         elif v.device != self.device:
             raise ValueError("%s: arrays on device %d and %d: one device per op" %
                              (self.what, self.device, v.device))
@@ -147,7 +165,7 @@ class _Prep:
         return b.ptr, sv
 
     def _on_stream(self, fn, *a):
-        if self.device is not None and self.device >= 0:
+        if self.device is not None and self.device >= 0 and self.tstream is not None:
             import torch
 
             with torch.cuda.stream(self.tstream):
@@ -214,6 +232,7 @@ class _Prep:
             backs = []
         q = Request(self.conn, self.what, reqs, backs, self.stages, self.keep, result,
                     self.device is not None and self.device >= 0)
+        q.stream = self.stream
         return q if async_op else q.wait()
 
 

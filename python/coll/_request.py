@@ -35,6 +35,7 @@ class Request:
         self._gpu = gpu
         self._err = None
         self._source = None  # a receive from any rank: the ctypes int libcoll fills
+        self.stream = None  # GPU ops: the cudaStream_t (an int) they were submitted on
         self._lock = threading.Lock()
         self._done = not self._pending
         if self._done:

@@ -117,8 +117,8 @@ class Work(_WorkBase):
         self._lock = threading.Lock()
         with _alive_lock:
             _alive[id(self)] = self
-        if req._gpu:
-            req.wait_stream(torch.cuda.current_stream())
+        if req._gpu:  # submitted on torch's current stream (the tensor's device's)
+            req.wait_stream(req.stream)
             if post is not None:
                 post()  # on the stream, after the op
                 self._post = None

@@ -283,6 +283,30 @@ try:
             print("skip FSDP2: torch %s has no fully_shard" % torch.__version__)
     coll.torch.ProcessGroupColl.allreduce = pg_allreduce
     conn._stage_take = stage_take
+
+    # torch's split_group, as init_process_group(device_id=...) enables it (and DeviceMesh
+    # then takes it for its dimensions): a child of the GPU group, then FSDP2 on a mesh
+    if hasattr(dist, "split_group"):
+        dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+        sp = dist.split_group(split_ranks=[[0]])
+        st = torch.arange(6, device="cuda", dtype=torch.float32)
+        dist.all_reduce(st, group=sp)
+        check("dist.split_group([[0]]) of a GPU group: a coll child (%s), its all_reduce" %
+              sp._get_backend(torch.device("cuda")).coll.backend,
+              torch.equal(st, torch.arange(6, device="cuda", dtype=torch.float32)))
+        fully_shard = getattr(torch.distributed.fsdp, "fully_shard", None)
+        if fully_shard is not None and pool is not None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cuda", (1, 1), mesh_dim_names=("dp", "tp"))
+            m3 = make()
+            fully_shard(m3, mesh=mesh["dp"])
+            a3 = train(m3)
+            check("FSDP2 on a 2-D DeviceMesh of coll (its groups by split_group): losses %s, "
+                  "alone %s" % (a3[-1], b[-1]),
+                  max(abs(x - y) for x, y in zip(a3, b)) <= 1e-6 * max(abs(y) for y in b))
+    else:
+        print("skip split_group: torch %s has none" % torch.__version__)
     dist.destroy_process_group()
 finally:
     rc = agent.stop()
