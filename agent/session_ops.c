@@ -33,8 +33,8 @@ void session_complete(struct op *op, int status, const char *why)
     struct wire_shm *shm = s->shm;
     if (status != COLL_OK && idx < WIRE_RING_ENTRIES) /* read by the client after the cqe */
         snprintf(shm->why[idx], sizeof(shm->why[idx]), "%s", why ? why : "");
-    if (op->sqe.kind == WIRE_OP_RECV && idx < WIRE_RING_ENTRIES) /* read after the cqe */
-        shm->src[idx] = op->source;
+    if (op->sqe.peer == WIRE_ANY_SOURCE && idx < WIRE_RING_ENTRIES) /* read after the cqe */
+        shm->src[idx] = op->source; /* a receive from any rank's sender (no other op names -1) */
     struct wire_cqe *slot = &shm->cq[s->cq_tail & RING_MASK];
     slot->tag = op->sqe.tag;
     slot->status = status;

@@ -507,8 +507,7 @@ def recv_any(self, x, tag=0, async_op=False, stream=None):
     dt = _dtype_of(v, None)
     p = _Prep(self, what, stream)
     ptr = p.dst(v)
-    src = ctypes.c_int(-1)
-    p.keep.append(src)  # libcoll writes it when the request is consumed
+    src = ctypes.c_int(-1)  # libcoll writes it when the request is consumed (q keeps it)
     q = p.submit([_C("coll_recv_any", self.handle, ptr, v.numel, dt, tag, ctypes.byref(src),
                      p.stream)], x, True)
     q._source = src
