@@ -465,3 +465,132 @@ out:
     coll_disconnect(&x.c);
     return x.failures > 99 ? 99 : x.failures;
 }
+
+/* ---- premultiplied sums ------------------------------------------------------------------ */
+
+/* Element i of rank r's input, and rank r's scalar, as numbers (exact in every dtype
+ * below: small integers, and floats that are multiples of a quarter). */
+static double pm_x(int r, size_t i)
+{
+    return (double)(i % 61) + r;
+}
+
+static double pm_scalar(coll_dtype dt, int r)
+{
+    switch (dt) {
+    case COLL_INT32:
+        return r + 2;
+    case COLL_UINT8:
+        return 200 + r; /* products past 255: modulo 2^8 */
+    case COLL_FLOAT32:
+        return 0.5 * (r + 1);
+    default:
+        return 0.25 * (r + 3);
+    }
+}
+
+static void pm_put(coll_dtype dt, void *p, size_t i, double v)
+{
+    switch (dt) {
+    case COLL_INT32:
+        ((int32_t *)p)[i] = (int32_t)v;
+        break;
+    case COLL_UINT8:
+        ((uint8_t *)p)[i] = (uint8_t)(long)v;
+        break;
+    case COLL_FLOAT32:
+        ((float *)p)[i] = (float)v;
+        break;
+    default:
+        ((double *)p)[i] = v;
+        break;
+    }
+}
+
+static double pm_get(coll_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case COLL_INT32:
+        return ((const int32_t *)p)[i];
+    case COLL_UINT8:
+        return ((const uint8_t *)p)[i];
+    case COLL_FLOAT32:
+        return ((const float *)p)[i];
+    default:
+        return ((const double *)p)[i];
+    }
+}
+
+/* What element i of the result holds: the sum over ranks of x * scalar (uint8: modulo
+ * 2^8, as its products and sums are). */
+static double pm_want(coll_dtype dt, int n, size_t i)
+{
+    double v = 0;
+    for (int r = 0; r < n; r++)
+        v += pm_x(r, i) * pm_scalar(dt, r);
+    return dt == COLL_UINT8 ? (double)(uint8_t)(long)v : v;
+}
+
+static int pm_fail(int rank, const char *what, coll_err e)
+{
+    fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, what, coll_strerror(e), coll_last_error());
+    return 150;
+}
+
+/* Every rank multiplies by a scalar of its own: allreduce, reduce and reduce_scatter of
+ * four dtypes, tiny (direct where the rank may) and large, each element checked exactly;
+ * the same pair again is the same op, a destroyed op's pair comes back, and an op of
+ * another dtype is refused before anything is sent. */
+int opcheck_premul(coll_conn *c, coll_group *g, void *inbuf, void *outbuf, size_t big)
+{
+    coll_group_info info;
+    coll_group_info_get(g, &info);
+    const int n = info.size, me = info.rank;
+    char *in = inbuf, *out = outbuf;
+    const coll_dtype dts[] = {COLL_INT32, COLL_UINT8, COLL_FLOAT32, COLL_FLOAT64};
+    const size_t pm_counts[] = {24, big};
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        coll_dtype dt = dts[d];
+        uint64_t sbits = 0;
+        pm_put(dt, &sbits, 0, pm_scalar(dt, me));
+        coll_redop op, again;
+        coll_err e = coll_redop_create_premul_sum(g, &sbits, dt, &op);
+        if (e) return pm_fail(me, "create", e);
+        if (coll_redop_create_premul_sum(g, &sbits, dt, &again) || again != op) return 160;
+        if (strcmp(coll_redop_name(op), "premul_sum") != 0) return 161;
+        for (size_t k = 0; k < sizeof(pm_counts) / sizeof(pm_counts[0]); k++) {
+            size_t cnt = pm_counts[k];
+            for (int kind = 0; kind < 3; kind++) {
+                size_t inn = kind == 2 ? cnt * (size_t)n : cnt;
+                for (size_t i = 0; i < inn; i++)
+                    pm_put(dt, in, i, pm_x(me, i));
+                memset(out, 0xa5, cnt * coll_dtype_size(dt));
+                coll_request r;
+                int root = n - 1;
+                e = kind == 0   ? coll_allreduce(g, in, out, cnt, dt, op, NULL, &r)
+                    : kind == 1 ? coll_reduce(g, in, out, cnt, dt, op, root, NULL, &r)
+                                : coll_reduce_scatter(g, in, out, cnt, dt, op, NULL, &r);
+                if (e == COLL_OK) e = coll_wait(c, r, 20000);
+                if (e) return pm_fail(me, kind == 0 ? "allreduce" : kind == 1 ? "reduce" : "rs", e);
+                if (kind == 1 && me != root) continue;
+                size_t base = kind == 2 ? (size_t)me * cnt : 0;
+                for (size_t i = 0; i < cnt; i++)
+                    if (pm_get(dt, out, i) != pm_want(dt, n, base + i)) {
+                        fprintf(stderr, "rank %d %s kind %d count %zu: [%zu] = %g, want %g\n", me,
+                                coll_dtype_name(dt), kind, cnt, i, pm_get(dt, out, i),
+                                pm_want(dt, n, base + i));
+                        return 170 + kind;
+                    }
+            }
+        }
+        if (coll_redop_destroy(g, op) || coll_redop_destroy(g, again)) return 162;
+        if (coll_redop_destroy(g, op) != COLL_ERR_INVALID) return 163;
+        if (coll_redop_create_premul_sum(g, &sbits, dt, &again) || again != op) return 164;
+        /* made for this dtype: an op of another is refused, nothing sent */
+        coll_request r;
+        e = coll_allreduce(g, in, out, 4, dt == COLL_INT32 ? COLL_FLOAT32 : COLL_INT32, op, NULL,
+                           &r);
+        if (e != COLL_ERR_INVALID || !strstr(coll_last_error(), "was made for")) return 165;
+    }
+    return 0;
+}

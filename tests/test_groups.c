@@ -6,7 +6,7 @@
  * a parent that moves on under its children, limits and bad arguments; and across four
  * pods of two ranks each, children across pods (libcoll's: span.c) of both shapes through
  * the whole op matrix, nested in each other and with children of one pod, beside ops
- * on the parent.
+ * on the parent, and premultiplied sums on children of both kinds.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -662,6 +662,71 @@ static void a_world_across_pods_splits_nests_and_mixes(void **state)
     stop_pods(a);
     assert_false(bad);
 }
+/* Premultiplied sums on children: halves across all four pods, their nested quarters
+ * across two, and a pod's pair (one pod: the agent's), every rank with a scalar of its
+ * own (opcheck_premul), each element checked exactly; then one scalar on every rank. */
+static int premul_children_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *halves, *quarter, *pod;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    coll_group_info gi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    coll_buffer *b;
+    const size_t big = 4096; /* per block: 32 KiB of float64s */
+    if (coll_mem_alloc(&b, c, big * 8 * 5, COLL_DEVICE_HOST) != COLL_OK) return 180;
+    char *in = coll_mem_ptr(b), *out = in + big * 8 * 4;
+    if (coll_group_split(g, r % 2, r, &halves) != COLL_OK) return 181;
+    coll_group_info hi;
+    coll_group_info_get(halves, &hi);
+    if (coll_group_split(halves, hi.rank / 2, hi.rank, &quarter) != COLL_OK) return 182;
+    if (coll_group_split(g, r / 2, r, &pod) != COLL_OK) return 183;
+    if ((rc = opcheck_premul(c, halves, in, out, big))) return rc;
+    if ((rc = opcheck_premul(c, quarter, in, out, big))) return rc;
+    if ((rc = opcheck_premul(c, pod, in, out, big))) return rc;
+    /* a scalar that opcheck_premul did not use: a new op of the half's own */
+    float two = 2.0f;
+    coll_redop op_h;
+    if (coll_redop_create_premul_sum(halves, &two, COLL_FLOAT32, &op_h) != COLL_OK) return 184;
+    coll_request q;
+    /* 2 x (r + 1) summed over the half: 2 x 16 (evens) or 2 x 20 (odds) */
+    for (int k = 0; k < 16; k++)
+        x[k] = (float)(r + 1);
+    if (coll_allreduce(halves, x, x, 16, COLL_FLOAT32, op_h, NULL, &q) != COLL_OK ||
+        coll_wait(c, q, 20000) != COLL_OK)
+        return 186;
+    for (int k = 0; k < 16; k++)
+        if (x[k] != (r % 2 ? 40.0f : 32.0f)) {
+            fprintf(stderr, "rank %d: premultiplied half [%d] = %g\n", r, k, x[k]);
+            return 187;
+        }
+    coll_group_close(&pod);
+    coll_group_close(&quarter);
+    coll_group_close(&halves);
+    coll_mem_release(&b);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void premultiplied_sums_on_children(void **state)
+{
+    (void)state;
+    struct agent a[PODS];
+    start_pods(a, 20000);
+    struct job jobs[RANKS];
+    for (int r = 0; r < RANKS; r++)
+        jobs[r] = (struct job){.sock = a[r / 2].sock, .rank = r % 2};
+    int bad = run_jobs(premul_children_main, jobs, sizeof(jobs[0]), RANKS, 300000);
+    for (int i = 0; i < PODS; i++)
+        bad |= agent_log_count(&a[i], "protocol_error") != 0;
+    stop_pods(a);
+    assert_false(bad);
+}
+
 /* Across two pods of one rank each: lists that differ fail create with MISMATCH on
  * both ranks; a child made right runs; then rank 1 dies (its process exits, no close)
  * while rank 0 waits in an op of their child: rank 0's op fails, retryably, within the
@@ -740,6 +805,7 @@ int main(void)
         cmocka_unit_test(pairs_across_two_pods_run_the_op_matrix),
         cmocka_unit_test(halves_across_four_pods_run_the_op_matrix),
         cmocka_unit_test(a_child_across_pods_fails_cleanly),
+        cmocka_unit_test(premultiplied_sums_on_children),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

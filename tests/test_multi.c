@@ -1277,73 +1277,7 @@ static void direct_ops_take_memory_outside_coll_buffers(void **state)
 
 /* ---- premultiplied sums ------------------------------------------------------------------ */
 
-/* Element i of rank r's input, and rank r's scalar, as numbers (exact in every dtype
- * below: small integers, and floats that are multiples of a quarter). */
-static double pm_x(int r, size_t i)
-{
-    return (double)(i % 61) + r;
-}
-
-static double pm_scalar(coll_dtype dt, int r)
-{
-    switch (dt) {
-    case COLL_INT32:
-        return r + 2;
-    case COLL_UINT8:
-        return 200 + r; /* products past 255: modulo 2^8 */
-    case COLL_FLOAT32:
-        return 0.5 * (r + 1);
-    default:
-        return 0.25 * (r + 3);
-    }
-}
-
-static void pm_put(coll_dtype dt, void *p, size_t i, double v)
-{
-    switch (dt) {
-    case COLL_INT32:
-        ((int32_t *)p)[i] = (int32_t)v;
-        break;
-    case COLL_UINT8:
-        ((uint8_t *)p)[i] = (uint8_t)(long)v;
-        break;
-    case COLL_FLOAT32:
-        ((float *)p)[i] = (float)v;
-        break;
-    default:
-        ((double *)p)[i] = v;
-        break;
-    }
-}
-
-static double pm_get(coll_dtype dt, const void *p, size_t i)
-{
-    switch (dt) {
-    case COLL_INT32:
-        return ((const int32_t *)p)[i];
-    case COLL_UINT8:
-        return ((const uint8_t *)p)[i];
-    case COLL_FLOAT32:
-        return ((const float *)p)[i];
-    default:
-        return ((const double *)p)[i];
-    }
-}
-
-/* What element i of the result holds: the sum over ranks of x * scalar (uint8: modulo
- * 2^8, as its products and sums are). */
-static double pm_want(coll_dtype dt, int n, size_t i)
-{
-    double v = 0;
-    for (int r = 0; r < n; r++)
-        v += pm_x(r, i) * pm_scalar(dt, r);
-    return dt == COLL_UINT8 ? (double)(uint8_t)(long)v : v;
-}
-
-/* Every rank multiplies by a scalar of its own: allreduce, reduce and reduce_scatter of
- * four dtypes, tiny (direct where the rank may) and large, each element checked exactly;
- * the same pair again is the same op, a destroyed op's pair comes back, and an op of
- * another dtype is refused before anything is sent. */
+/* Every rank multiplies by a scalar of its own (opcheck_premul), on every path. */
 static int premul_main(void *arg)
 {
     const struct mix *o = arg;
@@ -1353,56 +1287,9 @@ static int premul_main(void *arg)
     int32_t *mem;
     int rc = mix_open(o, &c, &g, &info, &mem);
     if (rc) return rc;
-    const int n = info.size, me = info.rank;
-    char *in = (char *)mem, *out = (char *)(mem + MIX_BIG);
-    const coll_dtype dts[] = {COLL_INT32, COLL_UINT8, COLL_FLOAT32, COLL_FLOAT64};
-    const size_t counts[] = {24, MIX_BIG / 16}; /* 96 B to 128 KiB of int32s per block */
-    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
-        coll_dtype dt = dts[d];
-        uint64_t sbits = 0;
-        pm_put(dt, &sbits, 0, pm_scalar(dt, me));
-        coll_redop op, again;
-        coll_err e = coll_redop_create_premul_sum(g, &sbits, dt, &op);
-        if (e) return mix_fail(me, "create", e);
-        if (coll_redop_create_premul_sum(g, &sbits, dt, &again) || again != op) return 160;
-        if (strcmp(coll_redop_name(op), "premul_sum") != 0) return 161;
-        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
-            size_t cnt = counts[k];
-            for (int kind = 0; kind < 3; kind++) {
-                size_t inn = kind == 2 ? cnt * (size_t)n : cnt;
-                for (size_t i = 0; i < inn; i++)
-                    pm_put(dt, in, i, pm_x(me, i));
-                memset(out, 0xa5, cnt * coll_dtype_size(dt));
-                coll_request r;
-                int root = n - 1;
-                e = kind == 0   ? coll_allreduce(g, in, out, cnt, dt, op, NULL, &r)
-                    : kind == 1 ? coll_reduce(g, in, out, cnt, dt, op, root, NULL, &r)
-                                : coll_reduce_scatter(g, in, out, cnt, dt, op, NULL, &r);
-                e = mix_wait(c, e, r);
-                if (e)
-                    return mix_fail(me, kind == 0 ? "allreduce" : kind == 1 ? "reduce" : "rs", e);
-                if (kind == 1 && me != root) continue;
-                size_t base = kind == 2 ? (size_t)me * cnt : 0;
-                for (size_t i = 0; i < cnt; i++)
-                    if (pm_get(dt, out, i) != pm_want(dt, n, base + i)) {
-                        fprintf(stderr, "rank %d %s kind %d count %zu: [%zu] = %g, want %g\n", me,
-                                coll_dtype_name(dt), kind, cnt, i, pm_get(dt, out, i),
-                                pm_want(dt, n, base + i));
-                        return 170 + kind;
-                    }
-            }
-        }
-        if (coll_redop_destroy(g, op) || coll_redop_destroy(g, again)) return 162;
-        if (coll_redop_destroy(g, op) != COLL_ERR_INVALID) return 163;
-        if (coll_redop_create_premul_sum(g, &sbits, dt, &again) || again != op) return 164;
-        /* made for this dtype: an op of another is refused, nothing sent */
-        coll_request r;
-        e = coll_allreduce(g, in, out, 4, dt == COLL_INT32 ? COLL_FLOAT32 : COLL_INT32, op, NULL,
-                           &r);
-        if (e != COLL_ERR_INVALID || !strstr(coll_last_error(), "was made for")) return 165;
-    }
+    rc = opcheck_premul(c, g, mem, mem + MIX_BIG, MIX_BIG / 16);
     coll_disconnect(&c);
-    return 0;
+    return rc;
 }
 
 /* Premultiplied sums between pods: each rank's own scalar, every path an op may take

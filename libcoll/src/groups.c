@@ -315,10 +315,6 @@ coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dt
     if (!es) return lc_fail(COLL_ERR_INVALID, "dtype %d out of range", (int)dt);
     if (dt == COLL_BOOL || dt == COLL_COMPLEX64 || dt == COLL_COMPLEX128)
         return lc_fail(COLL_ERR_INVALID, "a premultiplied sum takes no %s", coll_dtype_name(dt));
-    if (g->span)
-        return lc_fail(COLL_ERR_UNSUPPORTED,
-                       "group '%s' is a child across pods: it has no premultiplied sum",
-                       g->info.name);
     uint64_t bits = 0; /* the low bytes (little-endian, as every target of libcoll) */
     memcpy(&bits, scalar, es);
     coll_conn *c = g->conn;
@@ -340,6 +336,14 @@ coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dt
                      "group '%s': this handle holds %u premultiplied sums (dtype and scalar "
                      "pairs), all taken",
                      g->info.name, WIRE_PREMUL_SLOTS);
+    } else if (g->span) { /* a child across pods multiplies in this process (span.c) */
+        struct lc_premul *p = &g->premul[free_slot];
+        p->dtype = (uint8_t)dt;
+        p->bits = bits;
+        p->refs = 1;
+        atomic_store_explicit(&p->set, 1, memory_order_release);
+        *op = (coll_redop)(WIRE_REDOP_PREMUL + (unsigned)free_slot);
+        rc = COLL_OK;
     } else {
         union wire_msg m, r;
         wire_init(&m, WIRE_REDOP_SET, 0);

@@ -267,6 +267,14 @@ static void move(void *dst, const void *src, size_t n)
     if (n) memmove(dst, src, n);
 }
 
+/* dst = src times this rank's scalar (the dtype's bits), count elements, rounded to the
+ * dtype as a premultiplied sum rounds each product; dst is scratch, apart from src */
+static void scale(int dtype, void *dst, const void *src, uint64_t scalar, size_t count)
+{
+    const void *srcs[1] = {src};
+    if (count) reduce_premul_n(dtype, dst, srcs, &scalar, 1, count);
+}
+
 coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
                         uint64_t count, const void *send, void *recv, int tag, coll_request *req)
 {
@@ -331,8 +339,16 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
                  (kind == WIRE_OP_REDUCE && me == peer);
     int inplace_a2a = kind == WIRE_OP_ALLTOALL && (const char *)send < (char *)recv + all &&
                       (char *)recv < (const char *)send + all;
-    if (reduce || inplace_a2a || kind == WIRE_OP_BARRIER) {
-        size_t need_b = kind == WIRE_OP_BARRIER ? (size_t)n : all;
+    /* a premultiplied sum: this rank's input times its own scalar, in scratch, is what it
+     * sends and adds; the sum of those is then COLL_SUM's, bit for bit the agent's (each
+     * product rounded to the type, summed as COLL_SUM sums, in rank order) */
+    int premul = wire_kind_reduces(kind) && (unsigned)redop >= WIRE_REDOP_PREMUL;
+    uint64_t scalar = premul ? g->premul[(unsigned)redop - WIRE_REDOP_PREMUL].bits : 0;
+    if (reduce || inplace_a2a || premul || kind == WIRE_OP_BARRIER) {
+        size_t need_b = kind == WIRE_OP_BARRIER                    ? (size_t)n
+                        : premul && kind == WIRE_OP_REDUCE_SCATTER ? 2 * all
+                        : premul && !reduce                        ? bytes
+                                                                   : all;
         op->sc = scratch_take(g, need_b ? need_b : 1, &rc);
         if (!op->sc) {
             pthread_mutex_lock(&c->lock);
@@ -349,10 +365,17 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
     case WIRE_OP_ALLREDUCE:
     case WIRE_OP_REDUCE:
         if (kind == WIRE_OP_REDUCE && me != peer) {
+            if (premul) {
+                scale(dtype, S, sb, scalar, count);
+                sb = S;
+            }
             lc_cop_post(op, root, WIRE_OP_SEND, sb, NULL, count, dtype, rr[peer], t);
             break;
         }
-        move(S + (size_t)me * bytes, sb, bytes); /* ours, apart: send may be recv */
+        if (premul) /* ours, apart: send may be recv */
+            scale(dtype, S + (size_t)me * bytes, sb, scalar, count);
+        else
+            move(S + (size_t)me * bytes, sb, bytes);
         for (int j = 0; j < n; j++) {
             if (j == me) continue;
             lc_cop_post(op, root, WIRE_OP_RECV, NULL, S + (size_t)j * bytes, count, dtype, rr[j],
@@ -363,6 +386,10 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         }
         break;
     case WIRE_OP_REDUCE_SCATTER:
+        if (premul) { /* every block times the scalar, after the blocks received */
+            scale(dtype, S + all, sb, scalar, count * (size_t)n);
+            sb = S + all;
+        }
         move(S + (size_t)me * bytes, sb + (size_t)me * bytes, bytes);
         for (int j = 0; j < n; j++) {
             if (j == me) continue;
@@ -421,7 +448,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         op->count = count;
         op->bytes = bytes;
         op->dtype = dtype;
-        op->redop = redop;
+        op->redop = premul ? COLL_SUM : redop;
         op->nsrc = n;
     }
     *req = lc_cop_req(op, idx);

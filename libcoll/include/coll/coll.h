@@ -288,8 +288,9 @@ COLL_API void coll_group_close(coll_group **group);
  * op passes one, each with its own scalar. Blocks for one round trip the first time a
  * (dt, scalar) pair is made on the handle; the same pair again returns the same op at no
  * cost. A handle holds 128 distinct pairs (LIMIT past that) for its life: a destroyed
- * op's pair stays and comes back at no cost. Children of a group across pods refuse it
- * (UNSUPPORTED). Errors: INVALID (NULL argument, dt), LIMIT, the connection's.
+ * op's pair stays and comes back at no cost. A child across pods of a host group makes
+ * it without a round trip and multiplies in this process, before its sends. Errors:
+ * INVALID (NULL argument, dt), LIMIT, the connection's.
  */
 #define COLL_PREMUL_SUM_FIRST 128
 COLL_API coll_err coll_redop_create_premul_sum(coll_group *g, const void *scalar, coll_dtype dt,
