@@ -7,8 +7,7 @@ process: the parts of the Python path timed one by one, then a cProfile of the o
         python3 bench/gpu_profile.py [ITERS]
 
 Prints µs per call (median of 5 interleaved rounds) and the profile's top entries
-(PROFILE=0: the timings only), and what torch's split_group asks of a backend. Exits 77
-without a GPU.
+(PROFILE=0: the timings only). Exits 77 without a GPU.
 """
 import cProfile
 import ctypes
@@ -121,8 +120,18 @@ try:
             torch.cuda.synchronize()
         return f
 
+    pgw = coll.torch._state["world"]
+    bound = pgw._bound
+
+    def unbound():  # the general way, without coll/_bound.py's binding
+        pgw._bound = None
+        dist.all_reduce(x)
+        pgw._bound = bound
+
     cases = {
         "coll dist.all_reduce": sync(lambda: dist.all_reduce(x)),
+        "coll dist.all_reduce, unbound": sync(unbound),
+        "coll dist.all_reduce, no sync": lambda: dist.all_reduce(x),
         "nccl dist.all_reduce": sync(lambda: dist.all_reduce(y, group=nccl)),
         "nccl dist.all_reduce, no sync": lambda: dist.all_reduce(y, group=nccl),
         "coll g.allreduce async + wait_stream": coll_py,
@@ -171,22 +180,6 @@ try:
         print("\ncProfile: %s, %d calls, by own time" % (what, ITERS))
         pstats.Stats(p, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
-    # split_group: what torch asks of a backend
-    fn = getattr(dist, "split_group", None)
-    print("\ndist.split_group: %s" % ("absent" if fn is None else "present"))
-    if fn is not None:
-        src = inspect.getsource(fn)
-        print(src[:7000])
-        try:
-            sg = fn(split_ranks=[[0]])
-            print("split_group on coll gave %r" % (sg,))
-        except Exception as e:  # noqa: BLE001
-            print("split_group on coll: %s: %s" % (type(e).__name__, e))
-    b = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
-    print("backend object: %r, supports_splitting: %r" %
-          (type(b), getattr(b, "supports_splitting", "absent")))
-    print("Backend attrs: %s" % [a for a in dir(torch._C._distributed_c10d.Backend)
-                                 if "split" in a.lower() or "merge" in a.lower()])
     dist.destroy_process_group()
 finally:
     agent.stop()

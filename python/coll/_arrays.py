@@ -3,7 +3,6 @@ by the views; GPU memory reaches torch through a DLPack capsule made here."""
 import atexit
 import ctypes
 
-from . import _lib as L
 from ._core import _device_arg
 
 

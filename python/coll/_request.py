@@ -62,7 +62,7 @@ class Request:
             self._err = CollError(rc, reason, self.what)
 
     def _finish(self):
-        if self._err is None:
+        if self._err is None and self._backs:
             from ._arrays import copy
 
             for orig, staged in self._backs:

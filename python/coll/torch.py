@@ -25,19 +25,22 @@ import torch
 import torch.distributed as dist
 
 from ._core import CollError, connect
-from . import _arrays
+from . import _arrays, _bound
 from ._request import ready
 
 _OPS = [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
         ("AVG", "avg"), ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor")]
 
+# torch's ReduceOp values and ours, made once (SUM first: the common one)
+_OPS_OF = [(getattr(dist.ReduceOp, name), ours) for name, ours in _OPS
+           if hasattr(dist.ReduceOp, name)]
 
 
 def _redop(op):
     if op is None:
         return "sum"
-    for name, ours in _OPS:
-        if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
+    for theirs, ours in _OPS_OF:
+        if op == theirs:
             return ours
     if hasattr(dist.ReduceOp, "PREMUL_SUM") and getattr(op, "op", op) == dist.ReduceOp.PREMUL_SUM:
         # torch keeps PREMUL_SUM's factor in C++, out of a Python backend's reach: scale the
@@ -106,27 +109,31 @@ class Work(_WorkBase):
     CUDA ops: the current stream waits for the op on the GPU at submission (as after
     ProcessGroupNCCL's wait(), no host wait) and wait() returns at once."""
 
-    def __init__(self, req, value, post=None, bufs=()):
+    def __init__(self, req, value, post=None, bufs=(), waited=False):
         super().__init__()
         self._req = req
-        self._bufs = list(bufs)  # scratch in coll memory, given back once done
+        self._bufs = bufs  # scratch in coll memory, given back once done
         self._value = value  # the output tensors (the future's value)
         self._post = post  # copies into list outputs, once, on success
         self._fut = None
         self._exc = None
         self._lock = threading.Lock()
-        with _alive_lock:
-            _alive[id(self)] = self
         if req._gpu:  # submitted on torch's current stream (the tensor's device's)
-            req.wait_stream(req.stream)
+            if not waited:  # (a bound op's stream waits already: _bound.py)
+                req.wait_stream(req.stream)
             if post is not None:
                 post()  # on the stream, after the op
                 self._post = None
             # the host's side of it (its request's slot) is settled later, by the
-            # submitter (_reap), or by the completer thread for a future
+            # submitter (_reap), or by the completer thread for a future; until then
+            # _gpu_pending (or the completer) keeps the Work alive, as _alive does below.
+            # (A deque's append is atomic: the lock guards the looks that pop or remove.)
+            _gpu_pending.append(self)
+            if bufs or req._stages or len(_gpu_pending) >= _reap_at[0]:
+                _reap()  # staging memory goes back at once (the next op takes it)
+        else:
             with _alive_lock:
-                _gpu_pending.append(self)
-            _reap()
+                _alive[id(self)] = self
 
     def _forget(self):
         with _alive_lock:
@@ -160,6 +167,22 @@ class Work(_WorkBase):
             if self._fut is not None:
                 self._fut.set_result(self._value)
         self._forget()
+
+    def _settle_gpu(self):
+        """A GPU Work without a future, taken off _gpu_pending (so no other thread
+        settles it): its request consumed on the host, its failure kept, its scratch
+        given back. Its copies ran on the stream at submission."""
+        q = self._req
+        if not q._done:
+            try:
+                q.wait()
+            except CollError as e:
+                self._exc = e
+        elif q._err is not None:
+            self._exc = q._err
+        for b in self._bufs:
+            q.conn._stage_give(b)
+        self._bufs = ()
 
     def wait(self, timeout=None):
         if self._req._gpu:  # the stream waits already; a failure seen is raised
@@ -218,24 +241,32 @@ class Work(_WorkBase):
         return self._fut
 
 
-# GPU Work objects whose request the host has not consumed yet, oldest first: each new
-# one settles those that are done (one non-blocking look at the oldest), and waits for
-# the oldest while more than _GPU_PENDING_MAX are left (a connection holds 256 requests)
+# GPU Work objects whose request the host has not consumed yet, oldest first. Once
+# _REAP_EVERY more have come since the last look, a new one settles those that are done
+# (oldest first, stopping at the first still running), and waits for the oldest while
+# more than _GPU_PENDING_MAX are left (a connection holds 256 requests). Looking in
+# batches, not at every op, spares a look that finds the newest ops still running.
 _gpu_pending = collections.deque()
 _GPU_PENDING_MAX = 128
+_REAP_EVERY = 16
+_reap_at = [_REAP_EVERY]  # the length of _gpu_pending at which the next look comes
 
 
 def _reap():
     while True:
-        with _alive_lock:
-            if not _gpu_pending:
-                return
-            w = _gpu_pending[0]
-            if len(_gpu_pending) <= _GPU_PENDING_MAX and not _settled(w._req):
-                return
-            _gpu_pending.popleft()
-        if w._fut is None:
-            w._settle()  # waits on the host for the oldest when over the bound
+        done, over = [], False
+        with _alive_lock:  # the looks do not block: tests of the oldest
+            while _gpu_pending and _settled(_gpu_pending[0]._req):
+                done.append(_gpu_pending.popleft())
+            if len(_gpu_pending) > _GPU_PENDING_MAX:
+                over = True
+                done.append(_gpu_pending.popleft())
+        for w in done:
+            if w._fut is None:
+                w._settle_gpu()  # waits on the host for the oldest when over the bound
+        if not over:
+            break
+    _reap_at[0] = min(len(_gpu_pending) + _REAP_EVERY, _GPU_PENDING_MAX + 1)
 
 
 def _settled(q):
@@ -292,6 +323,9 @@ class ProcessGroupColl(dist.ProcessGroup):
         super().__init__(rank, size)
         self.coll = group
         self._error = error
+        # GPU ops on tensors in coll memory: bound once, then two C calls per op
+        self._bound = _bound.Binder(group) if group is not None and group.backend == "nccl" \
+            else None
         self._name = None
         self._store = None  # torch's store of the group (split_group asks for it)
         self._splits = 0
@@ -363,7 +397,12 @@ class ProcessGroupColl(dist.ProcessGroup):
         op = _redop(_opt(opts, "reduceOp", None))
         if len(tensors) != 1:
             raise ValueError("coll: one tensor per process (got %d)" % len(tensors))
-        return self._work(self._g().allreduce(tensors[0], op=op, async_op=True), tensors)
+        t = tensors[0]
+        if self._bound is not None and t.is_cuda and self._error is None:
+            q = self._bound.allreduce(t, op, tensors)
+            if q is not None:
+                return Work(q, tensors, waited=True)
+        return self._work(self._g().allreduce(t, op=op, async_op=True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
@@ -381,7 +420,12 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = _opt(opts, "rootRank", 0)
-        return self._work(self._g().broadcast(tensors[0], root=root, async_op=True), tensors)
+        t = tensors[0]
+        if self._bound is not None and t.is_cuda and self._error is None:
+            q = self._bound.broadcast(t, root, tensors)
+            if q is not None:
+                return Work(q, tensors, waited=True)
+        return self._work(self._g().broadcast(t, root=root, async_op=True), tensors)
 
     def reduce(self, tensors, opts=None):
         root = _opt(opts, "rootRank", 0)
@@ -390,6 +434,10 @@ class ProcessGroupColl(dist.ProcessGroup):
                           tensors)
 
     def _allgather_base(self, output, input, opts=None):
+        if self._bound is not None and input.is_cuda and self._error is None:
+            q = self._bound.allgather(output, input, [output])
+            if q is not None:
+                return Work(q, [output], waited=True)
         return self._work(self._g().allgather(input, out=output, async_op=True), [output])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -405,6 +453,10 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
+        if self._bound is not None and input.is_cuda and self._error is None:
+            q = self._bound.reduce_scatter(output, input, op, [output])
+            if q is not None:
+                return Work(q, [output], waited=True)
         return self._work(self._g().reduce_scatter(input, out=output, op=op, async_op=True),
                           [output])
 

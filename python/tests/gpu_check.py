@@ -67,6 +67,11 @@ try:
     dist.all_reduce(t)
     check("dist.all_reduce on an ordinary CUDA tensor (staged)",
           torch.equal(t, torch.arange(1000, device="cuda", dtype=torch.float32)))
+    owned = len(conn._owned)
+    for _ in range(50):  # each staged op gives its staging memory back for the next
+        dist.all_reduce(t)
+    check("50 staged ops reuse their staging memory (%d buffers made)"
+          % (len(conn._owned) - owned), len(conn._owned) - owned <= 2)
     outs = [torch.zeros(7, device="cuda")]
     dist.all_gather(outs, torch.full((7,), 2.5, device="cuda"))
     check("dist.all_gather (list) on CUDA tensors", float(outs[0][3]) == 2.5)
@@ -76,6 +81,53 @@ try:
     check("all_gather_into_tensor, bfloat16", float(o[4]) == 1.5)
     fut = dist.all_reduce(torch.ones(3, device="cuda"), async_op=True).get_future()
     check("a CUDA op's future completes", fut.wait()[0].is_cuda)
+    # bound ops (coll/_bound.py): a tensor in coll memory is checked once, then each op
+    # is two C calls; out of place, so a stream that did not wait would read stale data
+    pgw = coll.torch._state["world"]
+    bd = pgw._bound
+    bx = conn.zeros(256, torch.float32, device="cuda:0")
+    bo = conn.zeros(256, torch.float32, device="cuda:0")
+    good = True
+    for k in range(3):
+        torch.cuda._sleep(20_000_000)
+        bx.fill_(k + 1.0)
+        dist.all_gather_into_tensor(bo, bx)
+        z = bo * 2
+        bo2 = conn.zeros(256, torch.float32, device="cuda:0")
+        dist.reduce_scatter_tensor(bo2, bo)
+        dist.broadcast(bo2, 0)
+        dist.all_reduce(bo2)
+        good = good and float(z[255]) == 2 * (k + 1.0) and float(bo2[7]) == k + 1.0
+    check("bound ops (all_gather_into_tensor, reduce_scatter_tensor, broadcast, "
+          "all_reduce) follow the stream and it waits for them (%d bindings)" % len(bd.ops),
+          good and bd is not None and len(bd.ops) >= 4)
+    for _ in range(300):  # no host wait: settled in batches, at most 128 left
+        dist.all_reduce(bx)
+    check("300 bound ops without a host wait: %d Works left unsettled"
+          % len(coll.torch._gpu_pending), len(coll.torch._gpu_pending) <= 129)
+    torch.cuda.synchronize()
+    nt = conn.zeros((16, 16), torch.float32, device="cuda:0").t()
+    nb = len(bd.ops)
+    dist.all_reduce(nt)
+    check("a tensor that is not contiguous is not bound", len(bd.ops) == nb)
+    i16 = conn.zeros(4, torch.int16, device="cuda:0")
+    try:
+        dist.all_reduce(i16)
+        check("int16 on NCCL refused by a bound op", False)
+    except coll.CollError as e:
+        check("int16 on NCCL refused by a bound op: %s" % e, e.name == "UNSUPPORTED")
+    # a binding whose memory is no longer coll's (a pool block torch gave back, its
+    # address reused): libcoll refuses it at submission, the binding goes, the op stages
+    ot = torch.arange(64, device="cuda", dtype=torch.float32)
+    okey = (0, ot.data_ptr(), ot.numel(), ot.dtype, ot.get_device(), "sum")
+    fn, args = bd._fn("coll_allreduce", (cg._h, ot.data_ptr(), ot.data_ptr(), 64,
+                                          coll._lib.DTYPES["float32"], coll._lib.REDOPS["sum"]))
+    bd.ops[okey] = (fn, args, 0, "allreduce (stale)")
+    dist.all_reduce(ot)
+    check("a stale binding is refused, dropped, and the op staged",
+          okey not in bd.ops and torch.equal(ot, torch.arange(64, device="cuda",
+                                                              dtype=torch.float32)))
+
     # the float8s (NCCL's own) and complex numbers (pairs of floats for NCCL; no product)
     for name in ("float8_e4m3fn", "float8_e5m2"):
         fdt = getattr(torch, name, None)
@@ -206,7 +258,8 @@ try:
                     "coll-py": conn.zeros(n, torch.float32, device="cuda:0"),
                     "coll-staged": torch.zeros(n, device="cuda"),
                     "nccl": torch.zeros(n, device="cuda")}
-            order = ["coll", "coll-staged", "coll-py", "nccl", "coll-child"]
+            bufs["coll-unbound"] = conn.zeros(n, torch.float32, device="cuda:0")
+            order = ["coll", "coll-staged", "coll-py", "nccl", "coll-child", "coll-unbound"]
             if pool is not None:  # torch's tensor in the pool: coll memory too
                 with torch.cuda.use_mem_pool(pool):
                     bufs["coll-pool"] = torch.zeros(n, device="cuda")
@@ -222,6 +275,11 @@ try:
                         q.wait_stream(torch.cuda.current_stream())
                         torch.cuda.synchronize()
                         q.wait()
+                    elif v == "coll-unbound":  # the general way (no binding), for A/B
+                        pgw._bound = None
+                        dist.all_reduce(buf)
+                        pgw._bound = bd
+                        torch.cuda.synchronize()
                     else:
                         dist.all_reduce(buf, group=grp)
                         torch.cuda.synchronize()
@@ -235,17 +293,19 @@ try:
     print("\ndist.all_reduce, one rank on %s, synchronized after each op, median of %d "
           "interleaved rounds (us per op)" % (torch.cuda.get_device_name(0), rounds))
     print("| bytes | coll | coll-staged | coll-py | nccl | nccl/coll | nccl/staged "
-          "| coll-child | child/coll | coll-pool |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| coll-child | child/coll | coll-pool | coll-unbound | unbound/coll |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         m = {v: statistics.median(cells[(size, v)])
-             for v in ("coll", "coll-staged", "coll-py", "nccl", "coll-child", "coll-pool")
+             for v in ("coll", "coll-staged", "coll-py", "nccl", "coll-child", "coll-pool",
+                       "coll-unbound")
              if (size, v) in cells}
-        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %s |" % (
-            size, m["coll"], m["coll-staged"], m["coll-py"], m["nccl"],
-            m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"], m["coll-child"],
-            m["coll-child"] / m["coll"],
-            "%.1f" % m["coll-pool"] if "coll-pool" in m else "-"))
+        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %s | %.1f | %.2f |"
+              % (size, m["coll"], m["coll-staged"], m["coll-py"], m["nccl"],
+                 m["nccl"] / m["coll"], m["nccl"] / m["coll-staged"], m["coll-child"],
+                 m["coll-child"] / m["coll"],
+                 "%.1f" % m["coll-pool"] if "coll-pool" in m else "-", m["coll-unbound"],
+                 m["coll-unbound"] / m["coll"]))
 
     # FSDP on the coll backend (one rank: its collectives run, the sums are of one),
     # the model's memory in the pool; against the same model trained alone

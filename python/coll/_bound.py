@@ -1,0 +1,153 @@
+"""GPU ops on tensors in coll memory, bound once (the torch backend's common case).
+
+The first op on a given (tensor address, size, dtype, device, reduction or root) checks
+its arrays as any op does (coll._ops) and keeps the C arguments made C values; every
+later op of the same makes two C calls, the op on torch's current stream and that
+stream's wait for it, and one Request. Nothing here is trusted for long: libcoll looks
+every op's addresses up again at submission, so a binding whose memory went back to
+the agent (a pool block torch freed) is refused there, dropped, and the op goes the
+general way, as do tensors outside coll memory (staged), tensors that are not
+contiguous, and groups on the host. Not part of the public API.
+"""
+import ctypes
+
+from . import _lib as L
+from ._core import CollError, _dtype_of, lib, view
+from ._ops import _raw_stream, _what
+from ._request import Request
+
+_MAX = 1024  # bindings per group; past that they are all dropped and made again
+_INVALID = L.ERRORS["INVALID"]
+_NONE = object()  # a key whose tensors take the general way
+
+
+class Binder:
+    """One GPU group's bindings (one thread at a time submits, as torch does)."""
+
+    def __init__(self, g):
+        self.g = g
+        self.conn = g.conn
+        self.ops = {}
+        self._keep = lib()["coll_wait_stream_keep"]  # no argtypes: C values passed as made
+        self._keep.restype = ctypes.c_int
+
+    def _fn(self, name, args):
+        """The C function (a handle of its own, without argtypes) and args made C values."""
+        tab = getattr(lib(), name)
+        fn = lib()[name]
+        fn.restype = tab.restype
+        return fn, tuple(a if a is None or isinstance(a, t) else t(a)
+                         for a, t in zip(args, tab.argtypes))
+
+    def _views(self, *tensors):
+        """The tensors' views where all are contiguous, on one GPU and in coll memory."""
+        vs = [view(t) for t in tensors]
+        dev = vs[0].device
+        for v in vs:
+            if not v.contig or v.device < 0 or v.device != dev or not self.conn._in_coll(v):
+                return None
+        return vs
+
+    def _bind(self, key, make):
+        b = self.ops.get(key)
+        if b is None:
+            b = make()
+            if len(self.ops) >= _MAX:
+                self.ops.clear()
+            self.ops[key] = b
+        return b
+
+    def _run(self, key, b, keep, value):
+        """Submit a binding: a Request (GPU) whose stream wait is done, or None for the
+        general way."""
+        if b is _NONE:
+            return None
+        g = self.g
+        if not g._h:
+            return None  # closed: the general way says so
+        fn, args, dev, what = b
+        s = _raw_stream(dev)
+        cs = ctypes.c_void_p(s)
+        r = L.Request()
+        rc = fn(*args, cs, ctypes.byref(r))
+        if rc:
+            self.ops.pop(key, None)
+            if rc == _INVALID:  # its memory is no longer coll's, or another refusal:
+                return None  # the general way stages, or raises the reason
+            raise CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
+        rc = self._keep(self.conn._h, r, cs)
+        if rc:
+            e = CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
+            lib().coll_wait(self.conn._h, r, -1)  # in flight: it ends before we raise
+            raise e
+        q = Request(self.conn, what, [r], (), (), keep, value, True)
+        q.stream = s
+        return q
+
+    def allreduce(self, t, op, value):
+        if not t.is_contiguous():
+            return None
+        key = (0, t.data_ptr(), t.numel(), t.dtype, t.get_device(), op)
+
+        def make():
+            vs = self._views(t)
+            if vs is None or type(op) is not str:
+                return _NONE
+            v, g = vs[0], self.g
+            fn, args = self._fn("coll_allreduce", (g._h, v.ptr, v.ptr, v.numel,
+                                                   _dtype_of(v, op), L.REDOPS[op]))
+            return fn, args, v.device, _what(g, "allreduce")
+
+        return self._run(key, self._bind(key, make), (t,), value)
+
+    def broadcast(self, t, root, value):
+        if not t.is_contiguous():
+            return None
+        key = (1, t.data_ptr(), t.numel(), t.dtype, t.get_device(), root)
+
+        def make():
+            vs = self._views(t)
+            if vs is None:
+                return _NONE
+            v, g = vs[0], self.g
+            fn, args = self._fn("coll_broadcast", (g._h, v.ptr, v.ptr, v.numel,
+                                                   _dtype_of(v, None), root))
+            return fn, args, v.device, _what(g, "broadcast")
+
+        return self._run(key, self._bind(key, make), (t,), value)
+
+    def allgather(self, out, x, value):
+        if not (x.is_contiguous() and out.is_contiguous()):
+            return None
+        key = (2, x.data_ptr(), x.numel(), out.data_ptr(), out.numel(), x.dtype, out.dtype,
+               x.get_device())
+
+        def make():
+            vs = self._views(x, out)
+            g = self.g
+            if vs is None or vs[0].dtype != vs[1].dtype or vs[1].numel != vs[0].numel * g.size:
+                return _NONE  # the general way checks and says what is wrong
+            fn, args = self._fn("coll_allgather", (g._h, vs[0].ptr, vs[1].ptr, vs[0].numel,
+                                                   _dtype_of(vs[0], None)))
+            return fn, args, vs[0].device, _what(g, "allgather")
+
+        return self._run(key, self._bind(key, make), (x, out), value)
+
+    def reduce_scatter(self, out, x, op, value):
+        if not (x.is_contiguous() and out.is_contiguous()):
+            return None
+        key = (3, x.data_ptr(), x.numel(), out.data_ptr(), out.numel(), x.dtype, out.dtype,
+               x.get_device(), op)
+
+        def make():
+            vs = self._views(x, out)
+            g = self.g
+            if vs is None or type(op) is not str or vs[0].dtype != vs[1].dtype or \
+                    vs[0].numel != vs[1].numel * g.size:
+                return _NONE
+            fn, args = self._fn("coll_reduce_scatter", (g._h, vs[0].ptr, vs[1].ptr,
+                                                        vs[1].numel, _dtype_of(vs[0], op),
+                                                        L.REDOPS[op]))
+            return fn, args, vs[0].device, _what(g, "reduce_scatter")
+
+        return self._run(key, self._bind(key, make), (x, out), value)
