@@ -414,6 +414,7 @@ class Group(_Closes):
         # memory need no staging (_ops._raw_first); a child's never do
         self._raw_try = (self.backend == "host" and self.nodes > 1 and self.local_slots == 1
                          and self.parent_ranks is None)
+        self._binds = {}  # blocking ops on arrays in coll memory, prepared once (_ops.py)
 
     def _info(self):
         i = L.GroupInfo()

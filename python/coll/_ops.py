@@ -10,6 +10,7 @@ current stream of the array's device); staged outputs are copied back on that st
 import ctypes
 import functools
 import threading
+import weakref
 
 from . import _arrays
 from . import _lib as L
@@ -108,6 +109,76 @@ def _raw_first(fn):
         return fn(self, *args, **kwargs)
 
     return op
+
+
+# Blocking in-place ops on one numpy array in coll memory (allreduce, broadcast): the op
+# is prepared (checked, its C arguments made) once per array object, its shape, strides
+# and dtype and the op's arguments, and later calls are its two C calls. The array is
+# held weakly: a binding whose array died is made again for whatever object has its id
+# now. (A numpy array over coll memory owns no data: its address never changes.)
+_BOUND_MAX = 64  # bindings per group; past that they are all dropped and made again
+_wait_fn = None
+try:
+    from numpy import ndarray as _ndarray
+except ImportError:  # pragma: no cover - numpy is a dependency
+    _ndarray = None
+
+
+def _bound_first(fn):
+    @functools.wraps(fn)
+    def op(self, x, *args, **kwargs):
+        if type(x) is not _ndarray or len(args) > 1 or kwargs and (
+                kwargs.get("async_op") or kwargs.get("out") is not None or
+                kwargs.get("stream") is not None):
+            return fn(self, x, *args, **kwargs)
+        try:
+            key = (fn, id(x), x.shape, x.strides, x.dtype, args,
+                   tuple(kwargs.items()) if kwargs else ())
+            b = self._binds.get(key)
+        except TypeError:  # arguments that do not hash
+            return fn(self, x, *args, **kwargs)
+        if b is None or b[0]() is not x:
+            b = _bind(self, fn, key, x, args, kwargs)
+        if b[1] is None:  # not in coll memory, on a GPU, or not an array weakly held
+            return fn(self, x, *args, **kwargs)
+        if not self._h:
+            raise CollError(L.ERRORS["INVALID"], "the group is closed", b[3])
+        r = L.Request()
+        rc = b[1](*b[2], ctypes.byref(r))
+        if rc == 0:
+            rc = _wait_fn(self.conn._h, r, -1)
+            if rc == 0:
+                return x
+        raise CollError(rc, lib().coll_last_error().decode(errors="replace"), b[3])
+
+    return op
+
+
+def _bind(g, fn, key, x, args, kwargs):
+    """(weak reference to x, C function, its arguments but the request, what) for op fn
+    on x, or with no function where it is not to be bound."""
+    global _wait_fn
+    try:
+        ref = weakref.ref(x)
+    except TypeError:
+        return (None, None, None, None)
+    b = (ref, None, None, None)
+    v = view(x)
+    if v.device < 0 and g.conn._in_coll(v):
+        kw = dict(kwargs)
+        kw["async_op"] = PREPARE
+        try:
+            p = fn(g, x, *args, **kw)
+        except ValueError:  # it cannot be prepared; the general call says why, if wrong
+            p = None
+        if p is not None:
+            b = (ref, p._fn, p._args[:-1], p._what)
+            if _wait_fn is None:
+                _wait_fn = p._wait
+    if len(g._binds) >= _BOUND_MAX:
+        g._binds.clear()
+    g._binds[key] = b
+    return b
 
 
 _current_raw = None
@@ -254,6 +325,7 @@ def _within(inner, outer):
     return outer.ptr <= inner.ptr and inner.ptr + inner.nbytes <= outer.ptr + outer.nbytes
 
 
+@_bound_first
 @_raw_first
 def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
     """Reduce x over the group; the result in out (default: x, in place)."""
@@ -277,6 +349,7 @@ def allreduce(self, x, op="sum", out=None, async_op=False, stream=None):
                         code, p.stream)], res, async_op)
 
 
+@_bound_first
 @_raw_first
 def broadcast(self, x, root=0, async_op=False, stream=None):
     """root's x into every rank's x."""

@@ -327,6 +327,49 @@ def test_prepared_ops_run_again_with_new_contents(two_pods):
     run_ranks(lambda i: _prepared(i, two_pods[i].sock), 2)
 
 
+def _bound(i, sock):
+    conn = coll.connect(sock)
+    g = conn.open("world")
+    me = g.rank
+    x = conn.zeros(64, np.float32)
+    for k in range(20):  # the first call binds x; later ones are its two C calls
+        x[:] = k + me
+        assert g.allreduce(x) is x
+        np.testing.assert_array_equal(x, np.full(64, 2 * k + 1, np.float32))
+        x[:] = 10 * k + me
+        assert g.broadcast(x, 1) is x
+        assert x[63] == 10 * k + 1
+    assert len(g._binds) == 2 and all(b[1] is not None for b in g._binds.values())
+    x.shape = (8, 8)  # another shape: bound again, and right
+    x[:] = me
+    g.allreduce(x, "max")
+    np.testing.assert_array_equal(x, np.ones((8, 8), np.float32))
+    assert len(g._binds) == 3
+    for k in range(5):  # arrays that die: their bindings are made again for new ones
+        y = conn.zeros(16, np.int32)
+        y[:] = k + me
+        g.allreduce(y)
+        np.testing.assert_array_equal(y, np.full(16, 2 * k + 1, np.int32))
+        del y
+    z = np.full(8, me + 1.0)  # outside coll memory: not bound, the op right all the same
+    g.allreduce(z)
+    np.testing.assert_array_equal(z, np.full(8, 3.0))
+    assert [b[1] for b in g._binds.values() if b[0]() is z] == [None]
+    q = g.allreduce(x, "sum", None, True)  # async_op given by position: a Request
+    assert isinstance(q, coll.Request) and q.wait(30) is x
+    with pytest.raises(ValueError, match="reduction"):
+        g.allreduce(x, "bogus")
+    g.barrier()
+    g.close()
+    with pytest.raises(coll.CollError, match="the group is closed"):
+        g.allreduce(x)
+    conn.close()
+
+
+def test_blocking_ops_on_coll_memory_bind_once(two_pods):
+    run_ranks(lambda i: _bound(i, two_pods[i].sock), 2)
+
+
 def test_errors_say_what_and_whether_to_retry(agent2):
     conn = coll.connect(agent2.sock)
     with pytest.raises(coll.CollError) as e:
