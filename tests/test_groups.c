@@ -696,14 +696,21 @@ static int premul_children_main(void *arg)
     /* 2 x (r + 1) summed over the half: 2 x 16 (evens) or 2 x 20 (odds) */
     for (int k = 0; k < 16; k++)
         x[k] = (float)(r + 1);
-    if (coll_allreduce(halves, x, x, 16, COLL_FLOAT32, op_h, NULL, &q) != COLL_OK ||
-        coll_wait(c, q, 20000) != COLL_OK)
+    coll_err e = coll_allreduce(halves, x, x, 16, COLL_FLOAT32, op_h, NULL, &q);
+    if (e == COLL_OK) e = coll_wait(c, q, 20000);
+    if (e != COLL_OK) {
+        fprintf(stderr, "rank %d: premultiplied allreduce on the half: %s (%s)\n", r,
+                coll_strerror(e), coll_last_error());
         return 186;
+    }
     for (int k = 0; k < 16; k++)
         if (x[k] != (r % 2 ? 40.0f : 32.0f)) {
             fprintf(stderr, "rank %d: premultiplied half [%d] = %g\n", r, k, x[k]);
             return 187;
         }
+    /* the halves end apart: a rank that left the parent now would end its epoch under
+     * the other half's op, so the whole parent meets once more first */
+    if (coll_barrier(g, NULL, &q) != COLL_OK || coll_wait(c, q, 20000) != COLL_OK) return 188;
     coll_group_close(&pod);
     coll_group_close(&quarter);
     coll_group_close(&halves);
@@ -728,7 +735,8 @@ static void premultiplied_sums_on_children(void **state)
 }
 
 /* Across two pods of one rank each: lists that differ fail create with MISMATCH on
- * both ranks; a child made right runs; then rank 1 dies (its process exits, no close)
+ * both ranks; a child made right runs, and its ops of counts that disagree fail on both
+ * ranks; then rank 1 dies (its process exits, no close)
  * while rank 0 waits in an op of their child: rank 0's op fails, retryably, within the
  * heartbeats' notice, never a hang. */
 static int dying_main(void *arg)
@@ -750,6 +758,23 @@ static int dying_main(void *arg)
         return 170;
     }
     if (coll_group_create(g, up, 2, &k) != COLL_OK) return 171;
+    if ((rc = sum_check(c, k, x, r, 3.0f))) return rc;
+    /* counts that disagree fail every rank with MISMATCH: an allreduce's and an
+     * allgather's through their receives (their sends wait for no word back), and a
+     * broadcast's lone sender through its ack; the child serves on */
+    for (int kind = 0; kind < 3; kind++) {
+        coll_request q;
+        size_t cnt = r ? 32 : 16;
+        e = kind == 0   ? coll_allreduce(k, x, x, cnt, COLL_FLOAT32, COLL_SUM, NULL, &q)
+            : kind == 1 ? coll_allgather(k, x, x + 64, cnt, COLL_FLOAT32, NULL, &q)
+                        : coll_broadcast(k, x, x, cnt, COLL_FLOAT32, 0, NULL, &q);
+        if (e == COLL_OK) e = coll_wait(c, q, 20000);
+        if (e != COLL_ERR_MISMATCH) {
+            fprintf(stderr, "rank %d: op %d of counts that disagree: %s (%s)\n", r, kind,
+                    coll_strerror(e), coll_last_error());
+            return 174 + kind;
+        }
+    }
     if ((rc = sum_check(c, k, x, r, 3.0f))) return rc;
     if (r == 1) {
         usleep(300000);
