@@ -3,7 +3,9 @@
  * they never wait in the lockstep queue: each is a framed message (a header that names
  * both ranks, then the payload) on the pair's P2P connection, matched here with the
  * posted receive or kept as an unexpected message (bounded: UNX_*), and acknowledged
- * by the receiver, so that a send completes when its receive has taken it. A large send
+ * by the receiver, so that a send completes when its receive has taken it (a send
+ * flagged P2P_F_NOACK, libcoll's on a child across pods, completes once written: its
+ * receiver says nothing back, and the op's own receives carry any disagreement). A large send
  * (over UNX_SMALL) first asks (P2P_RTS, a header alone, kept like a small message) and
  * sends its payload (P2P_DATA) only when the receiver, its receive posted, says clear to
  * send (P2P_CTS): a payload never sits in the stream ahead of other ranks' messages.
@@ -212,7 +214,8 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
                               .count = t->count};
     t->source = (int)h->src_rank;
     net_return_task(n, t, ok ? COLL_OK : COLL_ERR_MISMATCH, w);
-    p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &ack);
+    if (!(h->flags & P2P_F_NOACK) || h->redop == P2P_RTS) /* an ask waits for its answer */
+        p2p_say(n, g, (int)(h->src_rank / (uint32_t)g->nlocal), &ack);
 }
 
 /* Receive t meets the ask (RTS) h of a large send: clear to send, and t waits for the
@@ -375,6 +378,7 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
                                           .kind = WIRE_OP_SEND,
                                           .dtype = t->dtype,
                                           .redop = t->p2p_phase,
+                                          .flags = t->p2p_noack ? P2P_F_NOACK : 0u,
                                           .src_rank = (uint32_t)my_rank(g, t),
                                           .dst_rank = (uint32_t)t->root,
                                           .seq = wire_seq(t),
@@ -403,6 +407,8 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
             o->done = 0;
             if (t->p2p_phase == P2P_RTS) /* its CTS sends it again, with the payload */
                 q_append(&o->rts_head, &o->rts_tail, t);
+            else if (t->p2p_noack) /* written: done (no word comes back) */
+                net_return_task(n, t, COLL_OK, "");
             else /* now its receive's ack completes it */
                 q_append(&o->wait_head, &o->wait_tail, t);
             if (o->nacks) {

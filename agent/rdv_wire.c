@@ -348,6 +348,11 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
                  h->redop);
         return -1;
     }
+    if (h->flags & ~(h->kind == WIRE_OP_SEND ? P2P_F_NOACK : 0u)) {
+        snprintf(why, whylen, "%s frame with flags 0x%x", h->kind == WIRE_OP_SEND ? "send" : "ack",
+                 h->flags);
+        return -1;
+    }
     if (h->count > (1ull << 40) / es) {
         snprintf(why, whylen, "send of %llu elements", (unsigned long long)h->count);
         return -1;

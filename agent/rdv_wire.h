@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 10        /* 10: sends and receives with a rendezvous (P2P_RTS) */
+#define RDV_VERSION 11        /* 11: a send may go without an ack (P2P_F_NOACK) */
 #define RDV_NAME_MAX 64
 #define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64
@@ -231,7 +231,7 @@ struct data_welcome {
  * op fail with MISMATCH instead of misreading each other's bytes. */
 struct data_op_hdr {
     uint32_t magic;
-    uint8_t kind, dtype, redop, pad;
+    uint8_t kind, dtype, redop, flags; /* flags: P2P_F_* (a send's frames), else 0 */
     int32_t root;
     uint32_t src_rank, dst_rank; /* send/recv */
     uint64_t seq;
@@ -245,6 +245,10 @@ struct data_op_hdr {
  * receiver's last word (ACK: root is the receive's status) or its CTS. */
 enum { P2P_EAGER = 0, P2P_RTS = 1, P2P_DATA = 2 };
 enum { P2P_ACK = 0, P2P_CTS = 1 };
+/* A send's frames (EAGER, RTS, DATA) may say: no ACK for me (its payload taken, the
+ * receiver says nothing back; an RTS it disagrees with is still answered, since that
+ * sender waits for a CTS). */
+#define P2P_F_NOACK 1u
 
 /* Three connections per pair of pods and epoch, all opened by the pod of the higher
  * index. Collectives run in lockstep on two, one per direction (COLL: the opener's bytes

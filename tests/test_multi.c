@@ -3114,6 +3114,56 @@ static void forged_large_send_frames_are_refused(void **state)
     fake0_close(&f);
 }
 
+/* A send that says it wants no ack (P2P_F_NOACK, libcoll's on a child across pods) is
+ * taken as any other and answered with nothing: the next message's ack is the first
+ * frame back. A frame with flags the protocol does not have ends the epoch (PROTOCOL),
+ * named; the member forms again. */
+static void sends_without_acks_and_unknown_flags(void **state)
+{
+    (void)state;
+    struct fake0 f;
+    struct agent a;
+    fake0_with_member(&f, &a);
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem = NULL;
+    assert_int_equal(rank_open(a.sock, 4096, &c, &g, &info, &mem), 0);
+    float *x = mem;
+    coll_request r0, r1;
+    assert_int_equal(coll_recv_tag(g, x, 4, COLL_FLOAT32, 0, 7, NULL, &r0), COLL_OK);
+    assert_int_equal(coll_recv_tag(g, x + 4, 4, COLL_FLOAT32, 0, 7, NULL, &r1), COLL_OK);
+    int fd = f.fds[DATA_CH_P2P];
+    const float one[4] = {1, 2, 3, 4}, two[4] = {5, 6, 7, 8};
+    struct data_op_hdr h = p2p_frame(WIRE_OP_SEND, P2P_EAGER, 7 | (uint64_t)1 << 32, 4);
+    h.flags = P2P_F_NOACK;
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    assert_int_equal(write(fd, one, sizeof(one)), (ssize_t)sizeof(one));
+    h = p2p_frame(WIRE_OP_SEND, P2P_EAGER, 7 | (uint64_t)2 << 32, 4);
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    assert_int_equal(write(fd, two, sizeof(two)), (ssize_t)sizeof(two));
+    assert_int_equal(coll_wait(c, r0, 5000), COLL_OK);
+    assert_int_equal(coll_wait(c, r1, 5000), COLL_OK);
+    assert_memory_equal(x, one, sizeof(one));
+    assert_memory_equal(x + 4, two, sizeof(two));
+    struct data_op_hdr ack;
+    assert_int_equal(fake0_read(&f, fd, &ack, sizeof(ack), 5000), 0);
+    assert_int_equal(ack.kind, WIRE_OP_RECV);
+    assert_int_equal(ack.redop, P2P_ACK);
+    assert_true(ack.seq == (7 | (uint64_t)2 << 32)); /* the second's: none for the first */
+    assert_int_equal(ack.root, COLL_OK);
+    /* flags the protocol has not: the epoch ends, named */
+    h = p2p_frame(WIRE_OP_SEND, P2P_EAGER, 7 | (uint64_t)3 << 32, 4);
+    h.flags = 2;
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    assert_true(agent_log_wait(&a, "send frame with flags 0x2", 1, 5000));
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+    fake0_close(&f);
+}
+
 static int connect_idle(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -3927,6 +3977,7 @@ int main(void)
         cmocka_unit_test(the_accepting_side_proves_the_secret_too),
         cmocka_unit_test(a_flood_of_empty_early_sends_is_bounded),
         cmocka_unit_test(forged_large_send_frames_are_refused),
+        cmocka_unit_test(sends_without_acks_and_unknown_flags),
         cmocka_unit_test(floods_delay_no_member),
         cmocka_unit_test(data_connections_come_from_the_listed_address),
         cmocka_unit_test(a_silent_peer_does_not_stop_the_net_thread),

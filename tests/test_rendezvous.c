@@ -832,6 +832,18 @@ static void send_frames_say_their_phase_and_payload(void **state)
         else
             assert_non_null(strstr(why, "phase"));
     }
+    /* flags: a send's frames may say no ack (P2P_F_NOACK); nothing else, and no ack or
+     * CTS carries any */
+    h.redop = P2P_EAGER;
+    for (uint8_t kind = WIRE_OP_SEND; kind <= WIRE_OP_RECV; kind++) {
+        h.kind = kind;
+        for (unsigned f = 1; f < 256; f <<= 1) {
+            h.flags = (uint8_t)f;
+            int ok = kind == WIRE_OP_SEND && f == P2P_F_NOACK;
+            assert_int_equal(data_send_hdr_check(&h, 2, 1, 0, &bytes, why, sizeof(why)) == 0, ok);
+            if (!ok) assert_non_null(strstr(why, "flags"));
+        }
+    }
 }
 
 static void each_member_learns_where_the_others_run(void **state)

@@ -494,6 +494,28 @@ static void more_flag_on_a_host_send_is_dropped(void **state)
     assert_serving(f);
 }
 
+/* NOACK (no word back) belongs to a host send alone: on a receive it is a violation,
+ * nothing completes, and the agent serves everyone else on. */
+static void noack_flag_on_a_receive_is_dropped(void **state)
+{
+    struct fixture *f = *state;
+    struct raw r;
+    raw_hello(&r, f->a.sock);
+    uint32_t epoch;
+    uint32_t handle = raw_open_pair(&r, &epoch);
+    struct wire_sqe q = {.kind = WIRE_OP_RECV,
+                         .dtype = COLL_INT32,
+                         .group = handle,
+                         .epoch = epoch,
+                         .peer = 1,
+                         .flags = WIRE_SQE_F_NOACK,
+                         .tag = 1};
+    raw_submit(&r, &q, 1);
+    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "flag NOACK on a recv");
+    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0);
+    assert_serving(f);
+}
+
 /* A premultiplied sum's slot (WIRE_REDOP_SET) is checked whole before it is stored: a
  * closed handle, a slot past the table, bool, complex, a dtype past the end, bits past
  * the dtype's bytes and a slot set twice are each refused with why, and the session
@@ -1650,6 +1672,7 @@ int main(void)
         T(overlapping_ranges_are_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
         T(more_flag_on_a_host_send_is_dropped),
+        T(noack_flag_on_a_receive_is_dropped),
         T(forged_premultiplied_sums_are_refused),
         T(stale_epoch_op_is_validated_first),
         T(any_rank_only_on_a_receive),

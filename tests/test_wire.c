@@ -273,9 +273,22 @@ static void sqe_fields_are_range_checked(void **state)
     s.kind = WIRE_OP_ALLREDUCE;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "flag MORE on a allreduce"));
-    s.flags = 4;
+    /* NOACK: a host send only (span.c's: its receiver says nothing back) */
+    s.flags = WIRE_SQE_F_NOACK;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
-    assert_non_null(strstr(err, "unknown flags 0x4"));
+    assert_non_null(strstr(err, "flag NOACK on a allreduce"));
+    s.kind = WIRE_OP_RECV;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "flag NOACK on a recv"));
+    s.kind = WIRE_OP_SEND;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    s.flags = WIRE_SQE_F_NOACK | WIRE_SQE_F_GPU;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "flag NOACK on a GPU send"));
+    s.kind = WIRE_OP_ALLREDUCE;
+    s.flags = 8;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown flags 0x8"));
     s.flags = 0;
     s.dtype = 0;
     s.redop = 0;

@@ -119,6 +119,7 @@ static struct net_task *to_net(struct group *g, const struct op *ops, int nops,
     t->lepoch = g->epoch;
     t->seq = seq;
     t->kind = s->kind;
+    t->p2p_noack = s->kind == WIRE_OP_SEND && (s->flags & WIRE_SQE_F_NOACK);
     t->dtype = s->dtype;
     t->redop = s->redop;
     t->root = s->peer;

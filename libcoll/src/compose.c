@@ -84,9 +84,10 @@ void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void 
                  uint64_t count, int dtype, int peer, uint32_t tag)
 {
     if (op->st != COLL_OK) return;
-    unsigned more = op->more_left > 1 ? WIRE_SQE_F_MORE : 0;
+    unsigned flags = op->more_left > 1 ? WIRE_SQE_F_MORE : 0;
     if (op->more_left > 0) op->more_left--;
-    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, more,
+    if (kind == WIRE_OP_SEND) flags |= op->send_flags;
+    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, flags,
                          &op->sub[op->nsub]);
     if (rc == COLL_OK) {
         op->nsub++;

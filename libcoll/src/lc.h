@@ -136,6 +136,7 @@ struct coll_conn {
     uint32_t ndetached;        /* requests only a stream waits for (coll_wait_stream) */
     int agent_gpu;             /* the agent imports GPU buffers */
     int agent_lease;           /* the agent lends host groups' connections (direct.c) */
+    int agent_noack;           /* the agent takes WIRE_SQE_F_NOACK sends (span.c) */
     int agent_any;             /* the agent says who sent (wire_shm.src): receives from any rank */
     int direct_all;            /* COLL_DIRECT=all: every collective may run here (direct.c) */
     int64_t direct_wait_ns;    /* COLL_DIRECT_WAIT_MS: how long a refused lease is asked again */
@@ -307,6 +308,7 @@ struct lc_cop {
      * are still to post (all but the last say more follow: one NCCL group) */
     void *stream;
     int more_left;
+    unsigned send_flags; /* on every send posted: WIRE_SQE_F_NOACK where the op allows it */
 };
 
 static inline uint32_t lc_span_tag(uint32_t id, uint32_t sub)

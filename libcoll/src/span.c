@@ -335,6 +335,11 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
 
     uint32_t t = lc_span_tag(sp->id, LC_SPAN_SUB_OPS);
     const int *rr = sp->ranks;
+    /* every rank receives from each rank it sends to: a disagreement (counts, dtypes)
+     * fails every rank through its receives, so its sends need no word back and complete
+     * once written (broadcast and reduce have lone senders: theirs do) */
+    if (c->agent_noack && kind != WIRE_OP_BROADCAST && kind != WIRE_OP_REDUCE)
+        op->send_flags = WIRE_SQE_F_NOACK;
     int reduce = kind == WIRE_OP_ALLREDUCE || kind == WIRE_OP_REDUCE_SCATTER ||
                  (kind == WIRE_OP_REDUCE && me == peer);
     int inplace_a2a = kind == WIRE_OP_ALLTOALL && (const char *)send < (char *)recv + all &&

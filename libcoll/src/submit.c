@@ -257,6 +257,8 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
             }
         }
         s.flags |= WIRE_SQE_F_GPU | (a->flags & WIRE_SQE_F_MORE);
+    } else if (a->kind == WIRE_OP_SEND) {
+        s.flags |= a->flags & WIRE_SQE_F_NOACK; /* span.c's, where the agent takes it */
     }
     take_slot(c, r, g->handle, gpu, sb, rb);
     r->src_out = a->source;

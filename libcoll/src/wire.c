@@ -254,6 +254,11 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
                  wire_kind_name(s->kind));
         return -1;
     }
+    if ((s->flags & WIRE_SQE_F_NOACK) && (s->kind != WIRE_OP_SEND || (s->flags & WIRE_SQE_F_GPU))) {
+        snprintf(err, errlen, "flag NOACK on a %s%s", s->flags & WIRE_SQE_F_GPU ? "GPU " : "",
+                 wire_kind_name(s->kind));
+        return -1;
+    }
     if ((!p2p && s->p2p_tag != 0) || s->p2p_tag > WIRE_TAG_MAX) {
         snprintf(err, errlen, "tag %u on a %s", s->p2p_tag, wire_kind_name(s->kind));
         return -1;

@@ -72,6 +72,7 @@ struct wire_hello {
 
 #define WIRE_HELLO_F_GPU 1u   /* the agent can import GPU buffers */
 #define WIRE_HELLO_F_LEASE 2u /* the agent lends a host group's connections (WIRE_LEASE) */
+#define WIRE_HELLO_F_NOACK 4u /* the agent takes sends flagged WIRE_SQE_F_NOACK */
 
 struct wire_hello_ok {
     struct wire_hdr h;
@@ -333,7 +334,12 @@ static inline int wire_kind_rooted(unsigned kind)
     2u /* a GPU group's send or receive whose NCCL group goes on: the group's next send or         \
           receive is its part (libcoll's gather, scatter and alltoallv); the agent issues          \
           them as one NCCL group (a send and a receive would wait for each other otherwise) */
-#define WIRE_SQE_F_ALL (WIRE_SQE_F_GPU | WIRE_SQE_F_MORE)
+#define WIRE_SQE_F_NOACK                                                                           \
+    4u /* a host send between pods whose receiver says nothing back: it completes once its         \
+          bytes are written (libcoll's collectives on a child across pods in which every rank      \
+          also receives from each rank it sends to, so a disagreement fails every rank             \
+          through its receives); only where the agent says WIRE_HELLO_F_NOACK */
+#define WIRE_SQE_F_ALL (WIRE_SQE_F_GPU | WIRE_SQE_F_MORE | WIRE_SQE_F_NOACK)
 
 /* One submitted op; 64 bytes, one cache line. seq is written last (release) and says
  * the entry is complete: the n-th entry (from 0) carries seq n + 1. */
