@@ -94,6 +94,17 @@ try:
         noop = None
     x = conn.zeros(2, torch.float32, device="cuda:0")
     y = torch.zeros(2, device="cuda")
+    # independent chains: four tensors in turn, no op waiting on the one before's output
+    xs = [conn.zeros(2, torch.float32, device="cuda:0") for _ in range(4)]
+    ys = [torch.zeros(2, device="cuda") for _ in range(4)]
+    turn = [0]
+
+    def round_robin(ts, group=None):
+        def f():
+            turn[0] = (turn[0] + 1) % 4
+            dist.all_reduce(ts[turn[0]], group=group)
+        return f
+
     s = torch.cuda.current_stream()
     h = conn.handle
 
@@ -134,6 +145,8 @@ try:
         "coll dist.all_reduce, no sync": lambda: dist.all_reduce(x),
         "nccl dist.all_reduce": sync(lambda: dist.all_reduce(y, group=nccl)),
         "nccl dist.all_reduce, no sync": lambda: dist.all_reduce(y, group=nccl),
+        "coll dist.all_reduce, 4 tensors in turn, no sync": round_robin(xs),
+        "nccl dist.all_reduce, 4 tensors in turn, no sync": round_robin(ys, nccl),
         "coll g.allreduce async + wait_stream": coll_py,
         "libcoll calls (ctypes)": sync(c_op),
         "torch.cuda.synchronize": torch.cuda.synchronize,
