@@ -650,17 +650,26 @@ static int world_main(void *arg)
     return 0;
 }
 
-static void a_world_across_pods_splits_nests_and_mixes(void **state)
+/* fn in every rank of the four pods' world (rank r: pod r / 2, slot r % 2), within ms;
+ * whether any rank failed or any agent logged a protocol error */
+static int run_world(int (*fn)(void *), int ms)
 {
-    (void)state;
     struct agent a[PODS];
     start_pods(a, 20000);
     struct job jobs[RANKS];
     for (int r = 0; r < RANKS; r++)
         jobs[r] = (struct job){.sock = a[r / 2].sock, .rank = r % 2};
-    int bad = run_jobs(world_main, jobs, sizeof(jobs[0]), RANKS, 120000);
+    int bad = run_jobs(fn, jobs, sizeof(jobs[0]), RANKS, ms);
+    for (int i = 0; i < PODS; i++)
+        bad |= agent_log_count(&a[i], "protocol_error") != 0;
     stop_pods(a);
-    assert_false(bad);
+    return bad;
+}
+
+static void a_world_across_pods_splits_nests_and_mixes(void **state)
+{
+    (void)state;
+    assert_false(run_world(world_main, 120000));
 }
 /* Premultiplied sums on children: halves across all four pods, their nested quarters
  * across two, and a pod's pair (one pod: the agent's), every rank with a scalar of its
@@ -722,16 +731,7 @@ static int premul_children_main(void *arg)
 static void premultiplied_sums_on_children(void **state)
 {
     (void)state;
-    struct agent a[PODS];
-    start_pods(a, 20000);
-    struct job jobs[RANKS];
-    for (int r = 0; r < RANKS; r++)
-        jobs[r] = (struct job){.sock = a[r / 2].sock, .rank = r % 2};
-    int bad = run_jobs(premul_children_main, jobs, sizeof(jobs[0]), RANKS, 300000);
-    for (int i = 0; i < PODS; i++)
-        bad |= agent_log_count(&a[i], "protocol_error") != 0;
-    stop_pods(a);
-    assert_false(bad);
+    assert_false(run_world(premul_children_main, 300000));
 }
 
 /* Across two pods of one rank each: lists that differ fail create with MISMATCH on

@@ -472,48 +472,35 @@ static void gpu_flag_on_host_agent_is_dropped(void **state)
     assert_serving(f);
 }
 
-/* MORE (one NCCL group goes on) belongs to a GPU send or receive alone: on a host send
- * it is a violation, and the agent serves everyone else on. */
-static void more_flag_on_a_host_send_is_dropped(void **state)
+/* A flag on the wrong op is a violation: MORE (one NCCL group goes on) belongs to a GPU
+ * send or receive alone, NOACK (no word back) to a host send alone. The client is
+ * dropped, nothing completes, and the agent serves everyone else on. */
+static void flags_on_the_wrong_op_are_dropped(void **state)
 {
     struct fixture *f = *state;
-    struct raw r;
-    raw_hello(&r, f->a.sock);
-    uint32_t epoch;
-    uint32_t handle = raw_open_pair(&r, &epoch);
-    struct wire_sqe q = {.kind = WIRE_OP_SEND,
-                         .dtype = COLL_INT32,
-                         .group = handle,
-                         .epoch = epoch,
-                         .peer = 1,
-                         .flags = WIRE_SQE_F_MORE,
-                         .tag = 1};
-    raw_submit(&r, &q, 1);
-    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "flag MORE on a host send");
-    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0); /* nothing was completed */
-    assert_serving(f);
-}
-
-/* NOACK (no word back) belongs to a host send alone: on a receive it is a violation,
- * nothing completes, and the agent serves everyone else on. */
-static void noack_flag_on_a_receive_is_dropped(void **state)
-{
-    struct fixture *f = *state;
-    struct raw r;
-    raw_hello(&r, f->a.sock);
-    uint32_t epoch;
-    uint32_t handle = raw_open_pair(&r, &epoch);
-    struct wire_sqe q = {.kind = WIRE_OP_RECV,
-                         .dtype = COLL_INT32,
-                         .group = handle,
-                         .epoch = epoch,
-                         .peer = 1,
-                         .flags = WIRE_SQE_F_NOACK,
-                         .tag = 1};
-    raw_submit(&r, &q, 1);
-    expect_dropped(r.fd, COLL_ERR_PROTOCOL, "flag NOACK on a recv");
-    assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0);
-    assert_serving(f);
+    const struct {
+        uint8_t kind, flags;
+        const char *why;
+    } bad[] = {{WIRE_OP_SEND, WIRE_SQE_F_MORE, "flag MORE on a host send"},
+               {WIRE_OP_RECV, WIRE_SQE_F_NOACK, "flag NOACK on a recv"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct raw r;
+        raw_hello(&r, f->a.sock);
+        uint32_t epoch;
+        uint32_t handle = raw_open_pair(&r, &epoch);
+        struct wire_sqe q = {.kind = bad[i].kind,
+                             .dtype = COLL_INT32,
+                             .group = handle,
+                             .epoch = epoch,
+                             .peer = 1,
+                             .flags = bad[i].flags,
+                             .tag = 1};
+        raw_submit(&r, &q, 1);
+        expect_dropped(r.fd, COLL_ERR_PROTOCOL, bad[i].why);
+        assert_int_equal(atomic_load(&r.shm->cq[0].seq), 0); /* nothing was completed */
+        close(r.efd);
+        assert_serving(f);
+    }
 }
 
 /* A premultiplied sum's slot (WIRE_REDOP_SET) is checked whole before it is stored: a
@@ -1671,8 +1658,7 @@ int main(void)
         T(misaligned_offset_is_dropped),
         T(overlapping_ranges_are_dropped),
         T(gpu_flag_on_host_agent_is_dropped),
-        T(more_flag_on_a_host_send_is_dropped),
-        T(noack_flag_on_a_receive_is_dropped),
+        T(flags_on_the_wrong_op_are_dropped),
         T(forged_premultiplied_sums_are_refused),
         T(stale_epoch_op_is_validated_first),
         T(any_rank_only_on_a_receive),
