@@ -380,6 +380,15 @@ class ProcessGroupColl(dist.ProcessGroup):
     def _work(self, req, value, post=None, bufs=()):
         return _work(req, value, post, bufs)
 
+    def _bound_op(self, t, name, *args):
+        """A CUDA op on tensors in coll memory bound once (_bound.py): its Work, or None
+        for the general way. args end with the Work's value."""
+        b = self._bound
+        if b is None or not t.is_cuda or self._error is not None:
+            return None
+        q = getattr(b, name)(*args)
+        return None if q is None else Work(q, args[-1], waited=True)
+
     def _scratch(self, shape, like):
         """An intermediate tensor in coll memory (list forms): no staging copy."""
         return _arrays.scratch(self._g().conn, tuple(shape), like)
@@ -398,10 +407,9 @@ class ProcessGroupColl(dist.ProcessGroup):
         if len(tensors) != 1:
             raise ValueError("coll: one tensor per process (got %d)" % len(tensors))
         t = tensors[0]
-        if self._bound is not None and t.is_cuda and self._error is None:
-            q = self._bound.allreduce(t, op, tensors)
-            if q is not None:
-                return Work(q, tensors, waited=True)
+        w = self._bound_op(t, "allreduce", t, op, tensors)
+        if w is not None:
+            return w
         return self._work(self._g().allreduce(t, op=op, async_op=True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -421,10 +429,9 @@ class ProcessGroupColl(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = _opt(opts, "rootRank", 0)
         t = tensors[0]
-        if self._bound is not None and t.is_cuda and self._error is None:
-            q = self._bound.broadcast(t, root, tensors)
-            if q is not None:
-                return Work(q, tensors, waited=True)
+        w = self._bound_op(t, "broadcast", t, root, tensors)
+        if w is not None:
+            return w
         return self._work(self._g().broadcast(t, root=root, async_op=True), tensors)
 
     def reduce(self, tensors, opts=None):
@@ -434,10 +441,9 @@ class ProcessGroupColl(dist.ProcessGroup):
                           tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        if self._bound is not None and input.is_cuda and self._error is None:
-            q = self._bound.allgather(output, input, [output])
-            if q is not None:
-                return Work(q, [output], waited=True)
+        w = self._bound_op(input, "allgather", output, input, [output])
+        if w is not None:
+            return w
         return self._work(self._g().allgather(input, out=output, async_op=True), [output])
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -453,10 +459,9 @@ class ProcessGroupColl(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _redop(_opt(opts, "reduceOp", None))
-        if self._bound is not None and input.is_cuda and self._error is None:
-            q = self._bound.reduce_scatter(output, input, op, [output])
-            if q is not None:
-                return Work(q, [output], waited=True)
+        w = self._bound_op(input, "reduce_scatter", output, input, op, [output])
+        if w is not None:
+            return w
         return self._work(self._g().reduce_scatter(input, out=output, op=op, async_op=True),
                           [output])
 
