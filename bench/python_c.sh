@@ -5,6 +5,10 @@
 # median of the per-round Python/C ratios. Not part of the product.
 #
 #   bench/python_c.sh [-b BUILD] [-p 1|2] [-s BYTES] [-r ROUNDS] [-n ITERS] [-l quiet|loaded]
+#
+# TORCH=1: also dist.all_reduce through the torch backend "coll" (torch), and through a
+# backend that does nothing (null: torch's own dispatch), and torch's time over C's less
+# null's.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -30,11 +34,13 @@ c_run() {
     timeout 300 "$build/coll-bench" -s "$AGENT_SOCKS" -p "$pods" -g bench -o allreduce -L "$bytes" \
         -n "$iters" -c 0 2>&1 | awk '$1 ~ /^[0-9]+$/ {print "c", $3}'
 }
-py_run() { # [raw|prepared]: the two C calls through ctypes alone; Group.prepare's op
-    local pids=() i
+py_run() { # [raw|prepared|torch|null]: the two C calls through ctypes alone; Group.prepare's
+    # op; TORCH=1 only: dist.all_reduce on the backend "coll", and on one that does nothing
+    local pids=() i port
+    port=$(free_port)
     for i in $(seq 0 $((pods - 1))); do
-        timeout 300 /usr/bin/python3 "$here/python_call.py" "${socks[$i]}" bench "$bytes" "$iters" \
-            ${1:-} >"$tmp/py$i.out" 2>&1 &
+        TORCH_PORT=$port timeout 300 /usr/bin/python3 "$here/python_call.py" "${socks[$i]}" bench \
+            "$bytes" "$iters" ${1:-} >"$tmp/py$i.out" 2>&1 &
         pids+=($!)
     done
     for i in "${pids[@]}"; do wait "$i"; done
@@ -42,15 +48,23 @@ py_run() { # [raw|prepared]: the two C calls through ctypes alone; Group.prepare
 }
 echo "# python_c.sh: $bytes B allreduce, $pods pods, $iters iters, $rounds rounds, $load, $(git -C "$root" rev-parse --short HEAD)"
 for r in $(seq 1 "$rounds"); do
+    tt="torch -" nn="null -"
     if [ $((r % 2)) = 1 ]; then
         c=$(c_run); p=$(py_run); w=$(py_run raw); q=$(py_run prepared)
+        [ "${TORCH:-0}" = 1 ] && { tt=$(py_run torch); nn=$(py_run null); }
     else
+        [ "${TORCH:-0}" = 1 ] && { nn=$(py_run null); tt=$(py_run torch); }
         q=$(py_run prepared); w=$(py_run raw); p=$(py_run); c=$(c_run)
     fi
-    echo "round $r $c $p ${w/python/ctypes} ${q/python/prepared}"
+    echo "round $r $c $p ${w/python/ctypes} ${q/python/prepared} ${tt/python/torch} ${nn/python/null}"
 done | tee "$tmp/rounds"
 for f in 6:python 10:prepared; do # the column of each Python variant against C's ($4)
     awk -v k="${f%%:*}" '{ c = $4; p = $k; print p / c, p - c }' "$tmp/rounds" | sort -n | awk -v n="${f#*:}" '
         { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
           printf "median %s/c %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", n, r[m], r[1], r[NR], d[m] }'
 done
+if [ "${TORCH:-0}" = 1 ]; then # torch's time less its own dispatch (null) against C's
+    awk '{ c = $4; t = $12 - $14; print t / c, t - c }' "$tmp/rounds" | sort -n | awk '
+        { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
+          printf "median (torch - null)/c %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", r[m], r[1], r[NR], d[m] }'
+fi

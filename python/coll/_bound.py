@@ -1,13 +1,15 @@
-"""GPU ops on tensors in coll memory, bound once (the torch backend's common case).
+"""The torch backend's ops on contiguous tensors, bound once (its common case).
 
 The first op on a given (tensor address, size, dtype, device, reduction or root) checks
 its arrays as any op does (coll._ops) and keeps the C arguments made C values; every
-later op of the same makes two C calls, the op on torch's current stream and that
-stream's wait for it, and one Request. Nothing here is trusted for long: libcoll looks
-every op's addresses up again at submission, so a binding whose memory went back to
-the agent (a pool block torch freed) is refused there, dropped, and the op goes the
-general way, as do tensors outside coll memory (staged), tensors that are not
-contiguous, and groups on the host. Not part of the public API.
+later op of the same makes one C call (GPU: two, the op on torch's current stream and
+that stream's wait for it) and one Request. Bound: CUDA tensors in coll memory, and host
+tensors in coll memory or, on a group whose ops may run in this process (direct ops),
+anywhere. Nothing here is trusted for long: libcoll looks every op's addresses up again
+at submission, so a binding whose memory went back to the agent (a pool block torch
+freed), or host memory the op may not take as it is after all, is refused there,
+dropped, and the op goes the general way (coll._ops: staged where it must be), as do
+tensors that are not contiguous. Not part of the public API.
 """
 import ctypes
 
@@ -17,7 +19,9 @@ from ._ops import _raw_stream, _what
 from ._request import Request
 
 _MAX = 1024  # bindings per group; past that they are all dropped and made again
-_INVALID = L.ERRORS["INVALID"]
+# refusals the general way may get past: memory no longer coll's (INVALID), or host
+# memory outside coll buffers where the op did not run in this process after all
+_AGAIN = (L.ERRORS["INVALID"], L.ERRORS["TIMEOUT"])
 _NONE = object()  # a key whose tensors take the general way
 
 
@@ -40,11 +44,13 @@ class Binder:
                          for a, t in zip(args, tab.argtypes))
 
     def _views(self, *tensors):
-        """The tensors' views where all are contiguous, on one GPU and in coll memory."""
+        """The tensors' views where all are contiguous, on one device, and in coll memory
+        (host memory: or where the group's ops may run in this process)."""
         vs = [view(t) for t in tensors]
         dev = vs[0].device
         for v in vs:
-            if not v.contig or v.device < 0 or v.device != dev or not self.conn._in_coll(v):
+            if not v.contig or v.device != dev or \
+                    not (self.conn._in_coll(v) or dev < 0 and self.g._raw_try):
                 return None
         return vs
 
@@ -66,15 +72,17 @@ class Binder:
         if not g._h:
             return None  # closed: the general way says so
         fn, args, dev, what = b
-        s = _raw_stream(dev)
+        s = _raw_stream(dev) if dev >= 0 else None
         cs = ctypes.c_void_p(s)
         r = L.Request()
         rc = fn(*args, cs, ctypes.byref(r))
         if rc:
             self.ops.pop(key, None)
-            if rc == _INVALID:  # its memory is no longer coll's, or another refusal:
+            if rc in _AGAIN:  # its memory is no longer coll's, or another refusal:
                 return None  # the general way stages, or raises the reason
             raise CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
+        if s is None:  # a host op
+            return Request(self.conn, what, [r], (), (), keep, value, False)
         rc = self._keep(self.conn._h, r, cs)
         if rc:
             e = CollError(rc, lib().coll_last_error().decode(errors="replace"), what)

@@ -11,6 +11,21 @@ from ._core import CollError, lib
 _TIMEOUT = L.ERRORS["TIMEOUT"]
 
 
+def _wait_forever(conn, r):
+    """coll_wait(conn, r, -1) through a function of its own without argtypes (made once:
+    a call converts nothing)."""
+    global _wait_forever
+    fn = lib()["coll_wait"]
+    fn.restype = ctypes.c_int
+    forever = ctypes.c_int(-1)
+
+    def wait(conn, r):
+        return fn(conn, r, forever)
+
+    _wait_forever = wait
+    return wait(conn, r)
+
+
 def _ms(deadline):
     if deadline is None:
         return -1
@@ -97,6 +112,16 @@ class Request:
         agent ends every op within its op timeout). Returns the result; raises
         CollError for a failure, and TimeoutError (the op still pending) when timeout
         passes first."""
+        if timeout is None:  # the common case: each C request waited for in turn
+            with self._lock:
+                while self._pending:
+                    rc = _wait_forever(self.conn._h, self._pending[0])
+                    if rc != 0:  # the op's own failure (its timeout included): consumed
+                        self._fail(rc, lib().coll_last_error().decode(errors="replace"))
+                    self._pending.pop(0)
+                if not self._done:
+                    self._finish()
+                return self._outcome()
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._lock.acquire(timeout=-1 if timeout is None else max(0, timeout)):
             raise TimeoutError("%s: still in flight after %s s" % (self.what, timeout))

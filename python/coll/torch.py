@@ -191,7 +191,14 @@ class Work(_WorkBase):
             return True
         t = timeout.total_seconds() if hasattr(timeout, "total_seconds") else None
         try:
-            self._finish(t if t else None)
+            if self._post is None and not self._bufs and not t and self._exc is None:
+                try:  # the common case: the request alone, no copies nor scratch
+                    self._req.wait()
+                except CollError as e:
+                    self._exc = e
+                    raise
+            else:
+                self._finish(t if t else None)
         finally:
             if self._req.done:
                 self._forget()
@@ -323,9 +330,8 @@ class ProcessGroupColl(dist.ProcessGroup):
         super().__init__(rank, size)
         self.coll = group
         self._error = error
-        # GPU ops on tensors in coll memory: bound once, then two C calls per op
-        self._bound = _bound.Binder(group) if group is not None and group.backend == "nccl" \
-            else None
+        # ops on contiguous tensors: bound once, then their C calls alone (_bound.py)
+        self._bound = _bound.Binder(group) if group is not None else None
         self._name = None
         self._store = None  # torch's store of the group (split_group asks for it)
         self._splits = 0
@@ -381,10 +387,10 @@ class ProcessGroupColl(dist.ProcessGroup):
         return _work(req, value, post, bufs)
 
     def _bound_op(self, t, name, *args):
-        """A CUDA op on tensors in coll memory bound once (_bound.py): its Work, or None
-        for the general way. args end with the Work's value."""
+        """An op on contiguous tensors bound once (_bound.py): its Work, or None for the
+        general way. args end with the Work's value."""
         b = self._bound
-        if b is None or not t.is_cuda or self._error is not None:
+        if b is None or self._error is not None:
             return None
         q = getattr(b, name)(*args)
         return None if q is None else Work(q, args[-1], waited=True)

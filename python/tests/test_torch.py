@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (python3-tor
 import torch.distributed as dist  # noqa: E402
 
 import coll.torch  # noqa: E402,F401
+from coll import _bound  # noqa: E402
 from conftest import free_port, run_ranks, torch_recv_from_any  # noqa: E402
 
 
@@ -156,6 +157,64 @@ def test_every_collective_across_two_pods(two_pods):
 
 def test_every_collective_on_four_slots_of_one_pod(agent4):
     run_ranks(_every_collective, 4, [agent4.sock] * 4, free_port(), timeout=120)
+
+
+def _bound_ops(i, socks, port):
+    """Ops on contiguous tensors are bound once (coll/_bound.py): right every time, in
+    coll memory and, where the group's ops run in the process, in ordinary memory; a
+    tensor that is not contiguous is not bound; a binding libcoll refuses (its memory no
+    longer what it was) is dropped and the op goes the general way."""
+    size = len(socks)
+    _init(i, socks[i], size, port)
+    r = dist.get_rank()
+    pg = coll.torch._state["world"]
+    cg, bd = pg.coll, pg._bound
+    x = cg.conn.zeros(64, torch.float32)
+    y = torch.zeros(64)
+    out = cg.conn.zeros(64 * size, torch.float32)
+    for k in range(20):
+        x.fill_(k + r)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((64,), float(size * k + sum(range(size)))))
+        y.fill_(k * r)
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        assert torch.equal(y, torch.full((64,), float(k * (size - 1))))
+        x.fill_(r)
+        dist.broadcast(x, src=size - 1)
+        assert x[63].item() == size - 1
+        x.fill_(r + k)
+        dist._all_gather_base(out, x)
+        assert out[::64].tolist() == [float(j + k) for j in range(size)]
+        dist._reduce_scatter_base(x, out)
+        assert x[0].item() == size * (r + k)
+    key = (0, x.data_ptr(), 64, torch.float32, -1, "sum")
+    assert bd.ops[key] is not _bound._NONE
+    ykey = (0, y.data_ptr(), 64, torch.float32, -1, "max")
+    assert (bd.ops[ykey] is _bound._NONE) == (not cg._raw_try)
+    n = len(bd.ops)
+    nt = cg.conn.zeros((8, 8), torch.float32).t()
+    nt.fill_(1.0)
+    dist.all_reduce(nt)
+    assert len(bd.ops) == n and nt[3, 5].item() == size
+    if not cg._raw_try:  # ordinary memory is refused here: a binding to it is stale
+        z = torch.full((16,), float(r))
+        zkey = (0, z.data_ptr(), 16, torch.float32, -1, "sum")
+        fn, args = bd._fn("coll_allreduce", (cg._h, z.data_ptr(), z.data_ptr(), 16,
+                                              coll._lib.DTYPES["float32"],
+                                              coll._lib.REDOPS["sum"]))
+        bd.ops[zkey] = (fn, args, -1, "allreduce (stale)")
+        dist.all_reduce(z)
+        assert zkey not in bd.ops and z[15].item() == sum(range(size))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_ops_on_contiguous_tensors_are_bound_across_pods(two_pods):
+    run_ranks(_bound_ops, 2, [a.sock for a in two_pods], free_port(), timeout=120)
+
+
+def test_ops_on_contiguous_tensors_are_bound_on_four_slots(agent4):
+    run_ranks(_bound_ops, 4, [agent4.sock] * 4, free_port(), timeout=120)
 
 
 def _new_groups(i, sock, port):
