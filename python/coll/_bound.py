@@ -54,35 +54,29 @@ class Binder:
                 return None
         return vs
 
-    def _bind(self, key, make):
-        b = self.ops.get(key)
-        if b is None:
-            b = make()
-            if len(self.ops) >= _MAX:
-                self.ops.clear()
-            self.ops[key] = b
+    def _keep_binding(self, key, b):
+        if len(self.ops) >= _MAX:
+            self.ops.clear()
+        self.ops[key] = b
         return b
 
     def _run(self, key, b, keep, value):
-        """Submit a binding: a Request (GPU) whose stream wait is done, or None for the
+        """Submit a binding: a Request (GPU: whose stream wait is done), or None for the
         general way."""
-        if b is _NONE:
+        if b is _NONE or not self.g._h:  # (closed: the general way says so)
             return None
-        g = self.g
-        if not g._h:
-            return None  # closed: the general way says so
         fn, args, dev, what = b
-        s = _raw_stream(dev) if dev >= 0 else None
-        cs = ctypes.c_void_p(s)
         r = L.Request()
+        if dev < 0:  # a host op: one C call
+            rc = fn(*args, None, ctypes.byref(r))
+            if rc == 0:
+                return Request(self.conn, what, [r], (), (), keep, value, False)
+            return self._refused(key, rc, what)
+        s = _raw_stream(dev)
+        cs = ctypes.c_void_p(s)
         rc = fn(*args, cs, ctypes.byref(r))
         if rc:
-            self.ops.pop(key, None)
-            if rc in _AGAIN:  # its memory is no longer coll's, or another refusal:
-                return None  # the general way stages, or raises the reason
-            raise CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
-        if s is None:  # a host op
-            return Request(self.conn, what, [r], (), (), keep, value, False)
+            return self._refused(key, rc, what)
         rc = self._keep(self.conn._h, r, cs)
         if rc:
             e = CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
@@ -92,70 +86,77 @@ class Binder:
         q.stream = s
         return q
 
+    def _refused(self, key, rc, what):
+        self.ops.pop(key, None)
+        if rc in _AGAIN:  # its memory is no longer coll's, or another refusal:
+            return None  # the general way stages, or raises the reason
+        raise CollError(rc, lib().coll_last_error().decode(errors="replace"), what)
+
+    # each op: its key, then its binding (made on the first op of that key)
+
     def allreduce(self, t, op, value):
         if not t.is_contiguous():
             return None
         key = (0, t.data_ptr(), t.numel(), t.dtype, t.get_device(), op)
+        b = self.ops.get(key) or self._keep_binding(key, self._allreduce(t, op))
+        return self._run(key, b, (t,), value)
 
-        def make():
-            vs = self._views(t)
-            if vs is None or type(op) is not str:
-                return _NONE
-            v, g = vs[0], self.g
-            fn, args = self._fn("coll_allreduce", (g._h, v.ptr, v.ptr, v.numel,
-                                                   _dtype_of(v, op), L.REDOPS[op]))
-            return fn, args, v.device, _what(g, "allreduce")
-
-        return self._run(key, self._bind(key, make), (t,), value)
+    def _allreduce(self, t, op):
+        vs = self._views(t)
+        if vs is None or type(op) is not str:
+            return _NONE
+        v, g = vs[0], self.g
+        fn, args = self._fn("coll_allreduce", (g._h, v.ptr, v.ptr, v.numel, _dtype_of(v, op),
+                                               L.REDOPS[op]))
+        return fn, args, v.device, _what(g, "allreduce")
 
     def broadcast(self, t, root, value):
         if not t.is_contiguous():
             return None
         key = (1, t.data_ptr(), t.numel(), t.dtype, t.get_device(), root)
+        b = self.ops.get(key) or self._keep_binding(key, self._broadcast(t, root))
+        return self._run(key, b, (t,), value)
 
-        def make():
-            vs = self._views(t)
-            if vs is None:
-                return _NONE
-            v, g = vs[0], self.g
-            fn, args = self._fn("coll_broadcast", (g._h, v.ptr, v.ptr, v.numel,
-                                                   _dtype_of(v, None), root))
-            return fn, args, v.device, _what(g, "broadcast")
-
-        return self._run(key, self._bind(key, make), (t,), value)
+    def _broadcast(self, t, root):
+        vs = self._views(t)
+        if vs is None:
+            return _NONE
+        v, g = vs[0], self.g
+        fn, args = self._fn("coll_broadcast", (g._h, v.ptr, v.ptr, v.numel, _dtype_of(v, None),
+                                               root))
+        return fn, args, v.device, _what(g, "broadcast")
 
     def allgather(self, out, x, value):
         if not (x.is_contiguous() and out.is_contiguous()):
             return None
         key = (2, x.data_ptr(), x.numel(), out.data_ptr(), out.numel(), x.dtype, out.dtype,
                x.get_device())
+        b = self.ops.get(key) or self._keep_binding(key, self._allgather(out, x))
+        return self._run(key, b, (x, out), value)
 
-        def make():
-            vs = self._views(x, out)
-            g = self.g
-            if vs is None or vs[0].dtype != vs[1].dtype or vs[1].numel != vs[0].numel * g.size:
-                return _NONE  # the general way checks and says what is wrong
-            fn, args = self._fn("coll_allgather", (g._h, vs[0].ptr, vs[1].ptr, vs[0].numel,
-                                                   _dtype_of(vs[0], None)))
-            return fn, args, vs[0].device, _what(g, "allgather")
-
-        return self._run(key, self._bind(key, make), (x, out), value)
+    def _allgather(self, out, x):
+        vs = self._views(x, out)
+        g = self.g
+        if vs is None or vs[0].dtype != vs[1].dtype or vs[1].numel != vs[0].numel * g.size:
+            return _NONE  # the general way checks and says what is wrong
+        fn, args = self._fn("coll_allgather", (g._h, vs[0].ptr, vs[1].ptr, vs[0].numel,
+                                               _dtype_of(vs[0], None)))
+        return fn, args, vs[0].device, _what(g, "allgather")
 
     def reduce_scatter(self, out, x, op, value):
         if not (x.is_contiguous() and out.is_contiguous()):
             return None
         key = (3, x.data_ptr(), x.numel(), out.data_ptr(), out.numel(), x.dtype, out.dtype,
                x.get_device(), op)
+        b = self.ops.get(key) or self._keep_binding(key, self._reduce_scatter(out, x, op))
+        return self._run(key, b, (x, out), value)
 
-        def make():
-            vs = self._views(x, out)
-            g = self.g
-            if vs is None or type(op) is not str or vs[0].dtype != vs[1].dtype or \
-                    vs[0].numel != vs[1].numel * g.size:
-                return _NONE
-            fn, args = self._fn("coll_reduce_scatter", (g._h, vs[0].ptr, vs[1].ptr,
-                                                        vs[1].numel, _dtype_of(vs[0], op),
-                                                        L.REDOPS[op]))
-            return fn, args, vs[0].device, _what(g, "reduce_scatter")
-
-        return self._run(key, self._bind(key, make), (x, out), value)
+    def _reduce_scatter(self, out, x, op):
+        vs = self._views(x, out)
+        g = self.g
+        if vs is None or type(op) is not str or vs[0].dtype != vs[1].dtype or \
+                vs[0].numel != vs[1].numel * g.size:
+            return _NONE
+        fn, args = self._fn("coll_reduce_scatter", (g._h, vs[0].ptr, vs[1].ptr, vs[1].numel,
+                                                    _dtype_of(vs[0], op), L.REDOPS[op]))
+        return fn, args, vs[0].device, _what(g, "reduce_scatter")
