@@ -20,10 +20,7 @@ out=$(mktemp /tmp/coll-ab-XXXX)
 LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
 trap 'rm -f "$out" "$out.run" "$out.loadgen"; stop_load' EXIT
-if [ "${LOAD:-0}" = 1 ]; then
-    cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
-    start_load "$out.loadgen"
-fi
+load_if_asked "$out.loadgen"
 run() { # build label
     local build=$1 lab=$2 dir extra envv nextra
     dir=$(mktemp -d /tmp/coll-ab-XXXX)

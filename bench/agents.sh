@@ -116,6 +116,12 @@ start_load() {
     "$1" duty 50 & LOAD_PIDS+=($!)
     sleep 0.5
 }
+# load_if_asked BIN: with LOAD=1, bench/loadgen.c built at BIN and started (start_load)
+load_if_asked() {
+    [ "${LOAD:-0}" = 1 ] || return 0
+    cc -O2 -o "$1" "$(dirname "${BASH_SOURCE[0]}")/loadgen.c"
+    start_load "$1"
+}
 stop_load() {
     local p
     for p in "${LOAD_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -21,10 +21,7 @@ LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
 AGENT_PIDS=()
 trap 'rm -f "$out" "$out.loadgen"; stop_load; stop_agents' EXIT
-if [ "${LOAD:-0}" = 1 ]; then
-    cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
-    start_load "$out.loadgen"
-fi
+load_if_asked "$out.loadgen"
 for n in $ns; do
     dir=$(mktemp -d /tmp/coll-children-XXXX)
     if [ "${ACROSS:-0}" = 1 ]; then

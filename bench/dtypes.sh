@@ -19,10 +19,7 @@ LOAD_PIDS=()
 AGENT_PIDS=()
 dir=$(mktemp -d /tmp/coll-dtypes-XXXX)
 trap 'rm -rf "$out" "$out.loadgen" "$dir"; stop_load; stop_agents' EXIT
-if [ "${LOAD:-0}" = 1 ]; then
-    cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
-    start_load "$out.loadgen"
-fi
+load_if_asked "$out.loadgen"
 start_agents "$B" "$n" "$dir" "$(free_port)"
 read -r -a list <<<"$dtypes"
 k=${#list[@]}

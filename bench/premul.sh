@@ -18,10 +18,7 @@ dir=$(mktemp -d /tmp/coll-premul-XXXX)
 AGENT_PIDS=()
 LOAD_PIDS=()
 trap 'stop_load; stop_agents; rm -f "$out"; rm -rf "$dir"' EXIT
-if [ "${LOAD:-0}" = 1 ]; then
-    cc -O2 -o "$dir/loadgen" "$(dirname "$0")/loadgen.c"
-    start_load "$dir/loadgen"
-fi
+load_if_asked "$dir/loadgen"
 start_agents "$B" "$n" "$dir" "$(free_port)"
 for r in $(seq "$rounds"); do
     order="sum premul"

@@ -19,10 +19,7 @@ if [ "${PIN:-0}" = 1 ]; then AGENT_PIN="taskset -c 0" APP_PIN="taskset -c 1-$(($
 LOAD_PIDS=()
 . "$(dirname "$0")/agents.sh"
 trap 'rm -f "$out" "$out.loadgen"; stop_load' EXIT
-if [ "${LOAD:-0}" = 1 ]; then
-    cc -O2 -o "$out.loadgen" "$(dirname "$0")/loadgen.c"
-    start_load "$out.loadgen"
-fi
+load_if_asked "$out.loadgen"
 run() { # build label
     local build=$1 lab=$2 dir pid bigpid
     dir=$(mktemp -d /tmp/coll-turns-XXXX)

@@ -671,6 +671,7 @@ static void a_world_across_pods_splits_nests_and_mixes(void **state)
     (void)state;
     assert_false(run_world(world_main, 120000));
 }
+
 /* Premultiplied sums on children: halves across all four pods, their nested quarters
  * across two, and a pod's pair (one pod: the agent's), every rank with a scalar of its
  * own (opcheck_premul), each element checked exactly; then one scalar on every rank. */

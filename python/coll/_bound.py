@@ -14,7 +14,7 @@ tensors that are not contiguous. Not part of the public API.
 import ctypes
 
 from . import _lib as L
-from ._core import CollError, _dtype_of, lib, view
+from ._core import CollError, _dtype_of, bare, c_args, lib, view
 from ._ops import _raw_stream, _what
 from ._request import Request
 
@@ -32,16 +32,11 @@ class Binder:
         self.g = g
         self.conn = g.conn
         self.ops = {}
-        self._keep = lib()["coll_wait_stream_keep"]  # no argtypes: C values passed as made
-        self._keep.restype = ctypes.c_int
+        self._keep = bare("coll_wait_stream_keep")
 
     def _fn(self, name, args):
-        """The C function (a handle of its own, without argtypes) and args made C values."""
-        tab = getattr(lib(), name)
-        fn = lib()[name]
-        fn.restype = tab.restype
-        return fn, tuple(a if a is None or isinstance(a, t) else t(a)
-                         for a, t in zip(args, tab.argtypes))
+        """The C function without argtypes, and args made C values (_core.bare)."""
+        return bare(name), c_args(name, args)
 
     def _views(self, *tensors):
         """The tensors' views where all are contiguous, on one device, and in coll memory

@@ -26,6 +26,26 @@ def lib():
     return _lib
 
 
+_bare = {}
+
+
+def bare(name):
+    """libcoll's function name through a handle of its own without argtypes, made once:
+    called with C values (c_args), it converts nothing (about 0.5 µs less a call)."""
+    fn = _bare.get(name)
+    if fn is None:
+        fn = lib()[name]
+        fn.restype = getattr(lib(), name).restype
+        _bare[name] = fn
+    return fn
+
+
+def c_args(name, args):
+    """args made the C values the table of function name says (None stays None)."""
+    return tuple(a if a is None or isinstance(a, t) else t(a)
+                 for a, t in zip(args, getattr(lib(), name).argtypes))
+
+
 _ERRNAME = {v: k for k, v in L.ERRORS.items()}
 
 

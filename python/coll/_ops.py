@@ -14,7 +14,7 @@ import weakref
 
 from . import _arrays
 from . import _lib as L
-from ._core import CollError, _check, _dtype_of, _redop_code, lib, redop, view
+from ._core import CollError, _check, _dtype_of, _redop_code, bare, c_args, lib, redop, view
 from ._request import Request
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
@@ -47,16 +47,10 @@ class Prepared:
     def __init__(self, g, what, call, result, keep):
         self._g, self._what, self._result, self._keep = g, what, result, keep
         self._call = call
-        fn = getattr(lib(), call.name)
-        # a function object of its own without argtypes, and the arguments made C
-        # values once: a run converts nothing (about 0.5 µs less per op)
-        self._fn = lib()[call.name]
-        self._fn.restype = fn.restype
-        self._wait = lib()["coll_wait"]
-        self._wait.restype = ctypes.c_int
+        # the arguments made C values once: a run converts nothing
+        self._fn, self._wait = bare(call.name), bare("coll_wait")
         self._r = L.Request()
-        self._args = tuple(a if a is None or isinstance(a, t) else t(a)
-                           for a, t in zip(call.args, fn.argtypes)) + (ctypes.byref(self._r),)
+        self._args = c_args(call.name, call.args) + (ctypes.byref(self._r),)
         self._conn = g.conn.handle
         self._forever = ctypes.c_int(-1)
 
@@ -117,7 +111,6 @@ def _raw_first(fn):
 # held weakly: a binding whose array died is made again for whatever object has its id
 # now. (A numpy array over coll memory owns no data: its address never changes.)
 _BOUND_MAX = 64  # bindings per group; past that they are all dropped and made again
-_wait_fn = None
 try:
     from numpy import ndarray as _ndarray
 except ImportError:  # pragma: no cover - numpy is a dependency
@@ -146,7 +139,7 @@ def _bound_first(fn):
         r = L.Request()
         rc = b[1](*b[2], ctypes.byref(r))
         if rc == 0:
-            rc = _wait_fn(self.conn._h, r, -1)
+            rc = bare("coll_wait")(self.conn._h, r, -1)
             if rc == 0:
                 return x
         raise CollError(rc, lib().coll_last_error().decode(errors="replace"), b[3])
@@ -157,7 +150,6 @@ def _bound_first(fn):
 def _bind(g, fn, key, x, args, kwargs):
     """(weak reference to x, C function, its arguments but the request, what) for op fn
     on x, or with no function where it is not to be bound."""
-    global _wait_fn
     try:
         ref = weakref.ref(x)
     except TypeError:
@@ -173,8 +165,6 @@ def _bind(g, fn, key, x, args, kwargs):
             p = None
         if p is not None:
             b = (ref, p._fn, p._args[:-1], p._what)
-            if _wait_fn is None:
-                _wait_fn = p._wait
     if len(g._binds) >= _BOUND_MAX:
         g._binds.clear()
     g._binds[key] = b

@@ -6,24 +6,14 @@ import threading
 import time
 
 from . import _lib as L
-from ._core import CollError, lib
+from ._core import CollError, bare, lib
 
 _TIMEOUT = L.ERRORS["TIMEOUT"]
 
 
 def _wait_forever(conn, r):
-    """coll_wait(conn, r, -1) through a function of its own without argtypes (made once:
-    a call converts nothing)."""
-    global _wait_forever
-    fn = lib()["coll_wait"]
-    fn.restype = ctypes.c_int
-    forever = ctypes.c_int(-1)
-
-    def wait(conn, r):
-        return fn(conn, r, forever)
-
-    _wait_forever = wait
-    return wait(conn, r)
+    """coll_wait(conn, r, -1), converting nothing (_core.bare)."""
+    return bare("coll_wait")(conn, r, -1)
 
 
 def _ms(deadline):
