@@ -8,7 +8,9 @@
 #
 # TORCH=1: also dist.all_reduce through the torch backend "coll" (torch), and through a
 # backend that does nothing (null: torch's own dispatch), and torch's time over C's less
-# null's.
+# null's. PKG_B=DIR (with TORCH=1): the same dist.all_reduce through the package in DIR
+# (another tree's python/, e.g. a worktree of the commit before) in the same rounds,
+# and its time against this tree's.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -39,7 +41,8 @@ py_run() { # [raw|prepared|torch|null]: the two C calls through ctypes alone; Gr
     local pids=() i port
     port=$(free_port)
     for i in $(seq 0 $((pods - 1))); do
-        TORCH_PORT=$port timeout 300 /usr/bin/python3 "$here/python_call.py" "${socks[$i]}" bench \
+        PYTHONPATH=${PY_PATH:-$root/python} TORCH_PORT=$port timeout 300 /usr/bin/python3 \
+            "$here/python_call.py" "${socks[$i]}" bench \
             "$bytes" "$iters" ${1:-} >"$tmp/py$i.out" 2>&1 &
         pids+=($!)
     done
@@ -48,15 +51,17 @@ py_run() { # [raw|prepared|torch|null]: the two C calls through ctypes alone; Gr
 }
 echo "# python_c.sh: $bytes B allreduce, $pods pods, $iters iters, $rounds rounds, $load, $(git -C "$root" rev-parse --short HEAD)"
 for r in $(seq 1 "$rounds"); do
-    tt="torch -" nn="null -"
+    tt="torch -" nn="null -" tb=""
     if [ $((r % 2)) = 1 ]; then
         c=$(c_run); p=$(py_run); w=$(py_run raw); q=$(py_run prepared)
         [ "${TORCH:-0}" = 1 ] && { tt=$(py_run torch); nn=$(py_run null); }
+        [ -n "${PKG_B:-}" ] && tb=$(PY_PATH=$PKG_B py_run torch)
     else
+        [ -n "${PKG_B:-}" ] && tb=$(PY_PATH=$PKG_B py_run torch)
         [ "${TORCH:-0}" = 1 ] && { nn=$(py_run null); tt=$(py_run torch); }
         q=$(py_run prepared); w=$(py_run raw); p=$(py_run); c=$(c_run)
     fi
-    echo "round $r $c $p ${w/python/ctypes} ${q/python/prepared} ${tt/python/torch} ${nn/python/null}"
+    echo "round $r $c $p ${w/python/ctypes} ${q/python/prepared} ${tt/python/torch} ${nn/python/null} ${tb/python/torchB}"
 done | tee "$tmp/rounds"
 for f in 6:python 10:prepared; do # the column of each Python variant against C's ($4)
     awk -v k="${f%%:*}" '{ c = $4; p = $k; print p / c, p - c }' "$tmp/rounds" | sort -n | awk -v n="${f#*:}" '
@@ -67,4 +72,12 @@ if [ "${TORCH:-0}" = 1 ]; then # torch's time less its own dispatch (null) again
     awk '{ c = $4; t = $12 - $14; print t / c, t - c }' "$tmp/rounds" | sort -n | awk '
         { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
           printf "median (torch - null)/c %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", r[m], r[1], r[NR], d[m] }'
+fi
+if [ -n "${PKG_B:-}" ]; then # the other package's, and this one's against it
+    awk '{ c = $4; t = $16 - $14; print t / c, t - c }' "$tmp/rounds" | sort -n | awk '
+        { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
+          printf "median (torchB - null)/c %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", r[m], r[1], r[NR], d[m] }'
+    awk '{ print $12 / $16, $12 - $16 }' "$tmp/rounds" | sort -n | awk '
+        { r[NR] = $1; d[NR] = $2 } END { m = int((NR + 1) / 2);
+          printf "median torch/torchB %.3f (per-round ratios %.3f..%.3f), %+.2f us\n", r[m], r[1], r[NR], d[m] }'
 fi

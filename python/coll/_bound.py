@@ -16,13 +16,14 @@ import ctypes
 from . import _lib as L
 from ._core import CollError, _dtype_of, bare, c_args, lib, view
 from ._ops import _raw_stream, _what
-from ._request import Request
+from ._request import One, Request
 
 _MAX = 1024  # bindings per group; past that they are all dropped and made again
 # refusals the general way may get past: memory no longer coll's (INVALID), or host
 # memory outside coll buffers where the op did not run in this process after all
 _AGAIN = (L.ERRORS["INVALID"], L.ERRORS["TIMEOUT"])
 _NONE = object()  # a key whose tensors take the general way
+_Req, _byref = L.Request, ctypes.byref
 
 
 class Binder:
@@ -61,11 +62,11 @@ class Binder:
         if b is _NONE or not self.g._h:  # (closed: the general way says so)
             return None
         fn, args, dev, what = b
-        r = L.Request()
+        r = _Req()
         if dev < 0:  # a host op: one C call
-            rc = fn(*args, None, ctypes.byref(r))
+            rc = fn(*args, None, _byref(r))
             if rc == 0:
-                return Request(self.conn, what, [r], (), (), keep, value, False)
+                return One(self.conn, what, r, keep, value)
             return self._refused(key, rc, what)
         s = _raw_stream(dev)
         cs = ctypes.c_void_p(s)

@@ -159,6 +159,45 @@ class Request:
                                     self.what)
 
 
+class One(Request):
+    """A Request of one C request with nothing to copy back nor give back (a bound op,
+    _bound.py): made with the few fields that differ, the rest the class's."""
+
+    _backs = _stages = ()
+    _gpu = False
+    _err = _source = stream = None
+    _done = False
+
+    def __init__(self, conn, what, r, keep, result):  # pylint: disable=super-init-not-called
+        self.conn = conn
+        self.what = what
+        self._pending = [r]
+        self._keep = keep
+        self._result = result
+        self._lock = threading.Lock()
+
+    def wait_forever(self):
+        """wait() without a timeout: the C wait and its outcome (its failure raised)."""
+        with self._lock:
+            if self._pending:
+                rc = _coll_wait(self.conn._h, self._pending[0], -1)
+                self._pending = []
+                if rc != 0:  # the op's own failure (its timeout included): consumed
+                    self._fail(rc, lib().coll_last_error().decode(errors="replace"))
+                self._keep = None
+                self._done = True
+        if self._err is not None:
+            raise self._err
+        return self._result
+
+
+def _coll_wait(conn, r, ms):
+    """coll_wait through _core.bare, looked up once."""
+    global _coll_wait
+    _coll_wait = bare("coll_wait")
+    return _coll_wait(conn, r, ms)
+
+
 def _settled(q):
     """Whether q completed (its failure kept in it, not raised)."""
     try:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ._core import CollError, connect
 from . import _arrays, _bound
-from ._request import ready
+from ._request import One as _One, ready
 
 _OPS = [("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"),
         ("AVG", "avg"), ("BAND", "band"), ("BOR", "bor"), ("BXOR", "bxor")]
@@ -133,6 +133,9 @@ class Work(_WorkBase):
     CUDA ops: the current stream waits for the op on the GPU at submission (as after
     ProcessGroupNCCL's wait(), no host wait) and wait() returns at once."""
 
+    _bufs = ()
+    _post = _fut = _exc = None
+
     def __init__(self, req, value, post=None, bufs=(), waited=False):
         super().__init__()
         self._req = req
@@ -160,6 +163,18 @@ class Work(_WorkBase):
 
     def _forget(self):
         _alive.pop(id(self), None)
+
+    @classmethod
+    def _bound_host(cls, q, value):
+        """The Work of a bound host op (q a _request.One: one C request, nothing to copy
+        nor give back): the fields Work's __init__ would set to nothing are the class's."""
+        w = cls.__new__(cls)
+        _WorkBase.__init__(w)
+        w._req = q
+        w._value = value
+        w._lock = threading.Lock()
+        _alive[id(w)] = w
+        return w
 
     def _finish(self, timeout=None):
         """Wait on the host; run the copies; keep the failure. Raises it."""
@@ -210,6 +225,16 @@ class Work(_WorkBase):
         if self._req._gpu:  # the stream waits already; a failure seen is raised
             if self._exc is not None:
                 raise self._exc
+            return True
+        q = self._req
+        if not timeout and self._exc is None and self._post is None and type(q) is _One:
+            try:  # a bound host op (Work._bound_host): its request alone
+                q.wait_forever()
+            except CollError as e:
+                self._exc = e
+                raise
+            finally:
+                _alive.pop(id(self), None)
             return True
         # torch's "no timeout" is a timedelta of 0
         t = timeout.total_seconds() if timeout and hasattr(timeout, "total_seconds") else None
@@ -416,7 +441,9 @@ class ProcessGroupColl(dist.ProcessGroup):
         if b is None or self._error is not None:
             return None
         q = getattr(b, name)(*args)
-        return None if q is None else Work(q, args[-1], waited=True)
+        if q is None:
+            return None
+        return Work._bound_host(q, args[-1]) if type(q) is _One else Work(q, args[-1], waited=True)
 
     def _scratch(self, shape, like):
         """An intermediate tensor in coll memory (list forms): no staging copy."""
@@ -432,13 +459,17 @@ class ProcessGroupColl(dist.ProcessGroup):
         return self._work(req, value, post, bufs)
 
     def allreduce(self, tensors, opts=None):
-        op = _redop(_opt(opts, "reduceOp", None))
+        op = _redop(opts.reduceOp) if opts is not None else "sum"
         if len(tensors) != 1:
             raise ValueError("coll: one tensor per process (got %d)" % len(tensors))
         t = tensors[0]
-        w = self._bound_op(t, "allreduce", t, op, tensors)
-        if w is not None:
-            return w
+        b = self._bound
+        if b is not None and self._error is None:  # _bound_op, inline: the commonest op
+            q = b.allreduce(t, op, tensors)
+            if q is not None:
+                if type(q) is _One:
+                    return Work._bound_host(q, tensors)
+                return Work(q, tensors, waited=True)
         return self._work(self._g().allreduce(t, op=op, async_op=True), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):

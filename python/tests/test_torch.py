@@ -206,6 +206,22 @@ def _bound_ops(i, socks, port):
         dist.all_reduce(z)
         assert zkey not in bd.ops and z[15].item() == sum(range(size))
     dist.barrier()
+    # a bound op that fails (counts that differ: MISMATCH) raises through wait(), and
+    # its Work says so, through its future too (across pods the mismatch ended the
+    # epoch: the ops after it fail with EPOCH; on one pod they fail alike)
+    bad = cg.conn.zeros(8 + r, torch.float32)
+    with pytest.raises(coll.CollError) as e:
+        dist.all_reduce(bad)
+    assert e.value.name == "MISMATCH" and e.value.retryable
+    then = "EPOCH" if cg.nodes > 1 else "MISMATCH"
+    w = dist.all_reduce(bad, async_op=True)
+    with pytest.raises(coll.CollError, match=then):
+        w.get_future().wait()
+    assert w.is_completed() and not w.is_success() and w.exception() is not None
+    w = dist.all_reduce(bad, async_op=True)
+    with pytest.raises(coll.CollError, match=then):
+        w.wait()
+    assert w.is_completed() and not w.is_success()
     dist.destroy_process_group()
 
 
