@@ -15,7 +15,7 @@ import weakref
 from . import _arrays
 from . import _lib as L
 from ._core import CollError, _check, _dtype_of, _redop_code, bare, c_args, lib, redop, view
-from ._request import Request
+from ._request import Request, _coll_wait
 
 __all__ = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
            "alltoallv", "gather", "scatter", "send", "recv", "recv_any", "barrier"]
@@ -139,7 +139,7 @@ def _bound_first(fn):
         r = L.Request()
         rc = b[1](*b[2], ctypes.byref(r))
         if rc == 0:
-            rc = bare("coll_wait")(self.conn._h, r, -1)
+            rc = _coll_wait(self.conn._h, r, -1)
             if rc == 0:
                 return x
         raise CollError(rc, lib().coll_last_error().decode(errors="replace"), b[3])

@@ -11,11 +11,6 @@ from ._core import CollError, bare, lib
 _TIMEOUT = L.ERRORS["TIMEOUT"]
 
 
-def _wait_forever(conn, r):
-    """coll_wait(conn, r, -1), converting nothing (_core.bare)."""
-    return bare("coll_wait")(conn, r, -1)
-
-
 def _ms(deadline):
     if deadline is None:
         return -1
@@ -105,7 +100,7 @@ class Request:
         if timeout is None:  # the common case: each C request waited for in turn
             with self._lock:
                 while self._pending:
-                    rc = _wait_forever(self.conn._h, self._pending[0])
+                    rc = _coll_wait(self.conn._h, self._pending[0], -1)
                     if rc != 0:  # the op's own failure (its timeout included): consumed
                         self._fail(rc, lib().coll_last_error().decode(errors="replace"))
                     self._pending.pop(0)
@@ -192,7 +187,8 @@ class One(Request):
 
 
 def _coll_wait(conn, r, ms):
-    """coll_wait through _core.bare, looked up once."""
+    """coll_wait through _core.bare (converting nothing), looked up at the first call,
+    which puts the C function itself in this name's place."""
     global _coll_wait
     _coll_wait = bare("coll_wait")
     return _coll_wait(conn, r, ms)
