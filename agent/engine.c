@@ -212,7 +212,15 @@ static int poll_rings(struct engine *eng)
     return total;
 }
 
-/* Handshake and op deadlines; returns the nearest one still ahead. */
+/* Ops taken from the rings whose completion is not posted yet, all sessions. */
+static unsigned inflight(const struct engine *eng)
+{
+    unsigned n = 0;
+    for (const struct session *s = eng->sessions; s; s = s->next)
+        n += s->inflight;
+    return n;
+}
+
 /* Render /metrics and /readyz from what the engine owns and hand them to the HTTP
  * thread (which never touches the engine's state). */
 static void publish(struct engine *eng)
@@ -231,6 +239,7 @@ static void publish(struct engine *eng)
                             .waits_spun = eng->stats.spun,
                             .waits_slept = eng->stats.sleeps,
                             .draining = eng->draining,
+                            .ops_in_flight = inflight(eng),
                             .gpu_imports = imports,
                             .up_s = (double)(now_ns() - eng->started_ns) / 1e9};
     size_t ml = metrics_render(&in, eng->metrics_buf, METRICS_CAP / 2);
@@ -238,15 +247,6 @@ static void publish(struct engine *eng)
     size_t rl = metrics_readyz(&in, eng->metrics_buf + METRICS_CAP / 2, METRICS_CAP / 2, &failing);
     http_publish(eng->http, eng->metrics_buf, ml, eng->metrics_buf + METRICS_CAP / 2, rl, failing);
     eng->next_publish = now_ns() + PUBLISH_NS;
-}
-
-/* Ops taken from the rings whose completion is not posted yet, all sessions. */
-static unsigned inflight(const struct engine *eng)
-{
-    unsigned n = 0;
-    for (const struct session *s = eng->sessions; s; s = s->next)
-        n += s->inflight;
-    return n;
 }
 
 /* Groups lent to clients that have direct ops under way (recalled when the drain
@@ -275,6 +275,7 @@ static void check_drain(struct engine *eng, int64_t now)
     eng->stop = 1;
 }
 
+/* Handshake and op deadlines; returns the nearest one still ahead. */
 static int64_t check_deadlines(struct engine *eng, int64_t now)
 {
     int64_t next = INT64_MAX;

@@ -63,6 +63,11 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
         "# TYPE coll_draining gauge\ncoll_draining %d\n",
         in->draining);
     put(&o,
+        "# HELP coll_ops_in_flight Ops the agent's sessions submitted to it and that have not "
+        "finished (direct ops, run by the applications, not counted).\n"
+        "# TYPE coll_ops_in_flight gauge\ncoll_ops_in_flight %u\n",
+        in->ops_in_flight);
+    put(&o,
         "# HELP coll_sessions Connected application sessions.\n"
         "# TYPE coll_sessions gauge\ncoll_sessions %d\n",
         in->sessions);

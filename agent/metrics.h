@@ -18,6 +18,7 @@ struct metrics_in {
     uint64_t yield_closed;            /* the agent's spin gate closings (spin.h) */
     uint64_t waits_spun, waits_slept; /* the engine's waits for work, by how they ended */
     int draining;
+    unsigned ops_in_flight; /* submitted to the agent by its sessions, not yet done */
     int gpu_imports;
     double up_s;
 };

@@ -23,12 +23,13 @@ def fail(msg):
 
 for name in ("coll_build_info", "coll_ops", "coll_op_duration_seconds", "coll_group_formed",
              "coll_group_epoch", "coll_sessions", "coll_draining", "coll_spin_yield_closed",
-             "coll_engine_waits"):
+             "coll_engine_waits", "coll_ops_in_flight"):
     if name not in families:
         fail("no family " + name)
 if families["coll_ops"].type != "counter" or families["coll_op_duration_seconds"].type != "histogram" \
         or families["coll_spin_yield_closed"].type != "counter" \
-        or families["coll_engine_waits"].type != "counter":
+        or families["coll_engine_waits"].type != "counter" \
+        or families["coll_ops_in_flight"].type != "gauge":
     fail("wrong types")
 for s in families["coll_ops"].samples:
     if s.name == "coll_ops_total":
@@ -63,6 +64,7 @@ for s in families["coll_engine_waits"].samples:
     if s.name == "coll_engine_waits_total":
         out["waits_" + s.labels["ended"]] = int(s.value)
 out["draining"] = int(families["coll_draining"].samples[0].value)
+out["in_flight"] = int(families["coll_ops_in_flight"].samples[0].value)
 for fam, key, label in (("coll_group_members_joined", "joined", None),
                         ("coll_group_formations", "formations", None),
                         ("coll_group_cpu_shared", "cpu_shared", None),
