@@ -8,6 +8,7 @@ them the build directory next to the sources is tried.
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,6 +71,7 @@ class Agent:
     """A coll-agent process on its own socket, config and log."""
 
     def __init__(self, body, extra=""):
+        self.tail = None  # the log's last 4000 characters, once stopped
         self.dir = tempfile.mkdtemp(prefix="coll-py-")
         self.sock = os.path.join(self.dir, "agent.sock")
         self.cfg = os.path.join(self.dir, "agent.yaml")
@@ -84,6 +86,7 @@ class Agent:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError("the agent exited (%d):\n%s" % (self.proc.returncode,
                                                                    self.read_log()))
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -98,10 +101,14 @@ class Agent:
         raise RuntimeError("the agent is not accepting within 30 s:\n" + self.read_log())
 
     def read_log(self):
+        if self.tail is not None:
+            return self.tail
         with open(self.log) as f:
             return f.read()[-4000:]
 
     def stop(self):
+        """SIGTERM (SIGKILL after 10 s); the exit status. The directory goes, its log's
+        tail stays for read_log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -109,6 +116,9 @@ class Agent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.tail is None:
+            self.tail = self.read_log()
+            shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
 
 
