@@ -171,6 +171,37 @@ int http_get(const char *url, const char *file)
     return code;
 }
 
+/* coll_up_seconds of the /metrics text in file, or -1. */
+static double up_seconds(const char *file)
+{
+    FILE *f = fopen(file, "r");
+    if (!f) return -1;
+    char line[512];
+    double up = -1;
+    while (up < 0 && fgets(line, sizeof(line), f))
+        if (sscanf(line, "coll_up_seconds %lf", &up) != 1) up = -1;
+    fclose(f);
+    return up;
+}
+
+int metrics_fresh(int hport, const char *file, int ms)
+{
+    char url[96];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    double first = -1, end = now_ms() + ms;
+    do {
+        if (http_get(url, file) == 200) {
+            double up = up_seconds(file);
+            if (first < 0)
+                first = up;
+            else if (up >= 0 && up != first)
+                return 200; /* published after the first GET, which came after the call */
+        }
+        usleep(100 * 1000);
+    } while (now_ms() < end);
+    return -1;
+}
+
 int file_has(const char *file, const char *needle)
 {
     FILE *f = fopen(file, "r");

@@ -36,6 +36,10 @@ int free_port(void);
 int http_extra(char *extra, size_t cap, int port);
 /* GET url with curl into file; the HTTP status, or -1. */
 int http_get(const char *url, const char *file);
+/* GET /metrics of the endpoints at 127.0.0.1:hport into file, a text the agent
+ * published after this call began (the agent publishes about once a second: the first
+ * text's coll_up_seconds, then until another one is served); 200, or -1 after ms. */
+int metrics_fresh(int hport, const char *file, int ms);
 /* Whether file holds needle (its first 64 KiB). */
 int file_has(const char *file, const char *needle);
 /* Parse a /metrics text in file with tests/http/check_metrics.py (the Prometheus

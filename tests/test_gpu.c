@@ -607,7 +607,7 @@ static void repeated_ops_replay(void **state)
     (void)state;
     struct agent a;
     int hport = free_port();
-    char body[256], url[96], file[128], out[4096];
+    char body[256], file[128], out[4096];
     snprintf(body, sizeof(body),
              "http:\n  address: 127.0.0.1\n  port: %d\n"
              "groups:\n  - name: g\n    backend: nccl\n    devices: [\"0\"]\n",
@@ -616,10 +616,8 @@ static void repeated_ops_replay(void **state)
     struct job j = {.sock = a.sock, .hold_fd = -1};
     assert_int_equal(child_wait(child_run(repeat_main, &j), 120000), 0);
     /* the operator's view: replays and captures per group in /metrics */
-    usleep(1200 * 1000); /* the published text is at most a second old */
     tmp_path(file, sizeof(file), "metrics", 0);
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
-    assert_int_equal(http_get(url, file), 200);
+    assert_int_equal(metrics_fresh(hport, file, 10000), 200);
     int rc = metrics_parse(file, out, sizeof(out));
     printf("%s", out);
     long replays = metric_of(out, "graph_replays_g"), made = metric_of(out, "graphs_captured_g");

@@ -1590,7 +1590,7 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
     for (int apart = 1; apart >= 0; apart--) {
         struct agent a[2];
         int port = free_port();
-        char extra[128], url[128], scrape[128], figures[4096];
+        char extra[128], scrape[128], figures[4096];
         int hport = http_extra(extra, sizeof(extra), port);
         for (int i = 0; i < 2; i++) {
             assert_int_equal(pin_to_cpu(apart ? i : 0), 0); /* the agent inherits it */
@@ -1600,10 +1600,8 @@ static void pods_on_cpus_of_their_own_hold_their_spin(void **state)
         for (int i = 0; i < 2; i++)
             assert_true(agent_log_wait(&a[i], "group.formed", 1, 10000));
         /* what the commit said, in /metrics too (the published text is up to 1 s old) */
-        usleep(1200 * 1000);
-        snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
         tmp_path(scrape, sizeof(scrape), "scrape", apart);
-        assert_int_equal(http_get(url, scrape), 200);
+        assert_int_equal(metrics_fresh(hport, scrape, 10000), 200);
         int parsed = metrics_parse(scrape, figures, sizeof(figures));
         unlink(scrape);
         if (parsed == 77) {
@@ -3838,7 +3836,7 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_int_equal(http_get(url, file), 200);
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/readyz", hport);
     assert_int_equal(http_get(url, file), 503);
-    usleep(1200 * 1000); /* the published texts are at most a second old */
+    assert_int_equal(metrics_fresh(hport, file, 10000), 200); /* /readyz as fresh */
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/readyz?verbose", hport);
     assert_int_equal(http_get(url, file), 503);
     assert_true(file_has(file, "[-] group g: not formed: waiting for node indexes 1"));
@@ -3857,9 +3855,7 @@ static void http_endpoints_say_health_and_metrics(void **state)
     agent_path(1); /* the agent's own op counts and latencies first */
     run_ranks(allreduce_once, ok, sizeof(ok[0]), 2, 30000);
     agent_path(0);
-    usleep(1200 * 1000);
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
-    assert_int_equal(http_get(url, file), 200);
+    assert_int_equal(metrics_fresh(hport, file, 10000), 200);
     char out[4096];
     int rc = metrics_parse(file, out, sizeof(out));
     printf("%s", out);
@@ -3902,9 +3898,7 @@ static void http_endpoints_say_health_and_metrics(void **state)
         p[i] = child_run(allreduce_once, &direct[i]);
     unsetenv("COLL_DIRECT_WAIT_MS");
     wait_ranks_done(hold, 2);
-    usleep(1200 * 1000);
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
-    assert_int_equal(http_get(url, file), 200);
+    assert_int_equal(metrics_fresh(hport, file, 10000), 200);
     assert_int_equal(metrics_parse(file, out, sizeof(out)), 0);
     FILE *hf = fopen(hold, "w");
     if (hf) fclose(hf);
@@ -3964,8 +3958,7 @@ static void readyz_says_not_formed_once_this_pod_ends_the_epoch(void **state)
     assert_true(file_has(file, "[+] group g: formed"));
     assert_int_equal(kill(a[1].pid, SIGSTOP), 0);
     coll_group_close(&g); /* its slot's epoch ends here, on the engine's word */
-    usleep(1200 * 1000);  /* the published texts are at most a second old */
-    int code = http_get(url, file);
+    int code = metrics_fresh(hport, file, 10000) == 200 ? http_get(url, file) : -1;
     assert_int_equal(kill(a[1].pid, SIGCONT), 0);
     if (code != 503 || !file_has(file, "[-] group g: not formed")) {
         char cmd[200];

@@ -1555,14 +1555,12 @@ static void a_client_busy_for_ever_holds_its_group_back_a_heartbeat(void **state
 }
 
 /* /metrics of the agent at hport, parsed (metrics_parse) into out; 0, or 77 without the
- * parser. Waits for a publish first (at most a second old). */
+ * parser. A text published after the call. */
 static int scrape(int hport, char *out, size_t cap)
 {
-    char url[96], file[128];
-    usleep(1200 * 1000);
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", hport);
+    char file[128];
     tmp_path(file, sizeof(file), "metrics", 0);
-    assert_int_equal(http_get(url, file), 200);
+    assert_int_equal(metrics_fresh(hport, file, 10000), 200);
     int rc = metrics_parse(file, out, cap);
     unlink(file);
     return rc;
