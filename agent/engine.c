@@ -555,6 +555,9 @@ int engine_run(struct engine *eng)
                 }
                 next_ctl = now + CTL_POLL_NS;
             }
+            /* the sockets of sends and receives between pods, read here while it spins:
+             * their messages and acks need no net thread to wake (p2p_engine.c) */
+            if (eng->net) net_p2p_watch(eng->net);
             spin_relax(&eng->gate, now); /* a yield while safe (spin.h) */
             spun = 1;
             continue;

@@ -535,7 +535,11 @@ void *net_main(void *arg)
         atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
         if (spin_on(n, last_work, budget)) continue;
         zmq_pollitem_t items[ITEMS_MAX];
+        /* the poll set under coll_lock: the engine's turn at sends and receives changes
+         * what a pod's connection waits for (and knocks when that needs a new look) */
+        lock_from_engine(n);
         int retry, ni = poll_set(n, items, &retry);
+        pthread_mutex_unlock(&n->coll_lock);
         wait_for_work(n, items, ni, retry, &slept);
         lock_from_engine(n);
         settle_inline(n);

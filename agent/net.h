@@ -126,6 +126,16 @@ void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx);
 enum { NET_INLINE_NO = 0, NET_INLINE_DONE, NET_INLINE_HANDED };
 int net_inline(struct net *n, struct net_task *t);
 /*
+ * Engine thread (p2p_engine.c): post send or named receive t right here when the group
+ * is formed, the net thread is not at work and holds nothing of this pod's before it:
+ * 1, and t comes back through net_collect as if submitted; else 0 (submit it). And,
+ * while the engine spins, read the sockets of the pods that the sends and receives with
+ * the net wait to hear from: a message or an ack that arrives completes its op with no
+ * net thread to wake.
+ */
+int net_p2p_post(struct net *n, struct net_task *t);
+void net_p2p_watch(struct net *n);
+/*
  * Direct ops (docs/decisions/0011-direct-ops.md): the collective connections of a formed host group
  * with one participant on this pod, lent to that participant's client. While lent the
  * agent runs no collective of the group (one that comes is failed with INVALID; sends

@@ -6,10 +6,11 @@
  *                (rendezvous.c) and what an epoch's end does here;
  *   dataconn.c   the data connections: listener, accepts and hellos, outgoing set-ups;
  *   p2p.c        framed sends and receives between pods, with the unexpected queue;
+ *   p2p_engine.c the engine's turn at them (it posts and reads while it spins);
  *   net_queue.c  the queues to and from the engine.
  * Layers, top to bottom, each calling only those below it: net.c; net_epoch.c;
- * dataconn.c and p2p.c (which reach net_epoch.c only through struct net's epoch
- * calls); net_queue.c.
+ * p2p_engine.c; dataconn.c and p2p.c (which reach net_epoch.c only through struct
+ * net's epoch calls, and never from the engine's turn); net_queue.c.
  * Every field below is the net thread's unless its comment names another owner or a
  * lock: the engine reaches the net only through net.h.
  */
@@ -184,10 +185,17 @@ struct ngroup {
     struct p2p_out out[RDV_MAX_NODES];
     struct p2p_in in[RDV_MAX_NODES];
     struct net_task *posted_head, *posted_tail; /* receives waiting for their message */
-    struct net_task *cts_head, *cts_tail;       /* ... told clear to send: for its DATA */
-    struct unexpected *unx_head, *unx_tail;     /* messages waiting for their receive */
-    size_t unx_bytes, unx_from[RDV_MAX_NODES];  /* what they cost, in all and by peer */
-    uint32_t unx_n, unx_n_from[RDV_MAX_NODES];  /* ... and how many there are */
+    /* an end the engine's turn at the sends and receives met (p2p_engine.c), left for the
+     * net thread's next turn (p2p_settle): the code, the pod whose connection broke (-1:
+     * none), and whether the queued collectives finish first */
+    struct {
+        int set, code, lost, later;
+        char why[160];
+    } p2p_def;
+    struct net_task *cts_head, *cts_tail;      /* ... told clear to send: for its DATA */
+    struct unexpected *unx_head, *unx_tail;    /* messages waiting for their receive */
+    size_t unx_bytes, unx_from[RDV_MAX_NODES]; /* what they cost, in all and by peer */
+    uint32_t unx_n, unx_n_from[RDV_MAX_NODES]; /* ... and how many there are */
     /* collectives */
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;
@@ -240,6 +248,9 @@ struct net {
     int out_efd;
     _Atomic int results;
     _Atomic int sleeping; /* the net thread may be asleep in zmq_poll */
+    /* sends and receives the net holds (queued, posted, waiting for an ack): while any,
+     * the engine's spin reads their sockets (net_p2p_watch) */
+    _Atomic int p2p_live;
     /* held by the net thread while it works (not while it waits or spins), and by the
      * engine while it runs a tiny op: whoever holds it owns the groups' connections */
     pthread_mutex_t coll_lock;
@@ -269,6 +280,9 @@ void net_discovery_tick(struct net *n, int64_t now);
 
 /* net_queue.c */
 void net_return_task(struct net *n, struct net_task *t, int status, const char *why);
+/* t, taken by the net (delta 1) or handed back (-1): counted in p2p_live if a send or a
+ * receive (net_submit and net_return_task count theirs). */
+void net_p2p_held(struct net *n, const struct net_task *t, int delta);
 /* Every task of the list *head (linked by next) back with status; the list is left empty
  * (*head and *tail NULL; tail may be NULL). */
 void net_return_list(struct net *n, struct net_task **head, struct net_task **tail, int status,
@@ -339,9 +353,18 @@ void dataconn_bury(struct ngroup *g); /* dataconn_close, a heartbeat later */
 void dataconn_close_grave(struct ngroup *g);
 void dataconn_free(struct net *n);
 
+/* net_queue.c: set while the engine thread works the sends and receives (p2p_engine.c):
+ * an end they meet waits for the net thread (p2p_settle), and a finished one wakes no
+ * eventfd (the engine looks at the results next) */
+extern _Thread_local int net_engine_turn;
+
 /* p2p.c */
 void p2p_post(struct net *n, struct ngroup *g, struct net_task *t);
 void p2p_progress(struct net *n, struct ngroup *g);
+/* Read what pod peer sent and write what waits for it, as far as the socket allows. */
+void p2p_peer(struct net *n, struct ngroup *g, int peer);
+/* Act on the end an engine's turn left (p2p_def): net thread. */
+void p2p_settle(struct net *n, struct ngroup *g);
 void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why);
 int64_t p2p_oldest_deadline(const struct ngroup *g);
 /* Hand the engine back the receives from any rank it paired in the pod (before a look at

@@ -14,8 +14,20 @@
 #include "coll/coll.h"
 #include "net_priv.h"
 
+/* A send or a receive: counted while the net holds it (p2p_live). */
+static int is_p2p(const struct net_task *t)
+{
+    return t->type == NET_TASK_OP && (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV);
+}
+
+void net_p2p_held(struct net *n, const struct net_task *t, int delta)
+{
+    if (is_p2p(t)) atomic_fetch_add_explicit(&n->p2p_live, delta, memory_order_relaxed);
+}
+
 void net_submit(struct net *n, struct net_task *t)
 {
+    net_p2p_held(n, t, 1);
     t->next = NULL;
     pthread_mutex_lock(&n->in_lock);
     if (n->in_tail)
@@ -64,9 +76,12 @@ void net_collect(struct net *n, struct net_task **done, struct net_event **event
     pthread_mutex_unlock(&n->out_lock);
 }
 
+_Thread_local int net_engine_turn;
+
 static void wake_engine(struct net *n)
 {
     atomic_store_explicit(&n->results, 1, memory_order_release);
+    if (net_engine_turn) return; /* the engine itself: it looks next */
     uint64_t one = 1;
     ssize_t w = write(n->out_efd, &one, sizeof(one));
     (void)w;
@@ -75,6 +90,7 @@ static void wake_engine(struct net *n)
 /* Hand t back to the engine with status and, for a failure, the reason (NULL: none). */
 void net_return_task(struct net *n, struct net_task *t, int status, const char *why)
 {
+    net_p2p_held(n, t, -1);
     t->status = status;
     t->why[0] = '\0';
     if (status != COLL_OK && why) snprintf(t->why, sizeof(t->why), "%s", why);

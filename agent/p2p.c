@@ -9,6 +9,8 @@
  * (over UNX_SMALL) first asks (P2P_RTS, a header alone, kept like a small message) and
  * sends its payload (P2P_DATA) only when the receiver, its receive posted, says clear to
  * send (P2P_CTS): a payload never sits in the stream ahead of other ranks' messages.
+ * The engine thread runs these too, under coll_lock (p2p_engine.c): what would end the
+ * epoch or close a socket is then left in p2p_def for the net thread (p2p_end).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,6 +45,7 @@ static int unx_fits(const struct ngroup *g, int peer, size_t plen)
 /* Fail every send and receive in flight and forget half-read messages. */
 void p2p_reset(struct net *n, struct ngroup *g, int code, const char *why)
 {
+    g->p2p_def.set = 0; /* the epoch ends anyway, with its connections */
     for (int p = 0; p < RDV_MAX_NODES; p++) {
         struct p2p_out *o = &g->out[p];
         net_return_list(n, &o->head, &o->tail, code, why);
@@ -138,6 +141,40 @@ static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
 static void p2p_read(struct net *n, struct ngroup *g, int peer);
 
+/* End g's epoch for what its sends and receives met, lost: the pod whose connection broke
+ * (closed here), or -1; later: the queued collectives may finish first. On the engine's
+ * turn it is only noted, the first such end (the engine touches neither the rendezvous
+ * nor a socket the net thread may be polling), and the net thread acts on it next. */
+static void p2p_end(struct net *n, struct ngroup *g, int lost, int code, const char *why, int later)
+{
+    if (net_engine_turn) {
+        if (g->p2p_def.set) return;
+        g->p2p_def.set = 1;
+        g->p2p_def.code = code;
+        g->p2p_def.lost = lost;
+        g->p2p_def.later = later;
+        snprintf(g->p2p_def.why, sizeof(g->p2p_def.why), "%s", why);
+        return;
+    }
+    if (lost >= 0 && g->pfds[lost] >= 0) {
+        close(g->pfds[lost]);
+        g->pfds[lost] = -1;
+    }
+    if (later)
+        n->epoch->end_later(n, g, code, why, 1);
+    else
+        n->epoch->end(n, g, code, why, 0, 1);
+}
+
+void p2p_settle(struct net *n, struct ngroup *g)
+{
+    if (!g->p2p_def.set) return;
+    char why[sizeof(g->p2p_def.why)];
+    snprintf(why, sizeof(why), "%s", g->p2p_def.why);
+    g->p2p_def.set = 0;
+    p2p_end(n, g, g->p2p_def.lost, g->p2p_def.code, why, g->p2p_def.later);
+}
+
 static void q_append(struct net_task **head, struct net_task **tail, struct net_task *t)
 {
     t->next = NULL;
@@ -183,7 +220,7 @@ static void p2p_say(struct net *n, struct ngroup *g, int peer, const struct data
         size_t cap = o->capacks ? 2 * o->capacks : 16;
         struct data_op_hdr *a = realloc(o->acks, cap * sizeof(*a));
         if (!a) {
-            n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory to answer a message", 0, 1);
+            p2p_end(n, g, -1, COLL_ERR_NOMEM, "no memory to answer a message", 0);
             return;
         }
         o->acks = a;
@@ -277,14 +314,17 @@ static int p2p_acked(struct net *n, struct ngroup *g, int peer, const struct dat
  * queued may still complete, so the epoch ends once they have (ng_abort_later). */
 static void p2p_lost(struct net *n, struct ngroup *g, int peer, const char *why)
 {
-    close(g->pfds[peer]);
-    g->pfds[peer] = -1;
-    n->epoch->end_later(n, g, COLL_ERR_PEER_LOST, why, 1);
+    p2p_end(n, g, peer, COLL_ERR_PEER_LOST, why, 1);
 }
 
 void p2p_post(struct net *n, struct ngroup *g, struct net_task *t)
 {
     t->next = NULL;
+    if (!net_engine_turn) p2p_settle(n, g); /* an end the engine met first */
+    if (!g->ready) {
+        net_return_task(n, t, COLL_ERR_PEER_LOST, "the group's epoch ended");
+        return;
+    }
     if (t->kind == WIRE_OP_SEND) {
         int peer = t->root / g->nlocal;
         t->p2p_phase = P2P_EAGER; /* p2p_write decides */
@@ -462,7 +502,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                                     hw, sizeof(hw)) < 0) {
                 char why[200];
                 snprintf(why, sizeof(why), "bad send header from node %d: %s", peer, hw);
-                n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                p2p_end(n, g, -1, COLL_ERR_PROTOCOL, why, 0);
                 return;
             }
             in->plen = (size_t)plen;
@@ -475,7 +515,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                     snprintf(why, sizeof(why), "node %d %s a send it was never %s", peer,
                              ack.redop == P2P_CTS ? "cleared" : "acknowledged",
                              ack.redop == P2P_CTS ? "asked for" : "sent");
-                    n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    p2p_end(n, g, -1, COLL_ERR_PROTOCOL, why, 0);
                     return;
                 }
                 continue;
@@ -486,7 +526,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 if (!in->task) {
                     char why[160];
                     snprintf(why, sizeof(why), "node %d sent a payload nobody cleared", peer);
-                    n->epoch->end(n, g, COLL_ERR_PROTOCOL, why, 0, 1);
+                    p2p_end(n, g, -1, COLL_ERR_PROTOCOL, why, 0);
                     return;
                 }
                 /* its own header says how long it is: one that disagrees with the
@@ -508,7 +548,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 }
                 struct unexpected *u = calloc(1, sizeof(*u));
                 if (!u) {
-                    n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    p2p_end(n, g, -1, COLL_ERR_NOMEM, "no memory for an early message", 0);
                     return;
                 }
                 u->hdr = rh;
@@ -537,7 +577,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 if (!in->unx || !in->unx->data) {
                     if (in->unx) free(in->unx);
                     in->unx = NULL;
-                    n->epoch->end(n, g, COLL_ERR_NOMEM, "no memory for an early message", 0, 1);
+                    p2p_end(n, g, -1, COLL_ERR_NOMEM, "no memory for an early message", 0);
                     return;
                 }
                 in->unx->hdr = *h;
@@ -581,6 +621,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
 /* Move every send and receive of g as far as the sockets allow, without blocking. */
 void p2p_progress(struct net *n, struct ngroup *g)
 {
+    p2p_settle(n, g);
     if (!g->ready) return;
     for (int p = 0; p < g->nodes; p++) {
         if (p == g->me) continue;
@@ -589,6 +630,12 @@ void p2p_progress(struct net *n, struct ngroup *g)
         p2p_write(n, g, p);
         if (!g->ready) return;
     }
+}
+
+void p2p_peer(struct net *n, struct ngroup *g, int peer)
+{
+    p2p_read(n, g, peer);
+    if (!g->p2p_def.set && g->ready) p2p_write(n, g, peer);
 }
 
 /* The earliest deadline of a send or receive in flight (INT64_MAX: none). */

@@ -2443,9 +2443,9 @@ static void receives_from_any_rank_across_pods(void **state)
 }
 
 /* A receive from any rank waiting in both threads when the other pod dies: pods of 2
- * ranks, rank 0's receive (its entry in the engine, its twin with the net thread) fails
- * with a retryable error, never completes twice or hangs; with pod 1 back, the group
- * re-forms and a receive from any rank takes sends from both pods again. */
+ * ranks, rank 0's receive (its entry in the engine, its twin with the net thread) and
+ * one from rank 2 by name fail with a retryable error, never complete twice or hang; with pod 1
+ * back, the group re-forms and a receive from any rank takes sends from both pods again. */
 struct anylost {
     const char *sock;
     const char *ready; /* touched once rank 0's receive is posted */
@@ -2471,7 +2471,10 @@ static int anylost_main(void *arg)
         }
         if (info.rank == 0) {
             int src = -5;
+            coll_request named;
             if (coll_recv_any(g, x + 200, 1, COLL_FLOAT32, 11, &src, NULL, &r)) return 132;
+            /* and one from rank 2 by name: the engine reads its socket while it spins */
+            if (coll_recv(g, x + 210, 1, COLL_FLOAT32, 2, NULL, &named)) return 132;
             FILE *f = fopen(o->ready, "w");
             if (!f) return 133;
             fclose(f);
@@ -2479,6 +2482,11 @@ static int anylost_main(void *arg)
             if (!coll_err_retryable(e) || src != -5) {
                 fprintf(stderr, "rank 0: %s (%s), source %d\n", coll_strerror(e), coll_last_error(),
                         src);
+                return 134;
+            }
+            e = coll_wait(c, named, 30000);
+            if (!coll_err_retryable(e)) {
+                fprintf(stderr, "rank 0, named: %s (%s)\n", coll_strerror(e), coll_last_error());
                 return 134;
             }
         }

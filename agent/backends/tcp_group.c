@@ -135,10 +135,12 @@ static struct net_task *to_net(struct group *g, const struct op *ops, int nops,
         t->local_slot = slot;
     }
     if (t->kind == WIRE_OP_RECV && t->root == WIRE_ANY_SOURCE) t->ops[0].any_task = t;
-    int rc = NET_INLINE_NO;
+    int rc = NET_INLINE_NO, p2p = s->kind == WIRE_OP_SEND || s->kind == WIRE_OP_RECV;
     if (!x->in_net && !g->mark_busy && !g->mark_pending && nops == g->nslots &&
-        s->kind != WIRE_OP_SEND && s->kind != WIRE_OP_RECV) /* those wait for their partner */
+        !p2p) /* those wait for their partner */
         rc = net_inline(g->net, t);
+    else if (p2p && !g->mark_busy && !g->mark_pending && net_p2p_post(g->net, t))
+        rc = NET_INLINE_HANDED; /* posted here, finished by whoever hears its partner */
     x->inline_count[rc]++;
     if (rc == NET_INLINE_DONE) {
         for (int k = 0; k < t->nops; k++)

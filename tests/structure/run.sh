@@ -23,5 +23,11 @@ grep -q "circle (coll): x/a.c x/b.c" <<<"$out" || { echo "FAIL: circle not named
 echo "ok: the tool names a circle of two files"
 python3 "$tool" "$build" --strict
 # the small op the engine runs between pods stays out of the rendezvous, the connection
-# set-up and the sends and receives
+# set-up and the sends and receives;
 python3 "$src/tools/op_path.py" net_inline --check
+# the engine's turn at sends and receives between pods stays out of the rendezvous, the
+# epochs' ends and the connection set-up (p2p.c notes an end there for the net thread)
+for f in net_p2p_post net_p2p_watch; do
+    python3 "$src/tools/op_path.py" "$f" --check \
+        --avoid agent/rendezvous.c,agent/net_epoch.c,agent/dataconn.c
+done
