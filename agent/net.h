@@ -126,7 +126,7 @@ void net_engine_nap(struct net *n, int fd, net_nap_fn nap, void *ctx);
 enum { NET_INLINE_NO = 0, NET_INLINE_DONE, NET_INLINE_HANDED };
 int net_inline(struct net *n, struct net_task *t);
 /*
- * Engine thread (p2p_engine.c): post send or named receive t right here when the group
+ * Engine thread (p2p_engine.c): post send or receive t right here when the group
  * is formed, the net thread is not at work and holds nothing of this pod's before it:
  * 1, and t comes back through net_collect as if submitted; else 0 (submit it). And,
  * while the engine spins, read the sockets of the pods that the sends and receives with
