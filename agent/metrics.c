@@ -196,8 +196,9 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             put(&o, "coll_group_cpu_shared{group=\"%s\"} %d\n", g->cfg->name, ns.cpu_shared);
     }
     put(&o, "# HELP coll_ops_path_total Host ops between pods by where they ran: inline (the "
-            "engine), handed_over (started there, finished by the net thread), queued, direct "
-            "(the application, on lent connections: what its client counts in its region).\n"
+            "engine), handed_over (started there, finished by the net thread; a send or receive "
+            "the engine posted), queued, direct (the application, on lent connections: what "
+            "its client counts in its region).\n"
             "# TYPE coll_ops_path_total counter\n");
     for (int i = 0; i < in->ngroups; i++) {
         const struct group *g = &in->groups[i];
