@@ -1785,8 +1785,8 @@ struct late {
 };
 
 /* Warm tiny ops (they take the lease), then one more: submitted, and waited for once
- * drain_log says the drain began. Four pods double: pod 1's second step is a send it makes only in
- * its wait (its first step's partner, pod 0, submits 50 ms after it). */
+ * drain_log says the drain began. Four pods double: pod 1's second step is a send it
+ * makes only in its wait (its first step's partner, pod 0, submits 50 ms after it). */
 static int late_main(void *arg)
 {
     const struct late *o = arg;
@@ -2444,8 +2444,9 @@ static void receives_from_any_rank_across_pods(void **state)
 
 /* A receive from any rank waiting in both threads when the other pod dies: pods of 2
  * ranks, rank 0's receive (its entry in the engine, its twin with the net thread) and
- * one from rank 2 by name fail with a retryable error, never complete twice or hang; with pod 1
- * back, the group re-forms and a receive from any rank takes sends from both pods again. */
+ * one from rank 2 by name fail with a retryable error, never complete twice or hang;
+ * with pod 1 back, the group re-forms and a receive from any rank takes sends from both
+ * pods again. */
 struct anylost {
     const char *sock;
     const char *ready; /* touched once rank 0's receive is posted */
