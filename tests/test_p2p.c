@@ -129,6 +129,14 @@ static struct data_op_hdr frame(uint32_t magic, uint64_t count)
                                 .count = count};
 }
 
+/* A header of the wrong magic from rank 0, then the engine's watch. */
+static void forge_and_watch(struct pair *p)
+{
+    struct data_op_hdr h = frame(0xdeadbeef, 4);
+    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    net_p2p_watch(p->n);
+}
+
 /* Whether the engine's eventfd was written (it must not be on the engine's own turn). */
 static int engine_woken(struct net *n)
 {
@@ -168,10 +176,8 @@ static void a_forged_frame_on_the_engine_is_ended_by_the_net_thread(void **state
 {
     (void)state;
     struct pair *p = pair_new();
-    struct data_op_hdr h = frame(0xdeadbeef, 4);
-    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
     int fd = p->g->pfds[0];
-    net_p2p_watch(p->n);
+    forge_and_watch(p);
     assert_int_equal(ends + ends_later, 0);
     assert_int_equal(p->g->p2p_def.set, 1);
     assert_int_equal(p->g->p2p_def.code, COLL_ERR_PROTOCOL);
@@ -182,8 +188,7 @@ static void a_forged_frame_on_the_engine_is_ended_by_the_net_thread(void **state
     assert_int_equal(read(p->n->in_efd, &knocks, sizeof(knocks)), (ssize_t)sizeof(knocks));
     assert_true(knocks >= 1); /* the net thread was told */
     /* the engine's later turns leave it alone: a second forgery is not read there */
-    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
-    net_p2p_watch(p->n);
+    forge_and_watch(p);
     assert_int_equal(p->g->p2p_def.set, 1);
     struct net_task send = {.type = NET_TASK_OP, .kind = WIRE_OP_SEND, .root = 0, .count = 1};
     assert_int_equal(net_p2p_post(p->n, &send), 0);
@@ -232,9 +237,7 @@ static void an_epoch_that_ends_first_forgets_the_noted_end(void **state)
 {
     (void)state;
     struct pair *p = pair_new();
-    struct data_op_hdr h = frame(0xdeadbeef, 4);
-    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
-    net_p2p_watch(p->n);
+    forge_and_watch(p);
     assert_int_equal(p->g->p2p_def.set, 1);
     p2p_reset(p->n, p->g, COLL_ERR_PEER_LOST, "a heartbeat missed");
     assert_int_equal(p->g->p2p_def.set, 0);
