@@ -531,15 +531,18 @@ void *net_main(void *arg)
     struct net *n = arg;
     int64_t last_work = 0, budget = 0;
     int slept = 0; /* since the last op ran */
+    /* the poll set, made at the end of each turn under coll_lock: the engine's turn at
+     * sends and receives changes what a pod's connection waits for meanwhile, and knocks
+     * when the set no longer does (a fresh lock here would knock an engine asleep in a
+     * tiny op into handing it over) */
+    zmq_pollitem_t items[ITEMS_MAX];
+    int retry, ni;
+    lock_from_engine(n);
+    ni = poll_set(n, items, &retry);
+    pthread_mutex_unlock(&n->coll_lock);
     while (!atomic_load(&n->stop)) {
         atomic_store_explicit(&n->alive_ns, now_ns(), memory_order_relaxed);
         if (spin_on(n, last_work, budget)) continue;
-        zmq_pollitem_t items[ITEMS_MAX];
-        /* the poll set under coll_lock: the engine's turn at sends and receives changes
-         * what a pod's connection waits for (and knocks when that needs a new look) */
-        lock_from_engine(n);
-        int retry, ni = poll_set(n, items, &retry);
-        pthread_mutex_unlock(&n->coll_lock);
         wait_for_work(n, items, ni, retry, &slept);
         lock_from_engine(n);
         settle_inline(n);
@@ -555,6 +558,7 @@ void *net_main(void *arg)
         }
         net_discovery_tick(n, t);
         end_drained_epochs(n);
+        ni = poll_set(n, items, &retry);
         pthread_mutex_unlock(&n->coll_lock);
     }
     stop_groups(n);
