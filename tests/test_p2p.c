@@ -111,6 +111,7 @@ static void pair_free(struct pair *p)
     close(p->peer_fd);
     close(p->n->out_efd);
     close(p->n->in_efd);
+    p2p_reset(p->n, p->g, COLL_ERR_SHUTDOWN, "the test ends"); /* as the net's stop does */
     p2p_free(p->g);
     free(p->g);
     free(p->n);
@@ -129,12 +130,20 @@ static struct data_op_hdr frame(uint32_t magic, uint64_t count)
                                 .count = count};
 }
 
+/* Header h from rank 0 (payload bytes after it), then the engine's watch. */
+static void send_and_watch(struct pair *p, const struct data_op_hdr *h, const void *payload,
+                           size_t bytes)
+{
+    assert_int_equal(write(p->peer_fd, h, sizeof(*h)), (ssize_t)sizeof(*h));
+    if (bytes) assert_int_equal(write(p->peer_fd, payload, bytes), (ssize_t)bytes);
+    net_p2p_watch(p->n);
+}
+
 /* A header of the wrong magic from rank 0, then the engine's watch. */
 static void forge_and_watch(struct pair *p)
 {
     struct data_op_hdr h = frame(0xdeadbeef, 4);
-    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
-    net_p2p_watch(p->n);
+    send_and_watch(p, &h, NULL, 0);
 }
 
 /* Whether the engine's eventfd was written (it must not be on the engine's own turn). */
@@ -152,9 +161,7 @@ static void a_message_completes_its_receive_on_the_engine(void **state)
     struct pair *p = pair_new();
     struct data_op_hdr h = frame(DATA_MAGIC, 4);
     float data[4] = {1, 2, 3, 4};
-    assert_int_equal(write(p->peer_fd, &h, sizeof(h)), (ssize_t)sizeof(h));
-    assert_int_equal(write(p->peer_fd, data, sizeof(data)), (ssize_t)sizeof(data));
-    net_p2p_watch(p->n);
+    send_and_watch(p, &h, data, sizeof(data));
     assert_ptr_equal(p->n->done_head, &p->t);
     assert_int_equal(p->t.status, COLL_OK);
     assert_memory_equal(p->buf, data, sizeof(data));
@@ -231,6 +238,62 @@ static void a_closed_connection_on_the_engine_is_closed_by_the_net_thread(void *
     pair_free(p);
 }
 
+/* Forged and out-of-order frames read on the engine's turn: a send claiming 2^41
+ * elements, an ack for a send never made, a payload nobody cleared, each noted with
+ * its reason and acted on once by the net thread; the posted receive untouched. */
+static void oversized_and_out_of_order_frames_on_the_engine_are_noted(void **state)
+{
+    (void)state;
+    struct data_op_hdr cases[3] = {frame(DATA_MAGIC, 1ull << 41), frame(DATA_MAGIC, 0),
+                                   frame(DATA_MAGIC, 4)};
+    cases[1].kind = WIRE_OP_RECV; /* an ack ... */
+    cases[1].redop = P2P_ACK;
+    cases[1].src_rank = 0; /* ... from the receiver, rank 0, to us */
+    cases[1].dst_rank = 1;
+    cases[2].redop = P2P_DATA; /* a payload no CTS of ours asked for */
+    const char *why[3] = {"send of 2199023255552 elements", "acknowledged a send it was never",
+                          "sent a payload nobody cleared"};
+    for (int c = 0; c < 3; c++) {
+        struct pair *p = pair_new();
+        float junk[4] = {9, 9, 9, 9};
+        send_and_watch(p, &cases[c], junk, c == 2 ? sizeof(junk) : 0);
+        assert_int_equal(ends + ends_later, 0);
+        assert_int_equal(p->g->p2p_def.set, 1);
+        assert_int_equal(p->g->p2p_def.code, COLL_ERR_PROTOCOL);
+        assert_non_null(strstr(p->g->p2p_def.why, why[c]));
+        assert_ptr_equal(p->g->posted_head, &p->t); /* the receive still waits */
+        assert_true(p->buf[0] == 0.0f);
+        p2p_progress(p->n, p->g);
+        assert_int_equal(ends, 1);
+        assert_int_equal(last_code, COLL_ERR_PROTOCOL);
+        pair_free(p);
+    }
+}
+
+/* A message replayed after its receive took the first: the engine's watch, with nothing
+ * to hear from that pod, leaves it in the socket; the net thread keeps it as an early
+ * message for a receive to come (within the bounds); the done receive is not completed
+ * again. */
+static void a_replayed_message_completes_nothing_twice(void **state)
+{
+    (void)state;
+    struct pair *p = pair_new();
+    struct data_op_hdr h = frame(DATA_MAGIC, 4);
+    float data[4] = {1, 2, 3, 4}, again[4] = {5, 6, 7, 8};
+    send_and_watch(p, &h, data, sizeof(data));
+    assert_ptr_equal(p->n->done_head, &p->t);
+    send_and_watch(p, &h, again, sizeof(again));
+    assert_int_equal(p->g->unx_n, 0); /* nothing waits to hear from rank 0: not read here */
+    p2p_progress(p->n, p->g);         /* the net thread's turn reads it */
+    assert_ptr_equal(p->n->done_head, &p->t);
+    assert_null(p->t.next); /* handed back once */
+    assert_memory_equal(p->buf, data, sizeof(data));
+    assert_int_equal(p->g->unx_n, 1);
+    assert_int_equal(p->g->p2p_def.set, 0);
+    assert_int_equal(ends + ends_later, 0);
+    pair_free(p);
+}
+
 /* An epoch that ends by other means first forgets the noted end (the connections go
  * with it): the net thread does not end the next epoch for it. */
 static void an_epoch_that_ends_first_forgets_the_noted_end(void **state)
@@ -252,6 +315,8 @@ int main(void)
         cmocka_unit_test(a_message_completes_its_receive_on_the_engine),
         cmocka_unit_test(a_forged_frame_on_the_engine_is_ended_by_the_net_thread),
         cmocka_unit_test(a_closed_connection_on_the_engine_is_closed_by_the_net_thread),
+        cmocka_unit_test(oversized_and_out_of_order_frames_on_the_engine_are_noted),
+        cmocka_unit_test(a_replayed_message_completes_nothing_twice),
         cmocka_unit_test(an_epoch_that_ends_first_forgets_the_noted_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
