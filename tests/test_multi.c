@@ -169,6 +169,14 @@ struct one {
     const char *gate; /* submit once this file exists (30 s at most) */
 };
 
+/* Whether path exists within ms (looked for every 10 ms). */
+static int wait_file(const char *path, int ms)
+{
+    for (int i = 0; i < ms / 10 && access(path, F_OK) != 0; i++)
+        usleep(10 * 1000);
+    return access(path, F_OK) == 0;
+}
+
 /* Say that rank's ops are done (file path.rRANK), then wait for path to exist. */
 static void hold_until(const char *path, int rank)
 {
@@ -209,8 +217,7 @@ static int allreduce_once(void *arg)
             x[i] = (float)(info.rank + 1);
         coll_request r;
         if (o->delay_ms) usleep((useconds_t)o->delay_ms * 1000);
-        for (int i = 0; o->gate && i < 3000 && access(o->gate, F_OK) != 0; i++)
-            usleep(10 * 1000);
+        if (o->gate) wait_file(o->gate, 30000);
         coll_err e = coll_allreduce(g, x, x + 16, 16, COLL_FLOAT32, COLL_SUM, NULL, &r);
         if (e == COLL_OK) e = coll_wait(c, r, 30000);
         if (e != (coll_err)o->expect) {
@@ -817,13 +824,6 @@ struct stall {
     const char *sock, *group, *flag; /* flag.go: the big op may start on pod 1 */
     int role;                        /* 0: big op, pod 0; 1: big op, pod 1; 2: small group */
 };
-
-static int wait_file(const char *path, int ms)
-{
-    for (int i = 0; i < ms / 10 && access(path, F_OK) != 0; i++)
-        usleep(10 * 1000);
-    return access(path, F_OK) == 0;
-}
 
 static void touch(const char *path)
 {
