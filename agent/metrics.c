@@ -161,13 +161,16 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             put(&o, "coll_group_members_joined{group=\"%s\"} %d\n", g->cfg->name, ns.joined);
     }
     /* one family at a time: the text format wants each family's samples together */
-    static const char *const net_fams[3][3] = {
+    static const char *const net_fams[4][3] = {
         {"coll_group_rendezvous_seconds", "gauge",
          "The last epoch's rendezvous: from the end of the one before (or the start) to COMMIT."},
         {"coll_group_formation_seconds", "gauge",
          "The last epoch's formation: COMMIT to every data connection up."},
-        {"coll_group_formations_total", "counter", "Epochs formed across pods."}};
-    for (int f = 0; f < 3; f++) {
+        {"coll_group_formations_total", "counter", "Epochs formed across pods."},
+        {"coll_group_early_bytes", "gauge",
+         "Bytes held for sends from other pods that came before their receives (each "
+         "charged its payload and 128; a send over 1 MiB is held as its ask alone)."}};
+    for (int f = 0; f < 4; f++) {
         put(&o, "# HELP %s %s\n# TYPE %s %s\n", net_fams[f][0], net_fams[f][2], net_fams[f][0],
             net_fams[f][1]);
         for (int i = 0; i < in->ngroups; i++) {
@@ -175,9 +178,9 @@ size_t metrics_render(const struct metrics_in *in, char *buf, size_t cap)
             if (g->nodes <= 1 || !g->net) continue;
             struct net_group_stats ns;
             net_group_stats(g->net, g->index, &ns);
-            if (f == 2)
+            if (f >= 2)
                 put(&o, "%s{group=\"%s\"} %llu\n", net_fams[f][0], g->cfg->name,
-                    (unsigned long long)ns.formations);
+                    (unsigned long long)(f == 2 ? ns.formations : ns.early_bytes));
             else
                 put(&o, "%s{group=\"%s\"} %.6f\n", net_fams[f][0], g->cfg->name,
                     f == 0 ? ns.rendezvous_s : ns.formation_s);

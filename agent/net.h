@@ -186,9 +186,11 @@ struct net_group_stats {
     int joined; /* pods joined, as the coordinator sees it; -1 on other pods */
     double rendezvous_s, formation_s; /* the last epoch's */
     uint64_t formations;
-    int cpu_shared; /* the last commit's: 1 when another pod of the group may share this
-                     * pod's CPUs (its waits learn their spin), 0 when none may (they hold
-                     * it); -1 before the first commit */
+    int cpu_shared;       /* the last commit's: 1 when another pod of the group may share this
+                           * pod's CPUs (its waits learn their spin), 0 when none may (they hold
+                           * it); -1 before the first commit */
+    uint64_t early_bytes; /* what sends between pods that came before their receives
+                           * hold in this agent (payload + 128 bytes each) */
 };
 void net_group_stats(struct net *n, int index, struct net_group_stats *out);
 /* When the net thread's loop last turned (CLOCK_MONOTONIC ns), for /livez. */

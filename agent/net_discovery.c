@@ -138,4 +138,5 @@ void net_group_stats(struct net *n, int index, struct net_group_stats *out)
     out->formations = g->formations;
     out->cpu_shared = g->pub_cpu_shared;
     pthread_mutex_unlock(&n->out_lock);
+    out->early_bytes = atomic_load_explicit(&g->unx_pub, memory_order_relaxed);
 }

@@ -196,6 +196,7 @@ struct ngroup {
     struct unexpected *unx_head, *unx_tail;    /* messages waiting for their receive */
     size_t unx_bytes, unx_from[RDV_MAX_NODES]; /* what they cost, in all and by peer */
     uint32_t unx_n, unx_n_from[RDV_MAX_NODES]; /* ... and how many there are */
+    _Atomic size_t unx_pub;                    /* unx_bytes, for /metrics to read */
     /* collectives */
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;

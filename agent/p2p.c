@@ -23,12 +23,19 @@
 #include "net_priv.h"
 #include "wire.h"
 
+/* Charge the group and its sender for early message u (or forget it: sign -1). */
+static void unx_charge(struct ngroup *g, const struct unexpected *u, int sign)
+{
+    g->unx_bytes += sign > 0 ? u->cost : -u->cost;
+    g->unx_from[u->from] += sign > 0 ? u->cost : -u->cost;
+    g->unx_n += sign > 0 ? 1u : -1u;
+    g->unx_n_from[u->from] += sign > 0 ? 1u : -1u;
+    atomic_store_explicit(&g->unx_pub, g->unx_bytes, memory_order_relaxed);
+}
+
 static void unx_free(struct ngroup *g, struct unexpected *u)
 {
-    g->unx_bytes -= u->cost;
-    g->unx_from[u->from] -= u->cost;
-    g->unx_n--;
-    g->unx_n_from[u->from]--;
+    unx_charge(g, u, -1);
     free(u->data);
     free(u);
 }
@@ -554,10 +561,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 u->hdr = rh;
                 u->from = peer;
                 u->cost = UNX_MSG_COST;
-                g->unx_bytes += u->cost;
-                g->unx_from[peer] += u->cost;
-                g->unx_n++;
-                g->unx_n_from[peer]++;
+                unx_charge(g, u, 1);
                 if (g->unx_tail)
                     g->unx_tail->next = u;
                 else
@@ -583,10 +587,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                 in->unx->hdr = *h;
                 in->unx->from = peer;
                 in->unx->cost = in->plen + UNX_MSG_COST;
-                g->unx_bytes += in->unx->cost;
-                g->unx_from[peer] += in->unx->cost;
-                g->unx_n++;
-                g->unx_n_from[peer]++;
+                unx_charge(g, in->unx, 1);
             }
         } else {
             in->pgot += (size_t)r;

@@ -2289,8 +2289,27 @@ static void data_connections_take_the_configured_buffer_size(void **state)
 struct early {
     const char *sock;
     pid_t agent; /* rank 0: its agent, whose memory it watches */
-    int rss_growth_kib;
+    int hport;   /* ... and its endpoints' port */
+    char file[128];
 };
+
+/* The early bytes agent 0 holds for group g (coll_group_early_bytes), from a text it
+ * published after this call when fresh; -1 when none came within 10 s. */
+static long early_bytes(const struct early *e, int fresh)
+{
+    char url[96], key[] = "\ncoll_group_early_bytes{group=\"g\"} ";
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", e->hport);
+    if ((fresh ? metrics_fresh(e->hport, e->file, 10000) : http_get(url, e->file)) != 200)
+        return -1;
+    FILE *f = fopen(e->file, "r");
+    if (!f) return -1;
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = 0;
+    const char *at = strstr(text, key);
+    return at ? strtol(at + strlen(key), NULL, 10) : -1;
+}
 
 static long rss_kib(pid_t pid)
 {
@@ -2314,12 +2333,22 @@ static int early_rank_main(void *arg)
         if (coll_send(g, x, EARLY_FLOATS, COLL_FLOAT32, 0, NULL, &r) || coll_wait(c, r, 30000))
             return 110;
     } else {
-        long before = rss_kib(e->agent);
-        usleep(1500 * 1000); /* the whole message could have arrived by now */
+        long before = rss_kib(e->agent), held = 0;
+        /* the agent holds the ask (an RTS: 128 bytes) once it came; the payload waits in
+         * the sender's socket, however long this receive is not posted */
+        double end = now_ms() + 30000;
+        while ((held = early_bytes(e, 0)) == 0 && now_ms() < end)
+            usleep(20 * 1000);
+        if (held == 128) held = early_bytes(e, 1); /* and a second later */
+        if (held != 128) {
+            fprintf(stderr, "agent 0 holds %ld bytes for an early 16 MiB send (128: its ask)\n",
+                    held);
+            return 111;
+        }
         long after = rss_kib(e->agent);
-        if (before < 0 || after < 0) return 111;
-        if (after - before > 8 * 1024) {
-            fprintf(stderr, "agent 0 grew by %ld KiB holding an early message\n", after - before);
+        if (before < 0 || after < 0 || after - before > 8 * 1024) {
+            fprintf(stderr, "agent 0 grew from %ld to %ld KiB holding an early message\n", before,
+                    after);
             return 112;
         }
         if (coll_recv(g, x, EARLY_FLOATS, COLL_FLOAT32, 1, NULL, &r) || coll_wait(c, r, 30000))
@@ -2562,10 +2591,15 @@ static void early_large_send_waits_in_the_socket(void **state)
 {
     (void)state;
     struct agent a[2];
-    int port;
-    start_all(a, 2, 1, &port);
-    struct early e[2] = {{.sock = a[0].sock, .agent = a[0].pid}, {.sock = a[1].sock}};
+    int port = free_port();
+    char extra[128];
+    struct early e[2] = {{.hport = http_extra(extra, sizeof(extra), port)}};
+    assert_int_equal(start_member(&a[0], port, 0, 2, 1, extra), 0);
+    assert_int_equal(start_member(&a[1], port, 1, 2, 1, NULL), 0);
+    e[0].sock = a[0].sock, e[0].agent = a[0].pid, e[1].sock = a[1].sock;
+    tmp_path(e[0].file, sizeof(e[0].file), "early-metrics", 0);
     run_ranks(early_rank_main, e, sizeof(e[0]), 2, 60000);
+    unlink(e[0].file);
     stop_all(a, 2);
 }
 
@@ -3886,7 +3920,8 @@ static void http_endpoints_say_health_and_metrics(void **state)
     assert_true(metric_of(out, "waits_sleep") >= 1 && metric_of(out, "waits_spin") >= 0);
     assert_true(metric_of(out, "formations_g") >= 1);
     assert_int_equal(metric_of(out, "formation_positive_g"), 1);
-    assert_int_equal(metric_of(out, "cpu_shared_g"), 1); /* both pods on every CPU */
+    assert_int_equal(metric_of(out, "cpu_shared_g"), 1);  /* both pods on every CPU */
+    assert_int_equal(metric_of(out, "early_bytes_g"), 0); /* no send waits for its receive */
     assert_true(metric_of(out, "joined_g") >= 1 && metric_of(out, "joined_g") <= 2);
     /* every allreduce of pod 0 went one of the three ways */
     assert_int_equal(metric_of(out, "path_g_inline") + metric_of(out, "path_g_handed_over") +

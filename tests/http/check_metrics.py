@@ -68,6 +68,7 @@ out["in_flight"] = int(families["coll_ops_in_flight"].samples[0].value)
 for fam, key, label in (("coll_group_members_joined", "joined", None),
                         ("coll_group_formations", "formations", None),
                         ("coll_group_cpu_shared", "cpu_shared", None),
+                        ("coll_group_early_bytes", "early_bytes", None),
                         ("coll_ops_path", "path", "path"),
                         ("coll_graph_replays", "graph_replays", None),
                         ("coll_graphs_captured", "graphs_captured", None),
