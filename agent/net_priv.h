@@ -56,6 +56,7 @@
  * UNX_PEER_MSGS from one peer, UNX_GROUP_MSGS in all, are kept (242e584: a million
  * empty ones were charged nothing and held 106.8 MiB). */
 #define UNX_MSG_COST 128u
+#define P2P_KEEP 4 /* early messages' buffers a group keeps for the next ones (p2p_keep.c) */
 #define UNX_PEER_MSGS 1024u
 #define UNX_GROUP_MSGS 4096u
 /* zmq_poll items: send/recv connections, outgoing set-ups, pending accepts, and 5 more
@@ -83,6 +84,7 @@ struct unexpected {
     struct unexpected *next;
     struct data_op_hdr hdr;
     void *data;
+    size_t cap;  /* data's size (p2p_keep.c) */
     int from;    /* the pod it came from (for the per-peer bound) */
     size_t cost; /* what it is charged: its payload and UNX_MSG_COST */
 };
@@ -197,6 +199,8 @@ struct ngroup {
     size_t unx_bytes, unx_from[RDV_MAX_NODES]; /* what they cost, in all and by peer */
     uint32_t unx_n, unx_n_from[RDV_MAX_NODES]; /* ... and how many there are */
     _Atomic size_t unx_pub;                    /* unx_bytes, for /metrics to read */
+    void *keep[P2P_KEEP];                      /* their buffers, kept (p2p_keep.c) */
+    size_t keep_cap[P2P_KEEP];
     /* collectives */
     struct net_task *q_head, *q_tail;
     uint64_t ops_done;
@@ -372,5 +376,10 @@ int64_t p2p_oldest_deadline(const struct ngroup *g);
  * the deadlines: theirs no longer count). */
 void p2p_purge(struct net *n, struct ngroup *g);
 void p2p_free(struct ngroup *g);
+
+/* p2p_keep.c: an early message's buffer of at least bytes (its size in *cap), and back */
+void *p2p_keep_take(struct ngroup *g, size_t bytes, size_t *cap);
+void p2p_keep_give(struct ngroup *g, void *p, size_t cap);
+void p2p_keep_free(struct ngroup *g);
 
 #endif

@@ -36,7 +36,7 @@ static void unx_charge(struct ngroup *g, const struct unexpected *u, int sign)
 static void unx_free(struct ngroup *g, struct unexpected *u)
 {
     unx_charge(g, u, -1);
-    free(u->data);
+    p2p_keep_give(g, u->data, u->cap);
     free(u);
 }
 
@@ -577,7 +577,7 @@ static void p2p_read(struct net *n, struct ngroup *g, int peer)
                     return;
                 }
                 in->unx = calloc(1, sizeof(*in->unx));
-                if (in->unx) in->unx->data = malloc(in->plen ? in->plen : 1);
+                if (in->unx) in->unx->data = p2p_keep_take(g, in->plen, &in->unx->cap);
                 if (!in->unx || !in->unx->data) {
                     if (in->unx) free(in->unx);
                     in->unx = NULL;
@@ -661,4 +661,5 @@ void p2p_free(struct ngroup *g)
 {
     for (int p = 0; p < RDV_MAX_NODES; p++)
         free(g->out[p].acks);
+    p2p_keep_free(g);
 }

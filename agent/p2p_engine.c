@@ -49,12 +49,15 @@ int net_p2p_post(struct net *n, struct net_task *t)
     /* in order: nothing of this pod's ahead of it with the net thread */
     if (open_to_engine(g) && t->lepoch >= g->floor && !g->q_head && peer != g->me &&
         (any || g->pfds[peer] >= 0) && !queued(n)) {
+        int parked = !any && g->in[peer].parked;
         net_engine_turn = 1;
         net_p2p_held(n, t, 1);
         p2p_post(n, g, t);
         net_engine_turn = 0;
-        /* from any rank: its ack or clearance may have gone to any pod, and be left */
-        knock = any || needs_net(g, peer);
+        /* from any rank: its ack or clearance may have gone to any pod, and be left; a
+         * stream this receive let go on: the net thread polls it for reading again (a
+         * parked one is left out of its poll set) */
+        knock = any || needs_net(g, peer) || (parked && !g->in[peer].parked);
         posted = 1;
     }
     pthread_mutex_unlock(&n->coll_lock);
@@ -70,8 +73,8 @@ static void add_peer(int *peers, int *k, int max, int p)
 }
 
 /* Pods whose word the net holds sends and receives for, up to max, into peers: receives
- * posted (from any rank: every pod) or cleared, and sends waiting for an ack or a
- * clearance. */
+ * posted (from any rank: every pod), cleared or partly read, and sends waiting for an ack
+ * or a clearance. */
 static int to_hear(const struct ngroup *g, int *peers, int max)
 {
     int k = 0;
@@ -84,7 +87,8 @@ static int to_hear(const struct ngroup *g, int *peers, int max)
     for (const struct net_task *t = g->cts_head; t && k < max; t = t->next)
         add_peer(peers, &k, max, t->source / g->nlocal);
     for (int p = 0; p < g->nodes && p < WATCH_SCAN && k < max; p++)
-        if (g->out[p].wait_head || g->out[p].rts_head) add_peer(peers, &k, max, p);
+        if (g->out[p].wait_head || g->out[p].rts_head || (g->in[p].task && !g->in[p].parked))
+            add_peer(peers, &k, max, p); /* ... or a message read into a receive, partly */
     return k;
 }
 

@@ -309,6 +309,59 @@ static void an_epoch_that_ends_first_forgets_the_noted_end(void **state)
     pair_free(p);
 }
 
+/* Whether the net thread was knocked (its eventfd written). */
+static int net_knocked(struct net *n)
+{
+    uint64_t v = 0;
+    return read(n->in_efd, &v, sizeof(v)) == (ssize_t)sizeof(v) && v > 0;
+}
+
+/* Found by the two-step allreduce of a child across pods on 712b7eb: a message left in
+ * its sender's socket for want of room (parked: the net thread stops polling that socket
+ * for reading) whose receive the engine posted was read only as far as the socket held
+ * it; the net thread, its poll set made while the stream was parked, slept on until its
+ * next timer (20 ms a 4 MiB op). Now the engine knocks, and its watch reads on. Rank 0
+ * fills the agent's early messages from it (UNX_PEER_MSGS empty ones, tag 9), then sends
+ * 4 floats on tag 11, half of them: parked. */
+static void a_parked_message_the_engine_lets_go_is_polled_again(void **state)
+{
+    (void)state;
+    struct pair *p = pair_new();
+    for (uint32_t i = 1; i <= UNX_PEER_MSGS + 1; i++) {
+        struct data_op_hdr h = frame(DATA_MAGIC, i <= UNX_PEER_MSGS ? 0 : 4);
+        h.seq = (i <= UNX_PEER_MSGS ? 9u : 11u) | (uint64_t)i << 32;
+        ssize_t w;
+        for (int k = 0; (w = write(p->peer_fd, &h, sizeof(h))) < 0 && k < 1000; k++)
+            net_p2p_watch(p->n); /* the socket is full: the engine's watch reads */
+        assert_int_equal(w, (ssize_t)sizeof(h));
+    }
+    float data[4] = {5, 6, 7, 8};
+    assert_int_equal(write(p->peer_fd, data, 8), 8);
+    for (int k = 0; k < 64 && !p->g->in[0].parked; k++)
+        net_p2p_watch(p->n);
+    assert_true(p->g->in[0].parked);
+    assert_int_equal(p->g->unx_n, UNX_PEER_MSGS);
+    assert_int_equal(atomic_load(&p->g->unx_pub), UNX_PEER_MSGS * UNX_MSG_COST);
+    (void)net_knocked(p->n);
+    float got[4] = {0};
+    struct net_task t = p->t;
+    t.seq = 11;
+    t.recv[0] = got;
+    t.next = NULL;
+    assert_int_equal(net_p2p_post(p->n, &t), 1); /* on the engine's turn */
+    assert_false(p->g->in[0].parked);
+    assert_true(net_knocked(p->n)); /* the net thread polls the socket again */
+    assert_int_equal(write(p->peer_fd, data + 2, 8), 8);
+    net_p2p_watch(p->n); /* and the engine's spin reads on */
+    assert_memory_equal(got, data, sizeof(data));
+    int done = 0;
+    for (struct net_task *d = p->n->done_head; d; d = d->next)
+        done |= d == &t && d->status == COLL_OK;
+    assert_true(done);
+    assert_int_equal(ends + ends_later, 0);
+    pair_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +371,7 @@ int main(void)
         cmocka_unit_test(oversized_and_out_of_order_frames_on_the_engine_are_noted),
         cmocka_unit_test(a_replayed_message_completes_nothing_twice),
         cmocka_unit_test(an_epoch_that_ends_first_forgets_the_noted_end),
+        cmocka_unit_test(a_parked_message_the_engine_lets_go_is_polled_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
