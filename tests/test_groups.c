@@ -672,6 +672,93 @@ static void a_world_across_pods_splits_nests_and_mixes(void **state)
     assert_false(run_world(world_main, 120000));
 }
 
+/* A child across pods' large allreduce runs in two steps (rsag.c), its second posted by
+ * whichever wait comes: on halves across the four pods (one rank a pod), two of them (a
+ * sum and an average) in flight with a small allreduce and tagged sends and receives,
+ * each rank waiting for them in an order of its own (odd ranks the small ops first, so
+ * their peers' second steps go out from other waits). Each element checked exactly. */
+#define BIG (256u << 10) /* floats: 1 MiB, which 4 ranks run in two steps */
+
+static int two_steps_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *halves;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    coll_group_info gi, hi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    coll_buffer *b;
+    if (coll_mem_alloc(&b, c, 2 * BIG * sizeof(float), COLL_DEVICE_HOST) != COLL_OK) return 170;
+    float *s = coll_mem_ptr(b), *a = s + BIG, *y = x, *z = x + 64;
+    if (coll_group_split(g, r % 2, r, &halves) != COLL_OK) return 171;
+    coll_group_info_get(halves, &hi);
+    float ranks = r % 2 ? 16.0f : 12.0f; /* the sum of the half's parent ranks */
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < BIG; i++) {
+            s[i] = (float)(i % 97 + (size_t)r);
+            a[i] = 4.0f * (float)(i % 89 + (size_t)r);
+        }
+        for (int k = 0; k < 16; k++)
+            y[k] = (float)(r * 10 + round);
+        z[0] = (float)(100 * r + round);
+        int right = (hi.rank + 1) % 4, left = (hi.rank + 3) % 4;
+        coll_request q[6]; /* q[5]: the barrier */
+        if (coll_allreduce(halves, s, s, BIG, COLL_FLOAT32, COLL_SUM, NULL, &q[0]) ||
+            coll_allreduce(halves, a, a, BIG, COLL_FLOAT32, COLL_AVG, NULL, &q[1]) ||
+            coll_allreduce(halves, y, y, 16, COLL_FLOAT32, COLL_MAX, NULL, &q[2]) ||
+            coll_recv_tag(halves, z + 1, 1, COLL_FLOAT32, left, 5, NULL, &q[3]) ||
+            coll_send_tag(halves, z, 1, COLL_FLOAT32, right, 5, NULL, &q[4]))
+            return 172;
+        /* 5: a barrier, submitted there: odd ranks wait for it before their large ops,
+         * which their peers wait for before they submit it */
+        static const int orders[2][6] = {{0, 1, 2, 3, 4, 5}, {2, 4, 3, 5, 1, 0}};
+        for (int k = 0; k < 6; k++) {
+            int o = orders[hi.rank % 2][k];
+            coll_err e = o == 5 ? coll_barrier(halves, NULL, &q[5]) : COLL_OK;
+            if (e == COLL_OK) e = coll_wait(c, q[o], 20000);
+            if (e != COLL_OK) {
+                fprintf(stderr, "rank %d, round %d, op %d: %s (%s)\n", r, round, o,
+                        coll_strerror(e), coll_last_error());
+                return 173;
+            }
+        }
+        for (size_t i = 0; i < BIG; i++)
+            if (s[i] != 4.0f * (float)(i % 97) + ranks || a[i] != 4.0f * (float)(i % 89) + ranks) {
+                fprintf(stderr, "rank %d, round %d, element %zu: %g and %g\n", r, round, i,
+                        (double)s[i], (double)a[i]);
+                return 174;
+            }
+        if (y[15] != (float)((6 + r % 2) * 10 + round) ||
+            z[1] != (float)(100 * (left * 2 + r % 2) + round))
+            return 175;
+    }
+    coll_request q; /* every rank stays until all are done (one that leaves ends the epoch) */
+    if (coll_barrier(g, NULL, &q) != COLL_OK || coll_wait(c, q, 60000) != COLL_OK) return 176;
+    coll_group_close(&halves);
+    coll_mem_release(&b);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_large_allreduce_of_a_child_runs_in_two_steps(void **state)
+{
+    (void)state;
+    assert_false(run_world(two_steps_main, 180000));
+}
+
+/* The op matrix on the halves, every allreduce in two steps (COLL_RSAG=1: whatever its
+ * size) */
+static void halves_run_the_op_matrix_in_two_steps(void **state)
+{
+    (void)state;
+    setenv("COLL_RSAG", "1", 1);
+    matrix_on_children(2, 1);
+    unsetenv("COLL_RSAG");
+}
+
 /* Premultiplied sums on children: halves across all four pods, their nested quarters
  * across two, and a pod's pair (one pod: the agent's), every rank with a scalar of its
  * own (opcheck_premul), each element checked exactly; then one scalar on every rank. */
@@ -832,6 +919,8 @@ int main(void)
         cmocka_unit_test(halves_across_four_pods_run_the_op_matrix),
         cmocka_unit_test(a_child_across_pods_fails_cleanly),
         cmocka_unit_test(premultiplied_sums_on_children),
+        cmocka_unit_test(a_large_allreduce_of_a_child_runs_in_two_steps),
+        cmocka_unit_test(halves_run_the_op_matrix_in_two_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

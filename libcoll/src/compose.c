@@ -11,6 +11,7 @@
  * receives' own check).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,23 +81,6 @@ coll_request lc_cop_req(const struct lc_cop *op, int idx)
     return (coll_request){(uint64_t)op->gen << 32 | 0x80000000u | (uint32_t)idx};
 }
 
-void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void *send, void *recv,
-                 uint64_t count, int dtype, int peer, uint32_t tag)
-{
-    if (op->st != COLL_OK) return;
-    unsigned flags = op->more_left > 1 ? WIRE_SQE_F_MORE : 0;
-    if (op->more_left > 0) op->more_left--;
-    if (kind == WIRE_OP_SEND) flags |= op->send_flags;
-    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, flags,
-                         &op->sub[op->nsub]);
-    if (rc == COLL_OK) {
-        op->nsub++;
-    } else {
-        op->st = rc;
-        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
-    }
-}
-
 /* ---- completion ------------------------------------------------------------------- */
 
 static struct lc_cop *op_of(coll_conn *c, coll_request req)
@@ -111,12 +95,16 @@ static struct lc_cop *op_of(coll_conn *c, coll_request req)
  * thread moves it. */
 static struct lc_cop *take(coll_conn *c, coll_request req, int *busy)
 {
-    pthread_mutex_lock(&c->lock);
-    struct lc_cop *op = op_of(c, req);
-    *busy = op && op->waiting;
-    if (op && !*busy) op->waiting = 1;
-    pthread_mutex_unlock(&c->lock);
-    return op;
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        struct lc_cop *op = op_of(c, req);
+        int moved = op && op->rsag.moving; /* its second step, for a moment (rsag.c) */
+        *busy = op && op->waiting;
+        if (op && !*busy && !moved) op->waiting = 1;
+        pthread_mutex_unlock(&c->lock);
+        if (!moved) return op;
+        sched_yield();
+    }
 }
 
 static void sub_done(struct lc_cop *op, int i, coll_err st)
@@ -146,6 +134,8 @@ static coll_err finish(coll_conn *c, struct lc_cop *op)
     char why[WIRE_ERRMSG_MAX];
     snprintf(why, sizeof(why), "%s", op->why);
     pthread_mutex_lock(&c->lock);
+    if (op->rsag.live) atomic_fetch_sub(&c->staged, 1); /* failed in its first step */
+    op->rsag.live = 0;
     if (op->sc) op->sc->busy = 0;
     op->used = 0;
     op->waiting = 0;
@@ -167,20 +157,22 @@ coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms)
     if (!op) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
     if (busy) return lc_fail(COLL_ERR_INVALID, "another thread waits for this request");
     int64_t deadline = timeout_ms >= 0 ? now_ns() + (int64_t)timeout_ms * NS_PER_MS : 0;
-    for (int i = 0; i < op->nsub; i++) {
-        if (op->subdone[i]) continue;
-        int left = -1;
-        if (deadline) {
-            int64_t l = deadline - now_ns();
-            left = l <= 0 ? 0 : (int)(l / NS_PER_MS);
+    do { /* an op in two steps: the second once the first is done (rsag.c) */
+        for (int i = 0; i < op->nsub; i++) {
+            if (op->subdone[i]) continue;
+            int left = -1;
+            if (deadline) {
+                int64_t l = deadline - now_ns();
+                left = l <= 0 ? 0 : (int)(l / NS_PER_MS);
+            }
+            coll_err st = lc_wait_one(c, op->sub[i], left);
+            if (lc_req_live(c, op->sub[i])) { /* still pending: the time given is up */
+                let_go(c, op);
+                return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
+            }
+            sub_done(op, i, st);
         }
-        coll_err st = lc_wait_one(c, op->sub[i], left);
-        if (lc_req_live(c, op->sub[i])) { /* still pending: the time given is up */
-            let_go(c, op);
-            return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
-        }
-        sub_done(op, i, st);
-    }
+    } while (op->rsag.on && op->st == COLL_OK && lc_rsag_next(c, op));
     return finish(c, op);
 }
 
@@ -200,8 +192,8 @@ coll_err lc_cop_test(coll_conn *c, coll_request req, int *done)
         else
             all = 0;
     }
-    if (!all) {
-        let_go(c, op);
+    if (!all || (op->rsag.on && op->st == COLL_OK && lc_rsag_next(c, op))) {
+        let_go(c, op); /* its second step is out */
         return COLL_OK;
     }
     *done = 1;

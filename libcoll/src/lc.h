@@ -105,6 +105,9 @@ struct coll_group {
     coll_group *next;
 };
 
+/* a turn at what a connection's waits move for others (rsag.c's two-step ops) */
+typedef void (*lc_progress_fn)(coll_conn *c);
+
 struct coll_conn {
     pthread_mutex_t lock;
     /* Waiting threads: at most one (the poller) sleeps on the doorbell and the socket;
@@ -149,6 +152,10 @@ struct coll_conn {
     size_t nbufs, capbufs;
     coll_group *groups;
     struct lc_cop *sops; /* composite requests (span.c), LC_COP_OPS; guarded by lock */
+    atomic_int staged;   /* ops in steps with a step left to post (rsag.c) */
+    /* what moves them (set by rsag.c before staged first rises: wait.c calls up through
+     * it, never by name) */
+    _Atomic lc_progress_fn stage_progress;
 };
 
 /* conn.c */
@@ -262,8 +269,9 @@ coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint
  * set. Children across pods run every op so; gather, scatter and alltoallv of every host
  * group too. Tags from LC_SPAN_TAG_BASE on are coll's own. */
 #define LC_SPAN_TAG_BASE 0x40000000u /* tags from here on are coll's own (COLL_TAG_MAX) */
-#define LC_SPAN_IDS 0x1ffffu         /* ids 0..LC_SPAN_IDS - 1; LC_SPAN_IDS: creation */
+#define LC_SPAN_IDS 0xffffu          /* ids 0..LC_SPAN_IDS - 1; LC_SPAN_IDS: creation */
 #define LC_SPAN_SUB_OPS 0x1fffu      /* a child's collectives; 0..LC_SPAN_SUB_OPS - 1: its tags */
+#define LC_SPAN_STAGED 0x2000u       /* its ops in steps: this + their number mod this */
 #define LC_COP_OPS 64                /* composite requests in flight per connection */
 #define LC_COP_SUBS (2 * WIRE_CHILD_MAX) /* sends and receives of one composite op */
 #define SPAN_SCRATCH 8                   /* scratch buffers of a child: ops that need one */
@@ -279,10 +287,29 @@ struct lc_span {
     int *ranks;       /* the root rank of each rank of the child */
     int n, me;
     uint32_t id;
+    uint32_t staged; /* ops in steps submitted (posting), each on a tag of its own */
     struct span_scratch scratch[SPAN_SCRATCH];
     /* held while an op posts its sends and receives: each op's are contiguous, so ops
      * submitted one after the other pair in that order on every rank */
     pthread_mutex_t posting;
+};
+
+/* An allreduce of a child across pods in two steps (rsag.c): each rank's block reduced
+ * by its owner (a reduce_scatter), then every owner's block to every rank (an
+ * allgather); the second step posted once the first completed. */
+struct lc_rsag {
+    uint8_t on;     /* this op runs so */
+    uint8_t live;   /* its second step is not posted: another wait may move it (lock) */
+    uint8_t moving; /* ... and one does now (lock) */
+    int step, n, me;
+    const int *ranks; /* the root rank of each rank */
+    coll_group *root;
+    uint32_t tag;
+    int dtype, redop;
+    size_t es;
+    uint64_t count; /* elements in all: n nearly equal blocks */
+    char *acc;      /* the vector: this rank's contribution, then the result */
+    char *tmp;      /* block me of every rank, in rank order */
 };
 
 /* A composite request: the sends and receives of one op, then its local step. */
@@ -309,11 +336,12 @@ struct lc_cop {
     void *stream;
     int more_left;
     unsigned send_flags; /* on every send posted: WIRE_SQE_F_NOACK where the op allows it */
+    struct lc_rsag rsag;
 };
 
 static inline uint32_t lc_span_tag(uint32_t id, uint32_t sub)
 {
-    return LC_SPAN_TAG_BASE | id << 13 | sub;
+    return LC_SPAN_TAG_BASE | id << 14 | sub;
 }
 static inline int lc_cop_is(coll_request r)
 {
@@ -333,6 +361,17 @@ coll_err lc_cop_in_coll(coll_group *g, const char *what, const void *p, size_t b
 coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms);
 coll_err lc_cop_test(coll_conn *c, coll_request req, int *done);
 size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap);
+
+/* rsag.c: a child's allreduce in two steps. Whether one of n ranks and bytes in all
+ * runs so ($COLL_RSAG: 0 never, 1 whenever it may); its first step posted (op->rsag filled
+ * in but for live and step); after its first step completed well, the local reduction
+ * and the second step posted (1), or 0 when the second is done; and a turn at every
+ * such op of c that no thread waits for, from any wait (a rank's second step goes out
+ * only while it waits or tests for something). */
+int lc_rsag_fits(int n, size_t bytes);
+void lc_rsag_begin(coll_conn *c, struct lc_cop *op);
+int lc_rsag_next(coll_conn *c, struct lc_cop *op);
+void lc_rsag_progress(coll_conn *c);
 /* coll_wait_stream_keep of a composite op of a GPU group: the stream waits for each part
  * (keep 0, coll_wait_stream: refused, the op would have nobody to reap it). */
 coll_err lc_cop_wait_stream(coll_conn *c, coll_request req, void *stream, int keep);

@@ -275,6 +275,50 @@ static void scale(int dtype, void *dst, const void *src, uint64_t scalar, size_t
     if (count) reduce_premul_n(dtype, dst, srcs, &scalar, 1, count);
 }
 
+/* An allreduce in two steps (rsag.c): this rank's contribution in recv (scaled for a
+ * premultiplied sum), block me of every rank's in scratch, the first step posted. */
+static coll_err rsag_submit(coll_group *g, coll_group *root, int dtype, int redop, uint64_t count,
+                            const void *send, void *recv, coll_request *req)
+{
+    struct lc_span *sp = g->span;
+    coll_conn *c = g->conn;
+    int n = sp->n, idx;
+    size_t es = coll_dtype_size((coll_dtype)dtype);
+    size_t slot = (count + (size_t)n - 1) / (size_t)n * es;
+    coll_err rc;
+    struct lc_cop *op = lc_cop_new(g, 2 * (n - 1), &idx, &rc);
+    if (!op) return rc;
+    if (!(op->sc = scratch_take(g, slot * (size_t)n, &rc))) {
+        pthread_mutex_lock(&c->lock);
+        op->used = 0;
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    int premul = (unsigned)redop >= WIRE_REDOP_PREMUL;
+    if (premul)
+        scale(dtype, recv, send, g->premul[(unsigned)redop - WIRE_REDOP_PREMUL].bits, count);
+    else if ((const void *)recv != send)
+        move(recv, send, count * es);
+    op->rsag = (struct lc_rsag){.on = 1,
+                                .n = n,
+                                .me = sp->me,
+                                .ranks = sp->ranks,
+                                .root = root,
+                                .dtype = dtype,
+                                .redop = premul ? COLL_SUM : redop,
+                                .es = es,
+                                .count = count,
+                                .acc = recv,
+                                .tmp = coll_mem_ptr(op->sc->b)};
+    if (c->agent_noack) op->send_flags = WIRE_SQE_F_NOACK; /* each receives what it sends */
+    pthread_mutex_lock(&sp->posting);
+    op->rsag.tag = lc_span_tag(sp->id, LC_SPAN_STAGED + sp->staged++ % LC_SPAN_STAGED);
+    pthread_mutex_unlock(&sp->posting);
+    lc_rsag_begin(c, op);
+    *req = lc_cop_req(op, idx);
+    return COLL_OK;
+}
+
 coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int peer,
                         uint64_t count, const void *send, void *recv, int tag, coll_request *req)
 {
@@ -329,6 +373,8 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
     coll_err rc = lc_cop_in_coll(g, "send", send, in);
     if (rc == COLL_OK) rc = lc_cop_in_coll(g, "recv", recv, out);
     if (rc != COLL_OK) return rc;
+    if (kind == WIRE_OP_ALLREDUCE && lc_rsag_fits(n, bytes))
+        return rsag_submit(g, root, dtype, redop, count, send, recv, req);
     int idx;
     struct lc_cop *op = lc_cop_new(g, 2 * (n - 1), &idx, &rc);
     if (!op) return rc;

@@ -1,8 +1,10 @@
 /*
  * submit.c: turning one op into a ring entry (or a direct op): range checks, buffer
- * lookups, request slots, the doorbell. Above conn.c, buffers.c, direct.c and wait.c;
- * ops.c (the coll_* calls) and compose.c call here.
+ * lookups, request slots, the doorbell; and one send or receive of a composite op.
+ * Above conn.c, buffers.c, direct.c and wait.c; ops.c (the coll_* calls), compose.c,
+ * rsag.c and span.c call here.
  */
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -307,4 +309,23 @@ coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint
     req->id = 0;
     coll_err rc = lc_op_check(g, &a);
     return rc != COLL_OK ? rc : lc_submit(g, &a, req);
+}
+
+/* One send or receive of composite op op (compose.c, rsag.c), its request kept in op; a
+ * failure is the op's result and posts nothing more. */
+void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void *send, void *recv,
+                 uint64_t count, int dtype, int peer, uint32_t tag)
+{
+    if (op->st != COLL_OK) return;
+    unsigned flags = op->more_left > 1 ? WIRE_SQE_F_MORE : 0;
+    if (op->more_left > 0) op->more_left--;
+    if (kind == WIRE_OP_SEND) flags |= op->send_flags;
+    coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, flags,
+                         &op->sub[op->nsub]);
+    if (rc == COLL_OK) {
+        op->nsub++;
+    } else {
+        op->st = rc;
+        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
+    }
 }

@@ -236,7 +236,12 @@ COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
  * of a host group whose ranks span pods is run by libcoll in the application, over the
  * root group's tagged sends and receives (its data connections; no rendezvous): every op
  * is a direct exchange between its ranks (each rank's part to every other), then a local
- * step (reductions in rank order: the same bits on every rank); its coll_group_info has
+ * step (reductions in rank order: the same bits on every rank), but a large allreduce of
+ * 3 ranks or more, which runs in two steps (each rank's block reduced by that rank, then
+ * sent to all; the same bits): its second step is posted by the first coll_wait,
+ * coll_test or coll_wait_any of the connection to find the first done, so a rank that
+ * computes between submitting it and waiting holds its peers' second step back that long
+ * ($COLL_RSAG=0: never in two steps); its coll_group_info has
  * no slot layout (local_slots: its ranks on this pod), its sends and receives take tags
  * 0..8190, it holds no handle of the agent's, and its ops count against the connection's
  * 256 requests (2 x (size - 1) each) and 64 such ops in flight. Making one blocks until
