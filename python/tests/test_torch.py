@@ -279,6 +279,18 @@ def _cross_pod_child(i, socks, port):
     t = torch.full((4,), float(i))
     dist.broadcast(t, 3, group=both)
     assert t[0].item() == 3.0
+    # ranks 0, 1 (pod 0) and 2 (pod 1): a 1 MiB all_reduce runs in two steps (libcoll's
+    # rsag.c), its second step sent from whichever wait comes next: here a small
+    # all_reduce's, waited for before the large one
+    g3 = dist.new_group([0, 1, 2])
+    if i < 3:
+        ref = torch.arange(1 << 18, dtype=torch.float32) % 97
+        big = ref + i
+        w = dist.all_reduce(big, group=g3, async_op=True)
+        small = torch.full((4,), float(i))
+        dist.all_reduce(small, group=g3)
+        w.wait()
+        assert small[0].item() == 3.0 and torch.equal(big, ref * 3 + 3)
     dist.barrier()
     dist.destroy_process_group()
 
