@@ -2337,8 +2337,8 @@ static int early_rank_main(void *arg)
         /* the agent holds the ask (an RTS: 128 bytes) once it came; the payload waits in
          * the sender's socket, however long this receive is not posted */
         double end = now_ms() + 30000;
-        while ((held = early_bytes(e->hport, e->file, 0)) == 0 && now_ms() < end)
-            usleep(20 * 1000);
+        while ((held = early_bytes(e->hport, e->file, 0)) <= 0 && now_ms() < end)
+            usleep(20 * 1000); /* none yet, or no answer yet (-1) */
         if (held == 128) held = early_bytes(e->hport, e->file, 1); /* and a second later */
         if (held != 128) {
             fprintf(stderr, "agent 0 holds %ld bytes for an early 16 MiB send (128: its ask)\n",
