@@ -676,7 +676,8 @@ static void a_world_across_pods_splits_nests_and_mixes(void **state)
  * whichever wait comes: on halves across the four pods (one rank a pod), two of them (a
  * sum and an average) in flight with a small allreduce and tagged sends and receives,
  * each rank waiting for them in an order of its own (odd ranks the small ops first, so
- * their peers' second steps go out from other waits). Each element checked exactly. */
+ * their peers' second steps go out from other waits). Each element checked exactly. Then
+ * counts that disagree fail every rank with MISMATCH, and the next op runs. */
 #define BIG (256u << 10) /* floats: 1 MiB, which 4 ranks run in two steps */
 
 static int two_steps_main(void *arg)
@@ -735,6 +736,27 @@ static int two_steps_main(void *arg)
             z[1] != (float)(100 * (left * 2 + r % 2) + round))
             return 175;
     }
+    /* counts that disagree: rank 1 of each half one element short, so only block 3
+     * differs and only rank 3's first step fails; the second step it posts anyway fails
+     * the others, all with MISMATCH, none at op_ms; then the half serves on */
+    for (int round = 0; round < 2; round++) {
+        size_t cnt = round == 0 && hi.rank == 1 ? BIG - 1 : BIG;
+        for (size_t i = 0; i < BIG; i++)
+            s[i] = (float)(i % 97 + (size_t)r);
+        coll_request q;
+        coll_err e = coll_allreduce(halves, s, s, cnt, COLL_FLOAT32, COLL_SUM, NULL, &q);
+        if (e == COLL_OK) e = coll_wait(c, q, 20000);
+        /* rank 3's reason is its own receive; the others say another rank disagreed */
+        const char *says = hi.rank == 3 ? "sent 65535 of float32" : "another rank's first step";
+        if (e != (round == 0 ? COLL_ERR_MISMATCH : COLL_OK) ||
+            (round == 0 && !strstr(coll_last_error(), says))) {
+            fprintf(stderr, "rank %d: %s allreduce: %s (%s)\n", r,
+                    round ? "a good" : "a disagreeing", coll_strerror(e), coll_last_error());
+            return 177 + round;
+        }
+    }
+    for (size_t i = 0; i < BIG; i++)
+        if (s[i] != 4.0f * (float)(i % 97) + ranks) return 179;
     coll_request q; /* every rank stays until all are done (one that leaves ends the epoch) */
     if (coll_barrier(g, NULL, &q) != COLL_OK || coll_wait(c, q, 60000) != COLL_OK) return 176;
     coll_group_close(&halves);

@@ -107,15 +107,6 @@ static struct lc_cop *take(coll_conn *c, coll_request req, int *busy)
     }
 }
 
-static void sub_done(struct lc_cop *op, int i, coll_err st)
-{
-    op->subdone[i] = 1;
-    if (st != COLL_OK && op->st == COLL_OK) {
-        op->st = st;
-        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
-    }
-}
-
 /* Every send and receive is done: the local step, then the op's slot is free. */
 static coll_err finish(coll_conn *c, struct lc_cop *op)
 {
@@ -133,6 +124,8 @@ static coll_err finish(coll_conn *c, struct lc_cop *op)
     coll_err st = op->st;
     char why[WIRE_ERRMSG_MAX];
     snprintf(why, sizeof(why), "%s", op->why);
+    /* an op in two steps whose first went well here, refused in its second */
+    int told = op->rsag.on && op->rsag.step == 1 && !op->rsag.bad1;
     pthread_mutex_lock(&c->lock);
     if (op->rsag.live) atomic_fetch_sub(&c->staged, 1); /* failed in its first step */
     op->rsag.live = 0;
@@ -140,6 +133,11 @@ static coll_err finish(coll_conn *c, struct lc_cop *op)
     op->used = 0;
     op->waiting = 0;
     pthread_mutex_unlock(&c->lock);
+    if (st == COLL_ERR_MISMATCH && told)
+        return lc_fail(st,
+                       "allreduce in two steps: another rank's first step disagreed "
+                       "(counts or dtypes differ across ranks): %s",
+                       why);
     return st == COLL_OK ? COLL_OK : lc_fail(st, "%s", why);
 }
 
@@ -170,9 +168,9 @@ coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms)
                 let_go(c, op);
                 return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
             }
-            sub_done(op, i, st);
+            lc_cop_sub_done(op, i, st);
         }
-    } while (op->rsag.on && op->st == COLL_OK && lc_rsag_next(c, op));
+    } while (op->rsag.on && lc_rsag_next(c, op));
     return finish(c, op);
 }
 
@@ -183,16 +181,8 @@ coll_err lc_cop_test(coll_conn *c, coll_request req, int *done)
     struct lc_cop *op = take(c, req, &busy);
     if (!op) return lc_fail(COLL_ERR_INVALID, "unknown or already completed request");
     if (busy) return COLL_OK; /* another thread moves it: pending for this one */
-    int all = 1;
-    for (int i = 0; i < op->nsub; i++) {
-        if (op->subdone[i]) continue;
-        coll_err st = COLL_OK;
-        if (lc_try_one(c, op->sub[i], &st, NULL) > 0)
-            sub_done(op, i, st);
-        else
-            all = 0;
-    }
-    if (!all || (op->rsag.on && op->st == COLL_OK && lc_rsag_next(c, op))) {
+    int all = lc_cop_try_subs(c, op);
+    if (!all || (op->rsag.on && lc_rsag_next(c, op))) {
         let_go(c, op); /* its second step is out */
         return COLL_OK;
     }

@@ -301,6 +301,7 @@ struct lc_rsag {
     uint8_t on;     /* this op runs so */
     uint8_t live;   /* its second step is not posted: another wait may move it (lock) */
     uint8_t moving; /* ... and one does now (lock) */
+    uint8_t bad1;   /* its first step failed here (MISMATCH): its second refuses */
     int step, n, me;
     const int *ranks; /* the root rank of each rank */
     coll_group *root;
@@ -351,11 +352,15 @@ static inline int lc_cop_is(coll_request r)
  * request, one send or receive of it on group on (a failure is the op's result), the
  * wait for g's ones in flight (coll_group_close), whether [p, p + bytes) lies in a buffer
  * of g's connection (INVALID with what otherwise), and wait, test and the pending parts
- * (for a sleep) of a composite request. */
+ * (for a sleep) of a composite request. lc_cop_sub_done: part i completed with st (the
+ * op keeps its first failure and why); lc_cop_try_subs: a look at every part not done,
+ * 1 when all are. */
 struct lc_cop *lc_cop_new(coll_group *g, int need, int *idx, coll_err *rc);
 coll_request lc_cop_req(const struct lc_cop *op, int idx);
 void lc_cop_post(struct lc_cop *op, coll_group *on, unsigned kind, const void *send, void *recv,
                  uint64_t count, int dtype, int peer, uint32_t tag);
+void lc_cop_sub_done(struct lc_cop *op, int i, coll_err st);
+int lc_cop_try_subs(coll_conn *c, struct lc_cop *op);
 void lc_cop_drain(coll_group *g);
 coll_err lc_cop_in_coll(coll_group *g, const char *what, const void *p, size_t bytes);
 coll_err lc_cop_wait(coll_conn *c, coll_request req, int timeout_ms);
@@ -364,8 +369,9 @@ size_t lc_cop_subs(coll_conn *c, coll_request req, coll_request *out, size_t cap
 
 /* rsag.c: a child's allreduce in two steps. Whether one of n ranks and bytes in all
  * runs so ($COLL_RSAG: 0 never, 1 whenever it may); its first step posted (op->rsag filled
- * in but for live and step); after its first step completed well, the local reduction
- * and the second step posted (1), or 0 when the second is done; and a turn at every
+ * in but for live and step); after its first step completed, the local reduction and
+ * the second step posted (1; after a MISMATCH, a second step every receive refuses), or
+ * 0 when there is none to post (done, or failed otherwise); and a turn at every
  * such op of c that no thread waits for, from any wait (a rank's second step goes out
  * only while it waits or tests for something). */
 int lc_rsag_fits(int n, size_t bytes);

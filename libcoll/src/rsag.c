@@ -12,6 +12,9 @@
  *
  * Each such op pairs on a tag of its own (LC_SPAN_STAGED + its number among the child's
  * ops in steps), so the child's ops posted between its two steps never meet its second.
+ * Counts that disagree fail some ranks' first step with MISMATCH; those post a second
+ * step that every receive refuses, so every rank fails with MISMATCH, none waits until
+ * op_ms, and nothing is left unpaired on the tag.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -90,27 +93,47 @@ static void settled(coll_conn *c, struct lc_rsag *r)
 int lc_rsag_next(coll_conn *c, struct lc_cop *op)
 {
     struct lc_rsag *r = &op->rsag;
-    if (r->step > 0) return 0;
+    coll_err failed = op->st;
+    if (r->step > 0 || (failed != COLL_OK && failed != COLL_ERR_MISMATCH)) {
+        settled(c, r);
+        return 0;
+    }
     size_t mo, mc, slot = slot_bytes(r);
     block(r, r->me, &mo, &mc);
     const void *srcs[WIRE_CHILD_MAX];
-    for (size_t off = 0; off < mc; off += REDUCE_CHUNK) { /* in rank order */
+    for (size_t off = 0; !failed && off < mc; off += REDUCE_CHUNK) { /* in rank order */
         size_t k = mc - off < REDUCE_CHUNK ? mc - off : REDUCE_CHUNK;
         for (int j = 0; j < r->n; j++)
             srcs[j] = r->tmp + (size_t)j * slot + off * r->es;
         reduce_n(r->dtype, r->redop, r->acc + (mo + off) * r->es, srcs, r->n, k, (uint32_t)r->n);
     }
+    /* After a MISMATCH the second step is posted all the same, so that no rank waits for
+     * this one's blocks until op_ms: its receives take what comes into tmp, and each of
+     * its sends is 0 elements of another dtype, which every receive refuses (MISMATCH,
+     * as the sends' and receives' check says it). The first step's reason is the op's. */
+    char why[WIRE_ERRMSG_MAX];
+    if (failed) snprintf(why, sizeof(why), "%s", op->why);
+    int poison = r->dtype == COLL_UINT8 ? COLL_INT8 : COLL_UINT8;
     r->step = 1;
+    r->bad1 = failed != COLL_OK;
+    op->st = COLL_OK;
     op->nsub = 0;
     memset(op->subdone, 0, sizeof(op->subdone));
     for (int j = 0; j < r->n; j++) {
         if (j == r->me) continue;
         size_t o, k;
         block(r, j, &o, &k);
-        lc_cop_post(op, r->root, WIRE_OP_RECV, NULL, r->acc + o * r->es, k, r->dtype, r->ranks[j],
-                    r->tag);
-        lc_cop_post(op, r->root, WIRE_OP_SEND, r->acc + mo * r->es, NULL, mc, r->dtype, r->ranks[j],
-                    r->tag);
+        char *in = failed ? r->tmp + (size_t)j * slot : r->acc + o * r->es;
+        lc_cop_post(op, r->root, WIRE_OP_RECV, NULL, in, k, r->dtype, r->ranks[j], r->tag);
+        if (failed)
+            lc_cop_post(op, r->root, WIRE_OP_SEND, NULL, NULL, 0, poison, r->ranks[j], r->tag);
+        else
+            lc_cop_post(op, r->root, WIRE_OP_SEND, r->acc + mo * r->es, NULL, mc, r->dtype,
+                        r->ranks[j], r->tag);
+    }
+    if (failed) {
+        op->st = failed;
+        snprintf(op->why, sizeof(op->why), "%s", why);
     }
     settled(c, r);
     return 1;
@@ -129,24 +152,10 @@ void lc_rsag_progress(coll_conn *c)
         if (mine) op->rsag.moving = 1;
         pthread_mutex_unlock(&c->lock);
         if (!mine) continue;
-        int all = 1;
-        for (int k = 0; k < op->nsub; k++) {
-            coll_err st = COLL_OK;
-            if (op->subdone[k]) continue;
-            if (lc_try_one(c, op->sub[k], &st, NULL) > 0) {
-                op->subdone[k] = 1;
-                if (st != COLL_OK && op->st == COLL_OK) {
-                    op->st = st;
-                    snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
-                }
-            } else {
-                all = 0;
-            }
-        }
-        if (op->st != COLL_OK)
-            settled(c, &op->rsag); /* its own wait reports it */
-        else if (all)
+        if (lc_cop_try_subs(c, op))
             lc_rsag_next(c, op);
+        else if (op->st != COLL_OK && op->st != COLL_ERR_MISMATCH)
+            settled(c, &op->rsag); /* its own wait reports it */
         pthread_mutex_lock(&c->lock);
         op->rsag.moving = 0;
         pthread_mutex_unlock(&c->lock);

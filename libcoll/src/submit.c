@@ -329,3 +329,26 @@ void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void 
         snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
     }
 }
+
+void lc_cop_sub_done(struct lc_cop *op, int i, coll_err st)
+{
+    op->subdone[i] = 1;
+    if (st != COLL_OK && op->st == COLL_OK) {
+        op->st = st;
+        snprintf(op->why, sizeof(op->why), "%s", coll_last_error());
+    }
+}
+
+int lc_cop_try_subs(coll_conn *c, struct lc_cop *op)
+{
+    int all = 1;
+    for (int i = 0; i < op->nsub; i++) {
+        if (op->subdone[i]) continue;
+        coll_err st = COLL_OK;
+        if (lc_try_one(c, op->sub[i], &st, NULL) > 0)
+            lc_cop_sub_done(op, i, st);
+        else
+            all = 0;
+    }
+    return all;
+}
