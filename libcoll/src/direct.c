@@ -619,8 +619,11 @@ void lc_direct_give_back(coll_group *g)
     struct lc_direct *d = g->d;
     if (!d) return;
     pthread_mutex_lock(&d->lock);
-    while (d->qh != d->qt) /* every queued op ends by its deadline */
-        run(g, UINT32_MAX, now_ns() + DIRECT_SLICE_NS, 1);
+    while (d->qh != d->qt) { /* every queued op ends by its deadline */
+        int staged = atomic_load_explicit(&g->conn->staged, memory_order_relaxed);
+        if (run(g, UINT32_MAX, now_ns() + (staged ? STAGED_SLICE_NS : DIRECT_SLICE_NS), 1)) break;
+        lc_staged_turn(g->conn); /* a peer may wait for a second step of ours first */
+    }
     if (d->held && voided(g)) drop(d);
     if (d->held) hand_back(g); /* with the acks a broadcast root went on without */
     pthread_mutex_unlock(&d->lock);

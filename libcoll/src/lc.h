@@ -158,6 +158,18 @@ struct coll_conn {
     _Atomic lc_progress_fn stage_progress;
 };
 
+/* A turn at the ops in steps that no thread waits for (rsag.c, through the pointer it
+ * set: the waits that call this are below it), one load when there are none. Every wait
+ * that blocks gives one at least every STAGED_SLICE_NS: a peer may wait for this rank's
+ * second step before it joins the op waited for. */
+#define STAGED_SLICE_NS (200 * 1000LL)
+static inline void lc_staged_turn(coll_conn *c)
+{
+    if (!atomic_load_explicit(&c->staged, memory_order_relaxed)) return;
+    lc_progress_fn f = atomic_load_explicit(&c->stage_progress, memory_order_acquire);
+    if (f) f(c);
+}
+
 /* conn.c */
 /* Set this thread's coll_last_error() text and return e. */
 coll_err lc_fail(coll_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -190,15 +190,6 @@ void lc_sleep_for_completion(coll_conn *c, int64_t deadline, const coll_request 
     pthread_mutex_unlock(&c->lock);
 }
 
-/* A turn at the ops in steps that no thread waits for (rsag.c, through the pointer it
- * set: this file is below it). */
-static void staged_turn(coll_conn *c)
-{
-    if (!atomic_load_explicit(&c->staged, memory_order_relaxed)) return;
-    lc_progress_fn f = atomic_load_explicit(&c->stage_progress, memory_order_acquire);
-    if (f) f(c);
-}
-
 int lc_req_live(coll_conn *c, coll_request req)
 {
     pthread_mutex_lock(&c->lock);
@@ -216,10 +207,20 @@ coll_err lc_wait_one(coll_conn *c, coll_request req, int timeout_ms)
     if (r > 0) return st;
     int64_t start = now_ns();
     int64_t deadline = timeout_ms >= 0 ? start + (int64_t)timeout_ms * 1000000 : 0;
-    if (dg) { /* this thread runs it, and the group's ops before it */
-        lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1,
-                           deadline ? deadline : INT64_MAX, 0);
-        r = try_complete(c, req, &st, NULL);
+    if (dg) { /* this thread runs it, and the group's ops before it; in slices while ops
+               * in steps wait for a turn (their peers may wait for them before this op) */
+        int64_t end = deadline ? deadline : INT64_MAX;
+        for (;;) {
+            int64_t until = end;
+            if (atomic_load_explicit(&c->staged, memory_order_relaxed)) {
+                int64_t s = now_ns() + STAGED_SLICE_NS;
+                if (s < until) until = s;
+            }
+            lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, until, 0);
+            r = try_complete(c, req, &st, NULL);
+            if (r != 0 || now_ns() >= end) break;
+            lc_staged_turn(c);
+        }
         if (r > 0) return st;
         if (r < 0) return lc_fail(COLL_ERR_INVALID, "request vanished");
         return lc_fail(COLL_ERR_TIMEOUT, "request still pending after %d ms", timeout_ms);
@@ -238,7 +239,7 @@ coll_err lc_wait_one(coll_conn *c, coll_request req, int timeout_ms)
     int64_t spin_until = start + budget;
     int slept = 0;
     for (;;) {
-        staged_turn(c); /* another op may wait for this rank's second step */
+        lc_staged_turn(c); /* another op may wait for this rank's second step */
         int64_t t = now_ns();
         if (t < spin_until) {
             /* pause only: a yield would hand the CPU to any runnable task, a nice-19
@@ -263,7 +264,7 @@ coll_err lc_wait_one(coll_conn *c, coll_request req, int timeout_ms)
 int lc_try_one(coll_conn *c, coll_request req, coll_err *st, int *direct)
 {
     coll_group *dg;
-    staged_turn(c);
+    lc_staged_turn(c);
     int r = try_complete(c, req, st, &dg);
     if (r == 0 && dg) { /* one pass of its group's ops, without waiting */
         lc_direct_progress(dg, (uint32_t)(req.id & 0xffffffffu) - 1, 0, 1);
