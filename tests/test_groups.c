@@ -905,26 +905,37 @@ static int dying_main(void *arg)
     return 0;
 }
 
-static void a_child_across_pods_fails_cleanly(void **state)
+/* n pods of one rank each (a host group g of n ranks), fn run by each rank's process;
+ * whether any failed or any agent logged a protocol error */
+static int one_rank_pods(int n, int (*fn)(void *), int ms)
 {
-    (void)state;
-    struct agent a[2];
+    struct agent a[4];
     int port = free_port();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < n; i++) {
         char body[512];
         snprintf(body, sizeof(body),
                  "node:\n  index: %d\n  name: pod-%d\n"
                  "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
-                 "groups:\n  - name: g\n    backend: host\n    members: 2\n"
+                 "groups:\n  - name: g\n    backend: host\n    members: %d\n"
                  "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
-                 i, i, port, TEST_HB_MS);
+                 i, i, port, n, TEST_HB_MS);
         assert_int_equal(agent_start(&a[i], NULL, body), 0);
     }
-    struct job jobs[2] = {{.sock = a[0].sock, .rank = 0}, {.sock = a[1].sock, .rank = 0}};
-    int bad = run_jobs(dying_main, jobs, sizeof(jobs[0]), 2, 120000);
-    for (int i = 0; i < 2; i++)
+    struct job jobs[4];
+    for (int i = 0; i < n; i++)
+        jobs[i] = (struct job){.sock = a[i].sock, .rank = 0};
+    int bad = run_jobs(fn, jobs, sizeof(jobs[0]), n, ms);
+    for (int i = 0; i < n; i++)
+        bad |= agent_log_count(&a[i], "protocol_error") != 0;
+    for (int i = 0; i < n; i++)
         agent_stop(&a[i]);
-    assert_false(bad);
+    return bad;
+}
+
+static void a_child_across_pods_fails_cleanly(void **state)
+{
+    (void)state;
+    assert_false(one_rank_pods(2, dying_main, 120000));
 }
 
 /* A rank blocked on a direct op (COLL_DIRECT: the application runs its pod's side of the
@@ -1000,28 +1011,9 @@ static int direct_wait_main(void *arg)
 static void a_direct_wait_sends_second_steps(void **state)
 {
     (void)state;
-    struct agent a[3];
-    int port = free_port();
-    for (int i = 0; i < 3; i++) {
-        char body[512];
-        snprintf(body, sizeof(body),
-                 "node:\n  index: %d\n  name: pod-%d\n"
-                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
-                 "groups:\n  - name: g\n    backend: host\n    members: 3\n"
-                 "    timeouts: {op_ms: 20000, heartbeat_ms: %d, join_ms: 5000}\n",
-                 i, i, port, TEST_HB_MS);
-        assert_int_equal(agent_start(&a[i], NULL, body), 0);
-    }
     setenv("COLL_RSAG", "1", 1);
-    struct job jobs[3];
-    for (int i = 0; i < 3; i++)
-        jobs[i] = (struct job){.sock = a[i].sock, .rank = 0};
-    int bad = run_jobs(direct_wait_main, jobs, sizeof(jobs[0]), 3, 120000);
+    int bad = one_rank_pods(3, direct_wait_main, 120000);
     unsetenv("COLL_RSAG");
-    for (int i = 0; i < 3; i++)
-        bad |= agent_log_count(&a[i], "protocol_error") != 0;
-    for (int i = 0; i < 3; i++)
-        agent_stop(&a[i]);
     assert_false(bad);
 }
 
