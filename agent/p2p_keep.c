@@ -44,8 +44,10 @@ void p2p_keep_give(struct ngroup *g, void *p, size_t cap)
         int slot = -1;
         for (int i = 0; i < P2P_KEEP && slot < 0; i++)
             if (!g->keep[i]) slot = i;
-        for (int i = 0; i < P2P_KEEP && slot < 0; i++) /* a larger one replaces the smallest */
-            if (g->keep_cap[i] < cap && (slot < 0 || g->keep_cap[i] < g->keep_cap[slot])) slot = i;
+        if (slot < 0) /* none free: a larger one replaces the smallest */
+            for (int i = 0; i < P2P_KEEP; i++)
+                if (g->keep_cap[i] < cap && (slot < 0 || g->keep_cap[i] < g->keep_cap[slot]))
+                    slot = i;
         if (slot >= 0) {
             free(g->keep[slot]);
             g->keep[slot] = p;

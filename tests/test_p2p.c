@@ -146,11 +146,12 @@ static void forge_and_watch(struct pair *p)
     send_and_watch(p, &h, NULL, 0);
 }
 
-/* Whether the engine's eventfd was written (it must not be on the engine's own turn). */
-static int engine_woken(struct net *n)
+/* Whether eventfd fd was written since the last look (drained): the engine's, which must
+ * not be on the engine's own turn, or the net thread's, when it was knocked. */
+static int rung(int fd)
 {
     uint64_t v = 0;
-    return read(n->out_efd, &v, sizeof(v)) == (ssize_t)sizeof(v) && v > 0;
+    return read(fd, &v, sizeof(v)) == (ssize_t)sizeof(v) && v > 0;
 }
 
 /* A message the engine's watch reads completes its receive on the engine: the bytes in
@@ -167,7 +168,7 @@ static void a_message_completes_its_receive_on_the_engine(void **state)
     assert_memory_equal(p->buf, data, sizeof(data));
     assert_null(p->g->posted_head);
     assert_int_equal(atomic_load(&p->n->p2p_live), 0);
-    assert_false(engine_woken(p->n));
+    assert_false(rung(p->n->out_efd));
     struct data_op_hdr ack;
     assert_int_equal(read(p->peer_fd, &ack, sizeof(ack)), (ssize_t)sizeof(ack));
     assert_int_equal(ack.kind, WIRE_OP_RECV);
@@ -309,13 +310,6 @@ static void an_epoch_that_ends_first_forgets_the_noted_end(void **state)
     pair_free(p);
 }
 
-/* Whether the net thread was knocked (its eventfd written). */
-static int net_knocked(struct net *n)
-{
-    uint64_t v = 0;
-    return read(n->in_efd, &v, sizeof(v)) == (ssize_t)sizeof(v) && v > 0;
-}
-
 /* Found by the two-step allreduce of a child across pods on 712b7eb: a message left in
  * its sender's socket for want of room (parked: the net thread stops polling that socket
  * for reading) whose receive the engine posted was read only as far as the socket held
@@ -342,7 +336,7 @@ static void a_parked_message_the_engine_lets_go_is_polled_again(void **state)
     assert_true(p->g->in[0].parked);
     assert_int_equal(p->g->unx_n, UNX_PEER_MSGS);
     assert_int_equal(atomic_load(&p->g->unx_pub), UNX_PEER_MSGS * UNX_MSG_COST);
-    (void)net_knocked(p->n);
+    (void)rung(p->n->in_efd);
     float got[4] = {0};
     struct net_task t = p->t;
     t.seq = 11;
@@ -350,7 +344,7 @@ static void a_parked_message_the_engine_lets_go_is_polled_again(void **state)
     t.next = NULL;
     assert_int_equal(net_p2p_post(p->n, &t), 1); /* on the engine's turn */
     assert_false(p->g->in[0].parked);
-    assert_true(net_knocked(p->n)); /* the net thread polls the socket again */
+    assert_true(rung(p->n->in_efd)); /* the net thread polls the socket again */
     assert_int_equal(write(p->peer_fd, data + 2, 8), 8);
     net_p2p_watch(p->n); /* and the engine's spin reads on */
     assert_memory_equal(got, data, sizeof(data));
