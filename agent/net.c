@@ -77,6 +77,7 @@ static void lock_from_engine(struct net *n)
 }
 
 static int service_turn(struct ngroup *g, int64_t t, char *why, size_t whylen);
+static void post_queued_p2p(struct net *n, struct ngroup *g);
 
 /* tcp_run's service, called from inside an op's transfer loop: keep the rendezvous
  * and the other groups alive, and say whether the op must stop (its error code, 0 to
@@ -106,9 +107,11 @@ static int service_turn(struct ngroup *g, int64_t t, char *why, size_t whylen)
     dataconn_accept(n);                /* other groups form meanwhile */
     dataconn_progress_pending(n);
     net_epoch_drain(n);
+    net_take_p2p(n); /* the engine's sends and receives wait for no collective */
     for (int i = 0; i < n->ngroups; i++) {
         struct ngroup *o = n->groups[i];
         if (!o) continue;
+        post_queued_p2p(n, o);
         p2p_progress(n, o);
         if (o != g) {
             if (o->nog) dataconn_progress_outgoing(n, o);
@@ -296,8 +299,51 @@ static void take_engine_tasks(struct net *n)
             else
                 g->q_head = t;
             g->q_tail = t;
+            g->q_p2p += net_task_is_p2p(t);
         }
         t = next;
+    }
+}
+
+/* Send or receive t (off the queue) posted: it waits for its connection, which it asks
+ * for; the group's epoch ended (posting an earlier one may end it): handed back. */
+static void post_one(struct net *n, struct ngroup *g, struct net_task *t)
+{
+    t->next = NULL; /* off every list */
+    peers_ready(n, g, t);
+    if (g->ready)
+        p2p_post(n, g, t);
+    else
+        net_return_task(n, t, COLL_ERR_PEER_LOST, "the group's epoch ended");
+}
+
+/* g's queued sends and receives, posted in their order, wherever they stand in the
+ * queue: they go on connections of their own (pfds), and the pods post them in orders of
+ * their own, so one never waits behind a collective that this pod holds (its peers may
+ * be waiting for the send before they join the collective: a child's two-step allreduce
+ * and then an op of its parent). The collectives stay queued in their order. */
+static void post_queued_p2p(struct net *n, struct ngroup *g)
+{
+    if (!g->q_p2p || !g->ready || g->awaiting_mark) return;
+    g->q_p2p = 0; /* it may count some the queue no longer holds (ended epochs): a look */
+    struct net_task *took = NULL, **end = &took, **pp = &g->q_head, *prev = NULL;
+    while (*pp) {
+        struct net_task *t = *pp;
+        if (!net_task_is_p2p(t)) {
+            prev = t;
+            pp = &t->next;
+            continue;
+        }
+        *pp = t->next;
+        if (g->q_tail == t) g->q_tail = prev;
+        t->next = NULL;
+        *end = t;
+        end = &t->next;
+    }
+    while (took) {
+        struct net_task *t = took;
+        took = t->next;
+        post_one(n, g, t);
     }
 }
 
@@ -323,6 +369,7 @@ static int run_ready_ops(struct net *n)
     int ran = 0;
     for (int i = 0; i < n->ngroups; i++) {
         struct ngroup *g = n->groups[i];
+        if (g) post_queued_p2p(n, g);
         if (g && g->handoff && g->ready) { /* a tiny op the engine started */
             struct net_task *t = g->handoff;
             struct tcp_comm c = comm_for(g, t);
@@ -341,17 +388,13 @@ static int run_ready_ops(struct net *n)
                 net_epoch_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
         }
         while (g && g->ready && !g->awaiting_mark && !g->handoff && g->q_head) {
+            post_queued_p2p(n, g); /* before a collective holds the thread */
             struct net_task *t = g->q_head;
-            if (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV) {
-                /* pods do not run sends and receives in the same order: they never
-                 * hold up the lockstep queue (the message waits for its connection) */
+            if (!t || !g->ready) break; /* posting ended the epoch */
+            if (net_task_is_p2p(t)) {   /* every one is counted: defensive only */
                 g->q_head = t->next;
                 if (!g->q_head) g->q_tail = NULL;
-                peers_ready(n, g, t);
-                if (g->ready)
-                    p2p_post(n, g, t);
-                else
-                    net_return_task(n, t, COLL_ERR_PEER_LOST, "the group's epoch ended");
+                post_one(n, g, t);
                 continue;
             }
             if (g->lent) { /* the client holds the connections: it gives them back first */

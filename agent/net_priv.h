@@ -203,6 +203,7 @@ struct ngroup {
     size_t keep_cap[P2P_KEEP];
     /* collectives */
     struct net_task *q_head, *q_tail;
+    int q_p2p; /* sends and receives queued since post_queued_p2p last looked (or more) */
     uint64_t ops_done;
     struct tcp_scratch scratch; /* the TCP backend's, kept between ops */
     struct tcp_acks *acks;      /* ... and the acks broadcast roots are owed (tcp.h) */
@@ -288,6 +289,13 @@ void net_return_task(struct net *n, struct net_task *t, int status, const char *
 /* t, taken by the net (delta 1) or handed back (-1): counted in p2p_live if a send or a
  * receive (net_submit and net_return_task count theirs). */
 void net_p2p_held(struct net *n, const struct net_task *t, int delta);
+/* A send or a receive (WIRE_OP_SEND, WIRE_OP_RECV). */
+int net_task_is_p2p(const struct net_task *t);
+/* The net thread, holding coll_lock, in an op's service turn: the sends and receives the
+ * engine queued (up to its first group mark, which only the loop's take acts on) moved
+ * to their groups' queues, in order, or handed back (an ended engine epoch); the rest
+ * stays queued for the loop. */
+void net_take_p2p(struct net *n);
 /* Every task of the list *head (linked by next) back with status; the list is left empty
  * (*head and *tail NULL; tail may be NULL). */
 void net_return_list(struct net *n, struct net_task **head, struct net_task **tail, int status,

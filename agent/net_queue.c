@@ -14,15 +14,52 @@
 #include "coll/coll.h"
 #include "net_priv.h"
 
-/* A send or a receive: counted while the net holds it (p2p_live). */
-static int is_p2p(const struct net_task *t)
+int net_task_is_p2p(const struct net_task *t)
 {
     return t->type == NET_TASK_OP && (t->kind == WIRE_OP_SEND || t->kind == WIRE_OP_RECV);
 }
 
+/* A send or a receive is counted while the net holds it (p2p_live). */
 void net_p2p_held(struct net *n, const struct net_task *t, int delta)
 {
-    if (is_p2p(t)) atomic_fetch_add_explicit(&n->p2p_live, delta, memory_order_relaxed);
+    if (net_task_is_p2p(t)) atomic_fetch_add_explicit(&n->p2p_live, delta, memory_order_relaxed);
+}
+
+void net_take_p2p(struct net *n)
+{
+    struct net_task *took = NULL, **end = &took;
+    pthread_mutex_lock(&n->in_lock);
+    struct net_task **pp = &n->in_head, *prev = NULL;
+    while (*pp && (*pp)->type != NET_TASK_MARK) {
+        struct net_task *t = *pp;
+        if (!net_task_is_p2p(t) || t->group >= n->ngroups || !n->groups[t->group]) {
+            prev = t;
+            pp = &t->next;
+            continue;
+        }
+        *pp = t->next;
+        if (n->in_tail == t) n->in_tail = prev;
+        t->next = NULL;
+        *end = t;
+        end = &t->next;
+    }
+    pthread_mutex_unlock(&n->in_lock);
+    while (took) {
+        struct net_task *t = took;
+        struct ngroup *g = n->groups[t->group];
+        took = t->next;
+        t->next = NULL;
+        if (t->lepoch < g->floor) {
+            net_return_task(n, t, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
+            continue;
+        }
+        if (g->q_tail)
+            g->q_tail->next = t;
+        else
+            g->q_head = t;
+        g->q_tail = t;
+        g->q_p2p++;
+    }
 }
 
 void net_submit(struct net *n, struct net_task *t)

@@ -938,6 +938,100 @@ static void a_child_across_pods_fails_cleanly(void **state)
     assert_false(one_rank_pods(2, dying_main, 120000));
 }
 
+/* A rank blocked on a direct op (COLL_DIRECT: the application runs its pod's side of the
+ * parent's tiny ops) still sends its two-step ops' second steps: three pods of one rank
+ * each, a child of all three; rank 0 submits the child's allreduce (in two steps:
+ * COLL_RSAG=1) and then a tiny allreduce of the parent, and either waits for the tiny
+ * one first (even rounds) or submits a large allreduce of the parent first, which gives
+ * the connections back once the tiny one is done (odd rounds); ranks 1 and 2 wait for
+ * the child's op before they submit theirs. Rank 0's wait, or its give-back, must post
+ * its second step, or every rank waits until op_ms. */
+static int direct_wait_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *all;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    coll_group_info gi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    if (coll_group_split(g, 0, r, &all) != COLL_OK) return 190;
+    if ((rc = sum_check(c, g, x, r, 6.0f))) return rc; /* the parent's tiny ops run here */
+    enum { BIGN = 3000, LARGE = 20000 }; /* LARGE floats: 80 KB, an op of the agent's */
+    coll_buffer *zb;
+    if (coll_mem_alloc(&zb, c, LARGE * sizeof(float), COLL_DEVICE_HOST) != COLL_OK) return 197;
+    for (int round = 0; round < 4; round++) {
+        float *big = x + 64, *y = x, *z = coll_mem_ptr(zb);
+        int give_back = round % 2;
+        for (int i = 0; i < BIGN; i++)
+            big[i] = (float)(i + r);
+        for (int i = 0; i < LARGE; i++)
+            z[i] = (float)(r + i % 7);
+        y[0] = (float)(r + round);
+        coll_request qa, qy, qz = {0};
+        if (coll_allreduce(all, big, big, BIGN, COLL_FLOAT32, COLL_SUM, NULL, &qa) != COLL_OK)
+            return 191;
+        coll_err e = COLL_OK;
+        if (r == 0) {
+            e = coll_allreduce(g, y, y, 1, COLL_FLOAT32, COLL_SUM, NULL, &qy);
+            if (e == COLL_OK && give_back)
+                e = coll_allreduce(g, z, z, LARGE, COLL_FLOAT32, COLL_SUM, NULL, &qz);
+            if (e == COLL_OK) e = coll_wait(c, qy, 20000);
+            if (e == COLL_OK && give_back) e = coll_wait(c, qz, 20000);
+            if (e == COLL_OK) e = coll_wait(c, qa, 20000);
+        } else {
+            e = coll_wait(c, qa, 20000);
+            if (e == COLL_OK) e = coll_allreduce(g, y, y, 1, COLL_FLOAT32, COLL_SUM, NULL, &qy);
+            if (e == COLL_OK && give_back)
+                e = coll_allreduce(g, z, z, LARGE, COLL_FLOAT32, COLL_SUM, NULL, &qz);
+            if (e == COLL_OK) e = coll_wait(c, qy, 20000);
+            if (e == COLL_OK && give_back) e = coll_wait(c, qz, 20000);
+        }
+        if (e != COLL_OK) {
+            fprintf(stderr, "rank %d, round %d: %s (%s)\n", r, round, coll_strerror(e),
+                    coll_last_error());
+            return 192;
+        }
+        for (int i = 0; i < BIGN; i++)
+            if (big[i] != (float)(3 * i + 3)) return 193;
+        if (y[0] != (float)(3 + 3 * round)) return 194;
+        for (int i = 0; give_back && i < LARGE; i++)
+            if (z[i] != (float)(3 + 3 * (i % 7))) return 196;
+    }
+    coll_request q;
+    if (coll_barrier(g, NULL, &q) != COLL_OK || coll_wait(c, q, 20000) != COLL_OK) return 195;
+    coll_group_close(&all);
+    coll_mem_release(&zb);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void a_direct_wait_sends_second_steps(void **state)
+{
+    (void)state;
+    setenv("COLL_RSAG", "1", 1);
+    int bad = one_rank_pods(3, direct_wait_main, 120000);
+    unsetenv("COLL_RSAG");
+    assert_false(bad);
+}
+
+/* The same where the agent runs every op (COLL_DIRECT=0): the agent holds rank 0's tiny
+ * allreduce of the parent, which waits for ranks 1 and 2, while rank 0's second step
+ * comes after it. Sends and receives never queue behind a collective on the net thread,
+ * or every rank waits until op_ms. */
+static void an_agent_op_does_not_hold_second_steps(void **state)
+{
+    (void)state;
+    setenv("COLL_RSAG", "1", 1);
+    setenv("COLL_DIRECT", "0", 1);
+    int bad = one_rank_pods(3, direct_wait_main, 120000);
+    unsetenv("COLL_DIRECT");
+    unsetenv("COLL_RSAG");
+    assert_false(bad);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -954,6 +1048,8 @@ int main(void)
         cmocka_unit_test(premultiplied_sums_on_children),
         cmocka_unit_test(a_large_allreduce_of_a_child_runs_in_two_steps),
         cmocka_unit_test(halves_run_the_op_matrix_in_two_steps),
+        cmocka_unit_test(a_direct_wait_sends_second_steps),
+        cmocka_unit_test(an_agent_op_does_not_hold_second_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
