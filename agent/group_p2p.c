@@ -20,9 +20,15 @@
 
 void group_describe(const struct wire_sqe *s, char *buf, size_t n)
 {
-    snprintf(buf, n, "%s %s count=%llu op=%s root=%d", wire_kind_name(s->kind),
-             coll_dtype_name((coll_dtype)s->dtype), (unsigned long long)s->count,
-             coll_redop_name((coll_redop)s->redop), s->peer);
+    char sig[48];
+    if (s->flags & WIRE_SQE_F_SIG) /* a part of a collective: which one */
+        snprintf(buf, n, "%s %s count=%llu of=\"%s\" peer=%d", wire_kind_name(s->kind),
+                 coll_dtype_name((coll_dtype)s->dtype), (unsigned long long)s->count,
+                 wire_sig_name(s->redop, sig, sizeof(sig)), s->peer);
+    else
+        snprintf(buf, n, "%s %s count=%llu op=%s root=%d", wire_kind_name(s->kind),
+                 coll_dtype_name((coll_dtype)s->dtype), (unsigned long long)s->count,
+                 coll_redop_name((coll_redop)s->redop), s->peer);
 }
 
 /* Whether receive r (from its peer, or any rank) takes send s. */
@@ -36,18 +42,21 @@ static int p2p_takes(const struct op *r, const struct op *s)
 static void p2p_pair(struct group *g, struct op *snd, struct op *rcv)
 {
     int status = COLL_OK;
-    if (snd->sqe.count != rcv->sqe.count || snd->sqe.dtype != rcv->sqe.dtype) {
+    unsigned ss = wire_sqe_sig(&snd->sqe), rs = wire_sqe_sig(&rcv->sqe);
+    char why[160] = "";
+    if (snd->sqe.count != rcv->sqe.count || snd->sqe.dtype != rcv->sqe.dtype || ss != rs) {
         char a[128], b[128];
         group_describe(&snd->sqe, a, sizeof(a));
         group_describe(&rcv->sqe, b, sizeof(b));
         log_msg(LOG_WARN, "group.mismatch", "group=%s send=\"%s\" recv=\"%s\"", g->cfg->name, a, b);
         status = COLL_ERR_MISMATCH;
+        if (ss != rs) wire_sig_why(why, sizeof(why), snd->rank, ss, rcv->rank, rs);
     } else {
         status = g->be->pair(g, snd, rcv);
     }
     rcv->source = snd->rank;
-    g->op_done(g, snd, status, NULL);
-    g->op_done(g, rcv, status, NULL);
+    g->op_done(g, snd, status, why[0] ? why : NULL);
+    g->op_done(g, rcv, status, why[0] ? why : NULL);
 }
 
 /* The first op of list that pairs with op (a send: a receive that takes it; a receive:

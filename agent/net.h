@@ -43,6 +43,7 @@ struct net_task {
     int local_slot;    /* send/recv: the local participant */
     uint8_t p2p_phase; /* a send between pods: its frame (P2P_EAGER, P2P_RTS, P2P_DATA) */
     uint8_t p2p_noack; /* ... that completes once written (WIRE_SQE_F_NOACK: no ack comes) */
+    uint16_t p2p_sig;  /* send/recv: wire_sqe_sig, in a send's frames, compared on arrival */
     uint32_t p2p_no;   /* ... and its number among the frames to that pod (p2p.c) */
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
     uint64_t premul[NET_MAX_LOCAL]; /* redop WIRE_REDOP_PREMUL: per local slot, its scalar */

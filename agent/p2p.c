@@ -142,7 +142,7 @@ void p2p_purge(struct net *n, struct ngroup *g)
 
 static int p2p_agree(const struct net_task *t, const struct data_op_hdr *h)
 {
-    return h->count == t->count && h->dtype == t->dtype;
+    return h->count == t->count && h->dtype == t->dtype && (uint32_t)h->root == t->p2p_sig;
 }
 
 static void p2p_write(struct net *n, struct ngroup *g, int peer);
@@ -244,7 +244,10 @@ static void p2p_finish(struct net *n, struct ngroup *g, struct net_task *t,
 {
     char w[160] = "";
     int ok = p2p_agree(t, h);
-    if (!ok)
+    if (!ok && (uint32_t)h->root != t->p2p_sig)
+        wire_sig_why(w, sizeof(w), (int)h->src_rank, (unsigned)h->root, (int)h->dst_rank,
+                     t->p2p_sig);
+    else if (!ok)
         snprintf(w, sizeof(w), "rank %u sent %llu of %s; the receive on rank %u is for %llu of %s",
                  h->src_rank, (unsigned long long)h->count, coll_dtype_name((coll_dtype)h->dtype),
                  h->dst_rank, (unsigned long long)t->count, coll_dtype_name((coll_dtype)t->dtype));
@@ -426,6 +429,7 @@ static void p2p_write(struct net *n, struct ngroup *g, int peer)
                                           .dtype = t->dtype,
                                           .redop = t->p2p_phase,
                                           .flags = t->p2p_noack ? P2P_F_NOACK : 0u,
+                                          .root = (int32_t)t->p2p_sig,
                                           .src_rank = (uint32_t)my_rank(g, t),
                                           .dst_rank = (uint32_t)t->root,
                                           .seq = wire_seq(t),

@@ -353,6 +353,12 @@ int data_send_hdr_check(const struct data_op_hdr *h, uint32_t nlocal, uint32_t p
                  h->flags);
         return -1;
     }
+    if (h->kind == WIRE_OP_SEND && h->root != 0 &&
+        (((uint32_t)h->root & ~0xffu) != WIRE_SIG_ON ||
+         !wire_sig_ok((uint32_t)h->root & 0xffu))) { /* 0: plain, else WIRE_SIG_ON | sig */
+        snprintf(why, whylen, "send frame with signature 0x%x", (unsigned)h->root);
+        return -1;
+    }
     if (h->count > (1ull << 40) / es) {
         snprintf(why, whylen, "send of %llu elements", (unsigned long long)h->count);
         return -1;

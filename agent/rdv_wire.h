@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 11        /* 11: a send may go without an ack (P2P_F_NOACK) */
+#define RDV_VERSION 12        /* 12: a send's frames carry its collective's signature in root */
 #define RDV_NAME_MAX 64
 #define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64
@@ -242,7 +242,9 @@ struct data_op_hdr {
  * header (EAGER), or, when large, the header alone asks to send (RTS) and the payload
  * follows the receiver's clear to send (CTS) in a frame of its own (DATA), so that a
  * payload never waits in the stream for a receive not yet posted. A RECV frame is the
- * receiver's last word (ACK: root is the receive's status) or its CTS. */
+ * receiver's last word (ACK: root is the receive's status) or its CTS. A send's frames
+ * carry in root the signature of the collective it is part of (wire_sqe_sig: 0, or
+ * WIRE_SIG_ON | a WIRE_SIG), which the receive's must equal. */
 enum { P2P_EAGER = 0, P2P_RTS = 1, P2P_DATA = 2 };
 enum { P2P_ACK = 0, P2P_CTS = 1 };
 /* A send's frames (EAGER, RTS, DATA) may say: no ACK for me (its payload taken, the

@@ -97,7 +97,7 @@ static int hello_reply(struct session *s, uint64_t req_id, int memfd)
     m.hello_ok.ring_entries = WIRE_RING_ENTRIES;
     m.hello_ok.flags = (s->env->gpu ? WIRE_HELLO_F_GPU : 0u) |
                        (s->env->cfg->agent.direct_ops ? WIRE_HELLO_F_LEASE : 0u) |
-                       WIRE_HELLO_F_NOACK;
+                       WIRE_HELLO_F_NOACK | WIRE_HELLO_F_SIG;
     snprintf(m.hello_ok.agent_version, sizeof(m.hello_ok.agent_version), "%s", coll_version());
     int fds[3] = {memfd, s->efd_agent, s->efd_client};
     int rc = session_reply(s, &m, fds, 3);

@@ -100,7 +100,7 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
     struct session_handle *h = &s->handles[q->group];
     struct group *g = h->g;
     unsigned k = q->kind;
-    if (q->redop >= WIRE_REDOP_PREMUL) { /* a reduction (wire_sqe_check) */
+    if (wire_kind_reduces(k) && q->redop >= WIRE_REDOP_PREMUL) { /* (wire_sqe_check) */
         const struct session_premul *p =
             h->premul ? &h->premul[q->redop - WIRE_REDOP_PREMUL] : NULL;
         if (!p || !p->set || p->dtype != q->dtype)
@@ -197,7 +197,8 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
         return 0;
     }
     op.rank = g->node_index * g->nslots + h->slot;
-    if (q->redop >= WIRE_REDOP_PREMUL) { /* one value for every rank: they match on it */
+    if (wire_kind_reduces(q->kind) && q->redop >= WIRE_REDOP_PREMUL) { /* one value for
+                                                                        * every rank */
         op.premul = h->premul[q->redop - WIRE_REDOP_PREMUL].scalar;
         op.sqe.redop = WIRE_REDOP_PREMUL;
     }

@@ -1032,6 +1032,70 @@ static void an_agent_op_does_not_hold_second_steps(void **state)
     assert_false(bad);
 }
 
+/* Ranks that run different ops on a child across pods fail with MISMATCH, all of them,
+ * naming both ops, instead of mixing their bytes: each send carries its op's signature
+ * (kind and reduction) and the receive compares it, between pods (p2p.c) and within one
+ * (the engine's pairing). A child of the whole four-pod world: rank 5 takes max where
+ * the others sum (an allreduce moves the same bytes either way), rank 2 gathers where
+ * the others reduce, then rank 5 takes max again in a two-step allreduce; after each,
+ * an op they agree on runs and its result is exact. */
+static int sigs_main(void *arg)
+{
+    const struct job *j = arg;
+    coll_conn *c;
+    coll_group *g, *all;
+    float *x;
+    int rc = open_rank(j, &c, &g, &x);
+    if (rc) return rc;
+    coll_group_info gi;
+    coll_group_info_get(g, &gi);
+    int r = gi.rank;
+    if (coll_group_split(g, 0, r, &all) != COLL_OK) return 180;
+    coll_buffer *b;
+    if (coll_mem_alloc(&b, c, BIG * sizeof(float), COLL_DEVICE_HOST) != COLL_OK) return 181;
+    float *big = coll_mem_ptr(b);
+    for (int round = 0; round < 3; round++) {
+        coll_request q;
+        coll_err e;
+        const char *says;
+        if (round == 0) { /* 16 floats: an exchange */
+            for (int k = 0; k < 16; k++)
+                x[k] = (float)r;
+            e = coll_allreduce(all, x, x, 16, COLL_FLOAT32, r == 5 ? COLL_MAX : COLL_SUM, NULL, &q);
+            says = "allreduce (max)";
+        } else if (round == 1) {
+            e = r == 2 ? coll_allgather(all, x, x + 32, 2, COLL_FLOAT32, NULL, &q)
+                       : coll_allreduce(all, x, x, 2, COLL_FLOAT32, COLL_SUM, NULL, &q);
+            says = "allgather";
+        } else { /* 1 MiB over 8 ranks: in two steps */
+            for (size_t i = 0; i < BIG; i++)
+                big[i] = (float)r;
+            e = coll_allreduce(all, big, big, BIG, COLL_FLOAT32, r == 5 ? COLL_MAX : COLL_SUM, NULL,
+                               &q);
+            says = "allreduce (max)";
+        }
+        if (e == COLL_OK) e = coll_wait(c, q, 20000);
+        if (e != COLL_ERR_MISMATCH || !strstr(coll_last_error(), says)) {
+            fprintf(stderr, "rank %d, round %d: %s (%s)\n", r, round, coll_strerror(e),
+                    coll_last_error());
+            return 182;
+        }
+        if ((rc = sum_check(c, all, x, r, 36.0f))) return rc; /* 1 + 2 + ... + 8 */
+    }
+    coll_request q; /* every rank stays until all are done (one that leaves ends the epoch) */
+    if (coll_barrier(g, NULL, &q) != COLL_OK || coll_wait(c, q, 60000) != COLL_OK) return 183;
+    coll_group_close(&all);
+    coll_mem_release(&b);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void different_ops_on_a_child_fail_every_rank(void **state)
+{
+    (void)state;
+    assert_false(run_world(sigs_main, 120000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1050,6 +1114,7 @@ int main(void)
         cmocka_unit_test(halves_run_the_op_matrix_in_two_steps),
         cmocka_unit_test(a_direct_wait_sends_second_steps),
         cmocka_unit_test(an_agent_op_does_not_hold_second_steps),
+        cmocka_unit_test(different_ops_on_a_child_fail_every_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3227,6 +3227,49 @@ static void sends_without_acks_and_unknown_flags(void **state)
     fake0_close(&f);
 }
 
+/* A send frame carries the signature of the collective it is part of (decision 30): a
+ * receive whose own differs (here a plain one) fails with MISMATCH naming both, and the
+ * sender is told so; a signature that names no op ends the epoch (PROTOCOL), named, and
+ * the member forms again. */
+static void signed_sends_meet_their_receives(void **state)
+{
+    (void)state;
+    struct fake0 f;
+    struct agent a;
+    fake0_with_member(&f, &a, NULL);
+    coll_conn *c;
+    coll_group *g;
+    coll_group_info info;
+    void *mem = NULL;
+    assert_int_equal(rank_open(a.sock, 4096, &c, &g, &info, &mem), 0);
+    float *x = mem;
+    coll_request r0;
+    assert_int_equal(coll_recv_tag(g, x, 4, COLL_FLOAT32, 0, 7, NULL, &r0), COLL_OK);
+    int fd = f.fds[DATA_CH_P2P];
+    const float one[4] = {1, 2, 3, 4};
+    struct data_op_hdr h = p2p_frame(WIRE_OP_SEND, P2P_EAGER, 7 | (uint64_t)1 << 32, 4);
+    h.root = (int32_t)(WIRE_SIG_ON | WIRE_SIG(WIRE_OP_ALLREDUCE, COLL_MAX));
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    assert_int_equal(write(fd, one, sizeof(one)), (ssize_t)sizeof(one));
+    assert_int_equal(coll_wait(c, r0, 5000), COLL_ERR_MISMATCH);
+    assert_non_null(strstr(coll_last_error(), "part of allreduce (max)"));
+    assert_non_null(strstr(coll_last_error(), "of no collective"));
+    struct data_op_hdr ack;
+    assert_int_equal(fake0_read(&f, fd, &ack, sizeof(ack), 5000), 0);
+    assert_int_equal(ack.kind, WIRE_OP_RECV);
+    assert_int_equal(ack.root, COLL_ERR_MISMATCH);
+    /* a signature that names no op (a send is no collective): the epoch ends, named */
+    h = p2p_frame(WIRE_OP_SEND, P2P_EAGER, 7 | (uint64_t)2 << 32, 4);
+    h.root = (int32_t)(WIRE_SIG_ON | WIRE_SIG(WIRE_OP_SEND, 0));
+    assert_int_equal(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+    assert_true(agent_log_wait(&a, "send frame with signature 0x160", 1, 5000));
+    assert_int_equal(fake0_commit(&f), 0);
+    assert_int_equal(fake0_accept(&f, &a, 1), 1);
+    coll_disconnect(&c);
+    assert_int_equal(agent_stop(&a), 0);
+    fake0_close(&f);
+}
+
 static int connect_idle(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -4064,6 +4107,7 @@ int main(void)
         cmocka_unit_test(a_late_pod_finishes_its_direct_op_when_others_leave),
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
+        cmocka_unit_test(signed_sends_meet_their_receives),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(receives_from_any_rank_across_pods),

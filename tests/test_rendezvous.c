@@ -832,6 +832,27 @@ static void send_frames_say_their_phase_and_payload(void **state)
         else
             assert_non_null(strstr(why, "phase"));
     }
+    /* root: a send's frames carry 0 or WIRE_SIG_ON | a signature that names an op */
+    h.kind = WIRE_OP_SEND;
+    h.redop = P2P_EAGER;
+    const struct {
+        uint32_t root;
+        int ok;
+    } sigs[] = {{0, 1},
+                {WIRE_SIG_ON | WIRE_SIG(WIRE_OP_ALLREDUCE, COLL_SUM), 1},
+                {WIRE_SIG_ON | WIRE_SIG(WIRE_OP_BARRIER, 0), 1},
+                {WIRE_SIG(WIRE_OP_ALLREDUCE, COLL_MAX), 0},
+                {WIRE_SIG_ON | WIRE_SIG(WIRE_OP_SEND, 0), 0},
+                {WIRE_SIG_ON | WIRE_SIG(WIRE_OP_ALLGATHER, COLL_MAX), 0},
+                {0x200u | WIRE_SIG(WIRE_OP_ALLREDUCE, COLL_SUM), 0},
+                {0xffffffffu, 0}};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+        h.root = (int32_t)sigs[i].root;
+        assert_int_equal(data_send_hdr_check(&h, 2, 1, 0, &bytes, why, sizeof(why)) == 0,
+                         sigs[i].ok);
+        if (!sigs[i].ok) assert_non_null(strstr(why, "signature"));
+    }
+    h.root = 0;
     /* flags: a send's frames may say no ack (P2P_F_NOACK); nothing else, and no ack or
      * CTS carries any */
     h.redop = P2P_EAGER;

@@ -484,8 +484,8 @@ static void gpu_flag_on_host_agent_is_dropped(void **state)
 
 /* A ring entry of kind, peer and flags on a session of its own is a violation: the client
  * is dropped saying why, and nothing completes. */
-static void expect_entry_dropped(struct fixture *f, uint8_t kind, int32_t peer, uint8_t flags,
-                                 const char *why)
+static void expect_entry_dropped_redop(struct fixture *f, uint8_t kind, int32_t peer, uint8_t flags,
+                                       uint8_t redop, const char *why)
 {
     struct raw r;
     raw_hello(&r, f->a.sock);
@@ -497,6 +497,7 @@ static void expect_entry_dropped(struct fixture *f, uint8_t kind, int32_t peer, 
                          .epoch = epoch,
                          .peer = peer,
                          .flags = flags,
+                         .redop = redop,
                          .tag = 1};
     raw_submit(&r, &q, 1);
     expect_dropped(r.fd, COLL_ERR_PROTOCOL, why);
@@ -504,15 +505,31 @@ static void expect_entry_dropped(struct fixture *f, uint8_t kind, int32_t peer, 
     close(r.efd);
 }
 
+static void expect_entry_dropped(struct fixture *f, uint8_t kind, int32_t peer, uint8_t flags,
+                                 const char *why)
+{
+    expect_entry_dropped_redop(f, kind, peer, flags, 0, why);
+}
+
 /* A flag on the wrong op is a violation: MORE (one NCCL group goes on) belongs to a GPU
- * send or receive alone, NOACK (no word back) to a host send alone. The client is
- * dropped, nothing completes, and the agent serves everyone else on. */
+ * send or receive alone, NOACK (no word back) to a host send alone, SIG to a host send or
+ * receive whose signature names a collective. The client is dropped, nothing completes,
+ * and the agent serves everyone else on. */
 static void flags_on_the_wrong_op_are_dropped(void **state)
 {
     struct fixture *f = *state;
     expect_entry_dropped(f, WIRE_OP_SEND, 1, WIRE_SQE_F_MORE, "flag MORE on a host send");
     assert_serving(f);
     expect_entry_dropped(f, WIRE_OP_RECV, 1, WIRE_SQE_F_NOACK, "flag NOACK on a recv");
+    assert_serving(f);
+    /* SIG (the collective a send or receive is part of): on a host send or receive,
+     * naming a collective */
+    expect_entry_dropped(f, WIRE_OP_ALLREDUCE, 1, WIRE_SQE_F_SIG, "flag SIG on a allreduce");
+    assert_serving(f);
+    expect_entry_dropped_redop(f, WIRE_OP_SEND, 1, WIRE_SQE_F_SIG, WIRE_SIG(WIRE_OP_RECV, 0),
+                               "names no op");
+    assert_serving(f);
+    expect_entry_dropped_redop(f, WIRE_OP_RECV, 1, WIRE_SQE_F_SIG, 0xff, "names no op");
     assert_serving(f);
 }
 

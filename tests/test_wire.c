@@ -285,10 +285,42 @@ static void sqe_fields_are_range_checked(void **state)
     s.flags = WIRE_SQE_F_NOACK | WIRE_SQE_F_GPU;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "flag NOACK on a GPU send"));
-    s.kind = WIRE_OP_ALLREDUCE;
-    s.flags = 8;
+    /* SIG: a host send or receive alone, whose redop names a collective (a kind that
+     * is no send nor receive, a reduction where that kind reduces, none where not) */
+    s.flags = WIRE_SQE_F_SIG;
+    s.redop = WIRE_SIG(WIRE_OP_ALLREDUCE, COLL_MAX);
+    for (unsigned k = 0; k < WIRE_OP_KIND_COUNT; k++) {
+        s.kind = (uint8_t)k;
+        int ok = k == WIRE_OP_SEND || k == WIRE_OP_RECV;
+        assert_int_equal(wire_sqe_check(&s, err, sizeof(err)) == 0, ok);
+        if (!ok) assert_non_null(strstr(err, "flag SIG on a"));
+    }
+    s.kind = WIRE_OP_RECV;
+    s.flags = WIRE_SQE_F_SIG | WIRE_SQE_F_GPU;
     assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
-    assert_non_null(strstr(err, "unknown flags 0x8"));
+    assert_non_null(strstr(err, "flag SIG on a GPU recv"));
+    s.flags = WIRE_SQE_F_SIG;
+    const uint8_t bad_sigs[] = {WIRE_SIG(WIRE_OP_SEND, 0),
+                                WIRE_SIG(WIRE_OP_RECV, 0),
+                                WIRE_SIG(WIRE_OP_ALLGATHER, COLL_MAX),
+                                WIRE_SIG(WIRE_OP_REDUCE, COLL_REDOP_COUNT),
+                                WIRE_SIG(WIRE_OP_KIND_COUNT, 0),
+                                0xff};
+    for (size_t i = 0; i < sizeof(bad_sigs); i++) {
+        s.redop = bad_sigs[i];
+        assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+        assert_non_null(strstr(err, "names no op"));
+    }
+    s.redop = WIRE_SIG(WIRE_OP_BARRIER, 0);
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), 0);
+    char name[48];
+    assert_string_equal(wire_sig_name(WIRE_SIG(WIRE_OP_REDUCE, COLL_MIN), name, sizeof(name)),
+                        "reduce (min)");
+    s.redop = 0;
+    s.kind = WIRE_OP_ALLREDUCE;
+    s.flags = 16;
+    assert_int_equal(wire_sqe_check(&s, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unknown flags 0x10"));
     s.flags = 0;
     s.dtype = 0;
     s.redop = 0;

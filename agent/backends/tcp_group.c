@@ -120,6 +120,7 @@ static struct net_task *to_net(struct group *g, const struct op *ops, int nops,
     t->seq = seq;
     t->kind = s->kind;
     t->p2p_noack = s->kind == WIRE_OP_SEND && (s->flags & WIRE_SQE_F_NOACK);
+    t->p2p_sig = (uint16_t)wire_sqe_sig(s);
     t->dtype = s->dtype;
     t->redop = s->redop;
     t->root = s->peer;

@@ -71,6 +71,7 @@ struct lc_cop *lc_cop_new(coll_group *g, int need, int *idx, coll_err *rc)
     op->gen = gen;
     op->used = 1;
     op->g = g;
+    op->sig = -1;
     pthread_mutex_unlock(&c->lock);
     *idx = k;
     return op;
@@ -136,7 +137,7 @@ static coll_err finish(coll_conn *c, struct lc_cop *op)
     if (st == COLL_ERR_MISMATCH && told)
         return lc_fail(st,
                        "allreduce in two steps: another rank's first step disagreed "
-                       "(counts or dtypes differ across ranks): %s",
+                       "(counts, dtypes or ops differ across ranks): %s",
                        why);
     return st == COLL_OK ? COLL_OK : lc_fail(st, "%s", why);
 }

@@ -390,6 +390,7 @@ coll_err coll_connect(coll_conn **out, const char *socket_path, int timeout_ms)
                      (c->direct_all || lc_env_int("COLL_DIRECT", 1));
     c->agent_any = reply.hello_ok.shm_size >= sizeof(struct wire_shm);
     c->agent_noack = (reply.hello_ok.flags & WIRE_HELLO_F_NOACK) != 0;
+    c->agent_sig = (reply.hello_ok.flags & WIRE_HELLO_F_SIG) != 0;
     struct stat st;
     if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < reply.hello_ok.shm_size ||
         reply.hello_ok.shm_size < WIRE_SHM_MIN ||

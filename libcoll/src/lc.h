@@ -140,6 +140,7 @@ struct coll_conn {
     int agent_gpu;             /* the agent imports GPU buffers */
     int agent_lease;           /* the agent lends host groups' connections (direct.c) */
     int agent_noack;           /* the agent takes WIRE_SQE_F_NOACK sends (span.c) */
+    int agent_sig;             /* ... and WIRE_SQE_F_SIG sends and receives */
     int agent_any;             /* the agent says who sent (wire_shm.src): receives from any rank */
     int direct_all;            /* COLL_DIRECT=all: every collective may run here (direct.c) */
     int64_t direct_wait_ns;    /* COLL_DIRECT_WAIT_MS: how long a refused lease is asked again */
@@ -272,9 +273,11 @@ coll_err lc_op_check(const coll_group *g, const struct op_args *a);
 /* Submit a checked op on g (a group with an agent handle). */
 coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req);
 /* A send or receive on g (a group with an agent handle) with any tag up to WIRE_TAG_MAX,
- * coll's own ones included. */
+ * coll's own ones included; sig: the signature (WIRE_SIG) of the collective it is part of,
+ * which the receiver's must equal where the agent checks them, or -1. */
 coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
-                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, coll_request *req);
+                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, int sig,
+                coll_request *req);
 
 /* compose.c: composite requests, ops made of tagged sends and receives posted at once,
  * then a local step (a reduction in rank order); their ids have bit 31 of the low word
@@ -349,6 +352,7 @@ struct lc_cop {
     void *stream;
     int more_left;
     unsigned send_flags; /* on every send posted: WIRE_SQE_F_NOACK where the op allows it */
+    int sig; /* on every send and receive posted: the op's WIRE_SIG, or -1 (lc_cop_new's) */
     struct lc_rsag rsag;
 };
 

@@ -107,12 +107,12 @@ static coll_err make(coll_group *parent, coll_group *root, int *rr, const int *r
     uint32_t tag = lc_span_tag(LC_SPAN_IDS, LC_SPAN_SUB_OPS);
     for (int j = 0; j < n && rc == COLL_OK; j++) {
         if (j == me) continue;
-        rc = lc_p2p(root, WIRE_OP_RECV, NULL, &w[2 * j], 2, COLL_UINT64, rr[j], tag, NULL, 0,
+        rc = lc_p2p(root, WIRE_OP_RECV, NULL, &w[2 * j], 2, COLL_UINT64, rr[j], tag, NULL, 0, -1,
                     &sub[k]);
         if (rc == COLL_OK) k++;
         if (rc == COLL_OK)
             rc = lc_p2p(root, WIRE_OP_SEND, &w[2 * me], NULL, 2, COLL_UINT64, rr[j], tag, NULL, 0,
-                        &sub[k]);
+                        -1, &sub[k]);
         if (rc == COLL_OK) k++;
     }
     if (rc != COLL_OK) snprintf(why, sizeof(why), "%s", coll_last_error());
@@ -311,6 +311,7 @@ static coll_err rsag_submit(coll_group *g, coll_group *root, int dtype, int redo
                                 .acc = recv,
                                 .tmp = coll_mem_ptr(op->sc->b)};
     if (c->agent_noack) op->send_flags = WIRE_SQE_F_NOACK; /* each receives what it sends */
+    op->sig = WIRE_SIG(WIRE_OP_ALLREDUCE, op->rsag.redop);
     pthread_mutex_lock(&sp->posting);
     op->rsag.tag = lc_span_tag(sp->id, LC_SPAN_STAGED + sp->staged++ % LC_SPAN_STAGED);
     pthread_mutex_unlock(&sp->posting);
@@ -339,7 +340,7 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
             return lc_fail(COLL_ERR_INVALID, "tag %d: a child across pods takes tags 0..%u", tag,
                            LC_SPAN_SUB_OPS - 1);
         return lc_p2p(root, kind, send, recv, count, dtype, sp->ranks[peer],
-                      lc_span_tag(sp->id, (uint32_t)tag), NULL, 0, req);
+                      lc_span_tag(sp->id, (uint32_t)tag), NULL, 0, -1, req);
     }
     if (count > SIZE_MAX / es / (size_t)n)
         return lc_fail(COLL_ERR_INVALID, "count %llu overflows", (unsigned long long)count);
@@ -409,6 +410,9 @@ coll_err lc_span_submit(coll_group *g, unsigned kind, int dtype, int redop, int 
         }
     }
     char *S = op->sc ? coll_mem_ptr(op->sc->b) : NULL;
+    /* every part says which op it is of: ranks that run different ops (an allreduce and an
+     * allgather move the same blocks) or reduce differently fail, not mix their bytes */
+    op->sig = WIRE_SIG(kind, wire_kind_reduces(kind) ? (premul ? COLL_SUM : redop) : 0);
     pthread_mutex_lock(&sp->posting);
     const char *sb = send;
     char *rb = recv;

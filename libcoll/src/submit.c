@@ -259,8 +259,12 @@ static coll_err submit(coll_group *g, const struct op_args *a, coll_request *req
             }
         }
         s.flags |= WIRE_SQE_F_GPU | (a->flags & WIRE_SQE_F_MORE);
-    } else if (a->kind == WIRE_OP_SEND) {
-        s.flags |= a->flags & WIRE_SQE_F_NOACK; /* span.c's, where the agent takes it */
+    } else {
+        /* span.c's: no word back (sends), the op's signature (sends and receives), where
+         * the agent takes them */
+        s.flags |= a->flags & (a->kind == WIRE_OP_SEND   ? WIRE_SQE_F_NOACK | WIRE_SQE_F_SIG
+                               : a->kind == WIRE_OP_RECV ? WIRE_SQE_F_SIG
+                                                         : 0u);
     }
     take_slot(c, r, g->handle, gpu, sb, rb);
     r->src_out = a->source;
@@ -298,7 +302,8 @@ coll_err lc_submit(coll_group *g, const struct op_args *a, coll_request *req)
 }
 
 coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint64_t count,
-                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, coll_request *req)
+                int dtype, int peer, uint32_t tag, void *stream, unsigned flags, int sig,
+                coll_request *req)
 {
     struct op_args a = {
         (uint8_t)kind,       dtype, 0, peer, count, send, recv, kind == WIRE_OP_SEND,
@@ -308,7 +313,12 @@ coll_err lc_p2p(coll_group *g, unsigned kind, const void *send, void *recv, uint
     a.flags = flags;
     req->id = 0;
     coll_err rc = lc_op_check(g, &a);
-    return rc != COLL_OK ? rc : lc_submit(g, &a, req);
+    if (rc != COLL_OK) return rc;
+    if (sig >= 0 && g->conn->agent_sig) { /* checked as a plain send or receive, then signed */
+        a.flags |= WIRE_SQE_F_SIG;
+        a.redop = sig;
+    }
+    return lc_submit(g, &a, req);
 }
 
 /* One send or receive of composite op op (compose.c, rsag.c), its request kept in op; a
@@ -321,7 +331,7 @@ void lc_cop_post(struct lc_cop *op, coll_group *root, unsigned kind, const void 
     if (op->more_left > 0) op->more_left--;
     if (kind == WIRE_OP_SEND) flags |= op->send_flags;
     coll_err rc = lc_p2p(root, kind, send, recv, count, dtype, peer, tag, op->stream, flags,
-                         &op->sub[op->nsub]);
+                         op->sig, &op->sub[op->nsub]);
     if (rc == COLL_OK) {
         op->nsub++;
     } else {

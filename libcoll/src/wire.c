@@ -234,12 +234,22 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
         snprintf(err, errlen, "dtype %u out of range", s->dtype);
         return -1;
     }
-    if (s->redop >= COLL_REDOP_COUNT &&
+    int p2p = s->kind == WIRE_OP_SEND || s->kind == WIRE_OP_RECV;
+    if ((s->flags & WIRE_SQE_F_SIG) && (!p2p || (s->flags & WIRE_SQE_F_GPU))) {
+        snprintf(err, errlen, "flag SIG on a %s%s", s->flags & WIRE_SQE_F_GPU ? "GPU " : "",
+                 wire_kind_name(s->kind));
+        return -1;
+    }
+    if ((s->flags & WIRE_SQE_F_SIG) && !wire_sig_ok(s->redop)) {
+        snprintf(err, errlen, "signature 0x%02x names no op", s->redop);
+        return -1;
+    }
+    if (!(s->flags & WIRE_SQE_F_SIG) && s->redop >= COLL_REDOP_COUNT &&
         !(s->redop >= WIRE_REDOP_PREMUL && wire_kind_reduces(s->kind))) {
         snprintf(err, errlen, "reduction %u out of range", s->redop);
         return -1;
     }
-    if (!wire_redop_fits(s->kind, s->dtype, s->redop)) {
+    if (!(s->flags & WIRE_SQE_F_SIG) && !wire_redop_fits(s->kind, s->dtype, s->redop)) {
         snprintf(err, errlen, "reduction %s of %s", coll_redop_name((coll_redop)s->redop),
                  coll_dtype_name((coll_dtype)s->dtype));
         return -1;
@@ -248,7 +258,6 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
         snprintf(err, errlen, "unknown flags 0x%x", s->flags);
         return -1;
     }
-    int p2p = s->kind == WIRE_OP_SEND || s->kind == WIRE_OP_RECV;
     if ((s->flags & WIRE_SQE_F_MORE) && (!p2p || !(s->flags & WIRE_SQE_F_GPU))) {
         snprintf(err, errlen, "flag MORE on a %s%s", s->flags & WIRE_SQE_F_GPU ? "" : "host ",
                  wire_kind_name(s->kind));
@@ -268,6 +277,35 @@ int wire_sqe_check(const struct wire_sqe *s, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+int wire_sig_ok(unsigned sig)
+{
+    unsigned kind = sig >> 4, redop = sig & 15u;
+    return sig <= 0xffu && kind < WIRE_OP_KIND_COUNT && kind != WIRE_OP_SEND &&
+           kind != WIRE_OP_RECV && (wire_kind_reduces(kind) ? redop < COLL_REDOP_COUNT : !redop);
+}
+
+const char *wire_sig_name(unsigned sig, char *buf, size_t cap)
+{
+    unsigned kind = sig >> 4;
+    if (!wire_sig_ok(sig))
+        snprintf(buf, cap, "signature 0x%02x", sig);
+    else if (wire_kind_reduces(kind))
+        snprintf(buf, cap, "%s (%s)", wire_kind_name(kind),
+                 coll_redop_name((coll_redop)(sig & 15u)));
+    else
+        snprintf(buf, cap, "%s", wire_kind_name(kind));
+    return buf;
+}
+
+void wire_sig_why(char *buf, size_t cap, int src, unsigned ss, int dst, unsigned rs)
+{
+    char a[48] = "no collective (a plain send)", b[48] = "no collective (a plain receive)";
+    if (ss) wire_sig_name(ss & 0xffu, a, sizeof(a));
+    if (rs) wire_sig_name(rs & 0xffu, b, sizeof(b));
+    snprintf(buf, cap, "rank %d's send is part of %s, the receive on rank %d of %s", src, a, dst,
+             b);
 }
 
 int wire_ranges_ok(unsigned kind, uint64_t send_off, uint64_t send_bytes, uint64_t recv_off,

@@ -73,6 +73,7 @@ struct wire_hello {
 #define WIRE_HELLO_F_GPU 1u   /* the agent can import GPU buffers */
 #define WIRE_HELLO_F_LEASE 2u /* the agent lends a host group's connections (WIRE_LEASE) */
 #define WIRE_HELLO_F_NOACK 4u /* the agent takes sends flagged WIRE_SQE_F_NOACK */
+#define WIRE_HELLO_F_SIG 8u   /* ... and sends and receives flagged WIRE_SQE_F_SIG */
 
 struct wire_hello_ok {
     struct wire_hdr h;
@@ -312,6 +313,13 @@ enum wire_kind {
 };
 
 const char *wire_kind_name(unsigned kind);
+/* A collective's signature, which each of its sends and receives on a child across pods
+ * carries (WIRE_SQE_F_SIG): kind in the high four bits, reduction in the low four (0
+ * where the op reduces nothing). wire_sig_ok: whether sig names a kind and a reduction;
+ * wire_sig_name: "allreduce (max)", "allgather" into buf. */
+#define WIRE_SIG(kind, redop) ((uint8_t)((kind) << 4 | (redop)))
+int wire_sig_ok(unsigned sig);
+const char *wire_sig_name(unsigned sig, char *buf, size_t cap);
 /* Whether ops of kind take a reduction (allreduce, reduce, reduce_scatter) / a root
  * (broadcast, reduce): what participants must agree on beyond kind, dtype and count. */
 static inline int wire_kind_reduces(unsigned kind)
@@ -339,7 +347,13 @@ static inline int wire_kind_rooted(unsigned kind)
           bytes are written (libcoll's collectives on a child across pods in which every rank      \
           also receives from each rank it sends to, so a disagreement fails every rank             \
           through its receives); only where the agent says WIRE_HELLO_F_NOACK */
-#define WIRE_SQE_F_ALL (WIRE_SQE_F_GPU | WIRE_SQE_F_MORE | WIRE_SQE_F_NOACK)
+#define WIRE_SQE_F_SIG                                                                             \
+    8u /* a host send or receive that is one part of libcoll's collective on a child across        \
+          pods: redop holds that collective's signature (WIRE_SIG: its kind and reduction),        \
+          carried to the receiver, and a pair whose signatures differ fails with MISMATCH          \
+          (ranks that ran different ops, or one reduction each, never mix their bytes); only       \
+          where the agent says WIRE_HELLO_F_SIG */
+#define WIRE_SQE_F_ALL (WIRE_SQE_F_GPU | WIRE_SQE_F_MORE | WIRE_SQE_F_NOACK | WIRE_SQE_F_SIG)
 
 /* One submitted op; 64 bytes, one cache line. seq is written last (release) and says
  * the entry is complete: the n-th entry (from 0) carries seq n + 1. */
@@ -355,6 +369,17 @@ struct wire_sqe {
     uint32_t p2p_tag; /* send, recv: the tag they pair by (0..WIRE_TAG_MAX); else 0 */
     _Atomic uint32_t seq;
 };
+
+/* A send's or receive's signature as it travels and is compared: 0 for none (a plain
+ * send or receive), else WIRE_SIG_ON | its WIRE_SIG (WIRE_SQE_F_SIG). */
+#define WIRE_SIG_ON 0x100u
+static inline unsigned wire_sqe_sig(const struct wire_sqe *s)
+{
+    return (s->flags & WIRE_SQE_F_SIG) ? WIRE_SIG_ON | s->redop : 0u;
+}
+/* Why a send of rank src with signature ss (as wire_sqe_sig) and a receive of rank dst
+ * with rs, which differ, do not pair: into buf. */
+void wire_sig_why(char *buf, size_t cap, int src, unsigned ss, int dst, unsigned rs);
 
 /* One completion; seq as in wire_sqe. */
 struct wire_cqe {
