@@ -203,6 +203,7 @@ int net_inline(struct net *n, struct net_task *t)
     if (g->ready && !g->abort_pending && !g->awaiting_mark && !g->q_head && !g->running &&
         !g->handoff && !g->inline_abort && !g->lent && t->lepoch >= g->floor && pairs_up(g, t)) {
         struct tcp_comm c = comm_for(g, t);
+        t->order = atomic_fetch_add_explicit(&n->order, 1, memory_order_relaxed) + 1;
         if (n->nap) {
             c.nap = n->nap;
             c.nap_ctx = n->nap_ctx;
@@ -363,70 +364,92 @@ static int run_op(struct net *n, struct tcp_comm *c, struct net_task *t, int tin
     return st;
 }
 
-/* Returns the number of ops started. */
-static int run_ready_ops(struct net *n)
+/* The formed group whose collective comes next, *handoff whether it is the tiny op the
+ * engine started (g->handoff) or else its queue's head; NULL: none. Of them all, the one
+ * the engine handed over first (order): pods whose ranks submit the ops of several groups
+ * in one order run them in that order, whatever each net thread's turns took at once (by
+ * group index, two pods once ran 8 MiB allreduces of two groups in opposite orders, each
+ * waiting for the other until op_ms). Sends and receives are posted on the way. */
+static struct ngroup *next_op(struct net *n, int *handoff)
 {
-    int ran = 0;
+    struct ngroup *best = NULL;
+    uint64_t first = UINT64_MAX;
     for (int i = 0; i < n->ngroups; i++) {
         struct ngroup *g = n->groups[i];
-        if (g) post_queued_p2p(n, g);
-        if (g && g->handoff && g->ready) { /* a tiny op the engine started */
-            struct net_task *t = g->handoff;
-            struct tcp_comm c = comm_for(g, t);
-            char why[160] = "";
-            g->running = t;
-            int st = run_op(n, &c, t, 1, why, sizeof(why));
-            tcp_tune_end(g->tune, st == COLL_OK, now_ns());
-            g->running = NULL;
-            g->handoff = NULL;
-            net_return_task(n, t, st, why);
-            g->ops_done++;
-            ran++;
-            if (g->abort_pending)
-                net_epoch_end_finish(n, g);
-            else if (st != COLL_OK)
-                net_epoch_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
-        }
-        while (g && g->ready && !g->awaiting_mark && !g->handoff && g->q_head) {
-            post_queued_p2p(n, g); /* before a collective holds the thread */
-            struct net_task *t = g->q_head;
-            if (!t || !g->ready) break; /* posting ended the epoch */
-            if (net_task_is_p2p(t)) {   /* every one is counted: defensive only */
-                g->q_head = t->next;
-                if (!g->q_head) g->q_tail = NULL;
-                post_one(n, g, t);
-                continue;
-            }
-            if (g->lent) { /* the client holds the connections: it gives them back first */
-                g->q_head = t->next;
-                if (!g->q_head) g->q_tail = NULL;
-                net_return_task(n, t, COLL_ERR_INVALID,
-                                "the group's connections are lent to its client (direct ops): "
-                                "it gives them back before any other collective");
-                continue;
-            }
-            /* its pairs first: the op waits in the queue (its deadline runs) while
-             * they connect, and other groups go on */
-            if (!peers_ready(n, g, t)) break;
-            struct tcp_comm c = comm_for(g, t);
-            char why[160] = "";
-            /* off the queue while it runs: an abort meanwhile must not hand it back
-             * to the engine while its buffers are in use */
+        if (!g) continue;
+        post_queued_p2p(n, g);
+        while (g->ready && !g->awaiting_mark && g->q_head && net_task_is_p2p(g->q_head)) {
+            struct net_task *t = g->q_head; /* every one is counted: defensive only */
             g->q_head = t->next;
             if (!g->q_head) g->q_tail = NULL;
-            g->running = t;
-            ran++;
-            c.short_spin = tcp_tune_start(g->tune, t, now_ns());
-            int st = run_op(n, &c, t, 0, why, sizeof(why));
-            tcp_tune_end(g->tune, st == COLL_OK, now_ns());
-            g->running = NULL;
-            net_return_task(n, t, st, why); /* t is the engine's from here on */
-            g->ops_done++;
-            if (g->abort_pending && (st != COLL_OK || !g->q_head))
-                net_epoch_end_finish(n, g);
-            else if (st != COLL_OK)
-                net_epoch_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
+            post_one(n, g, t);
         }
+        if (!g->ready) continue;
+        const struct net_task *t = g->handoff ? g->handoff : !g->awaiting_mark ? g->q_head : NULL;
+        if (t && t->order < first) {
+            first = t->order;
+            best = g;
+            *handoff = g->handoff != NULL;
+        }
+    }
+    return best;
+}
+
+/* Ends what op t of g left: its status back to the engine, the epoch's end it waited for
+ * (after a handoff at once, else once the queue drained or an op failed), or the one its
+ * failure starts. */
+static void op_ran(struct net *n, struct ngroup *g, struct net_task *t, int handoff, int st,
+                   const char *why)
+{
+    tcp_tune_end(g->tune, st == COLL_OK, now_ns());
+    g->running = NULL;
+    if (handoff) g->handoff = NULL;
+    net_return_task(n, t, st, why); /* t is the engine's from here on */
+    g->ops_done++;
+    if (g->abort_pending && (handoff || st != COLL_OK || !g->q_head))
+        net_epoch_end_finish(n, g);
+    else if (st != COLL_OK)
+        net_epoch_op_failed(n, g, st, why[0] ? why : coll_strerror((coll_err)st));
+}
+
+/* The formed groups' collectives, in the order the engine handed them over (next_op), each
+ * to its end. Returns the number of ops started. */
+static int run_ready_ops(struct net *n)
+{
+    int ran = 0, handoff = 0;
+    struct ngroup *g;
+    while ((g = next_op(n, &handoff)) != NULL) {
+        char why[160] = "";
+        if (handoff) { /* a tiny op the engine started */
+            struct net_task *t = g->handoff;
+            struct tcp_comm c = comm_for(g, t);
+            g->running = t;
+            op_ran(n, g, t, 1, run_op(n, &c, t, 1, why, sizeof(why)), why);
+            ran++;
+            continue;
+        }
+        struct net_task *t = g->q_head;
+        if (g->lent) { /* the client holds the connections: it gives them back first */
+            g->q_head = t->next;
+            if (!g->q_head) g->q_tail = NULL;
+            net_return_task(n, t, COLL_ERR_INVALID,
+                            "the group's connections are lent to its client (direct ops): "
+                            "it gives them back before any other collective");
+            continue;
+        }
+        /* its pairs first: the op waits in the queue (its deadline runs) while they
+         * connect, and the ops handed over after it wait too (they would run in another
+         * order than on the pods that have the pairs) */
+        if (!peers_ready(n, g, t)) break;
+        struct tcp_comm c = comm_for(g, t);
+        /* off the queue while it runs: an abort meanwhile must not hand it back to the
+         * engine while its buffers are in use */
+        g->q_head = t->next;
+        if (!g->q_head) g->q_tail = NULL;
+        g->running = t;
+        ran++;
+        c.short_spin = tcp_tune_start(g->tune, t, now_ns());
+        op_ran(n, g, t, 0, run_op(n, &c, t, 0, why, sizeof(why)), why);
     }
     return ran;
 }

@@ -37,6 +37,8 @@ struct net_task {
     int abort;       /* NET_TASK_MARK */
     int code;        /* NET_TASK_MARK with abort: why */
     uint64_t seq;
+    uint64_t order; /* when the engine handed it over (net_submit) or ran it (net_inline):
+                       the net thread runs the collectives of all groups in this order */
     uint8_t kind, dtype, redop;
     int root; /* global rank; send/recv: the remote peer's global rank */
     uint64_t count;

@@ -239,6 +239,7 @@ struct net {
     struct rdv_place place; /* where this pod runs, for JOIN (net_place) */
     struct ngroup **groups; /* by cfg group index; NULL for one-pod groups */
     int ngroups;
+    _Atomic uint64_t order; /* the last net_task.order given */
     /* engine -> net, guarded by in_lock */
     pthread_mutex_t in_lock;
     struct net_task *in_head, *in_tail;

@@ -66,6 +66,7 @@ void net_submit(struct net *n, struct net_task *t)
 {
     net_p2p_held(n, t, 1);
     t->next = NULL;
+    t->order = atomic_fetch_add_explicit(&n->order, 1, memory_order_relaxed) + 1;
     pthread_mutex_lock(&n->in_lock);
     if (n->in_tail)
         n->in_tail->next = t;

@@ -4073,6 +4073,84 @@ static void readyz_says_not_formed_once_this_pod_ends_the_epoch(void **state)
     stop_all(a, 2);
 }
 
+/* Ops of several groups run in the order the engine handed them over, on every pod.
+ * Three host groups a, b, c (net indexes 0, 1, 2) over two pods; both ranks submit an
+ * 8 MiB allreduce (past what runs inline) of c, then b, then a. Pod 0's net thread is
+ * held in c (rank 1 comes 100 ms late) while b and a queue, so it takes them at once;
+ * pod 1 takes b alone (a comes 3 ms later). Run by group index, pod 0 ran a while pod 1
+ * ran b, each waiting for the other until op_ms; in order, both run c, b, a. */
+struct three {
+    const char *sock;
+    int rank;
+};
+
+static int three_groups_main(void *arg)
+{
+    const struct three *o = arg;
+    coll_conn *c;
+    coll_group *g[3]; /* a, b, c */
+    const char *names[3] = {"a", "b", "c"};
+    if (coll_connect(&c, o->sock, 5000) != COLL_OK) return 100;
+    for (int k = 0; k < 3; k++)
+        if (coll_group_open(&g[k], c, names[k], COLL_SLOT_ANY) != COLL_OK ||
+            coll_group_wait(g[k], 10000) != COLL_OK)
+            return 101;
+    enum { N = 1 << 21 }; /* floats: 8 MiB */
+    coll_buffer *b;
+    if (coll_mem_alloc(&b, c, 3 * N * sizeof(float), COLL_DEVICE_HOST) != COLL_OK) return 102;
+    float *x = coll_mem_ptr(b); /* group k's op on x + k * N */
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < 3 * (size_t)N; i++)
+            x[i] = (float)(o->rank + 1 + i % 5);
+        coll_request q[3];
+        coll_err e = COLL_OK;
+        if (o->rank == 1) usleep(100000);
+        e = coll_allreduce(g[2], x + 2 * N, x + 2 * N, N, COLL_FLOAT32, COLL_SUM, NULL, &q[2]);
+        if (e == COLL_OK && o->rank == 1) e = coll_wait(c, q[2], 20000);
+        if (o->rank == 0) usleep(20000);
+        if (e == COLL_OK)
+            e = coll_allreduce(g[1], x + N, x + N, N, COLL_FLOAT32, COLL_SUM, NULL, &q[1]);
+        if (o->rank == 1) usleep(3000);
+        if (e == COLL_OK) e = coll_allreduce(g[0], x, x, N, COLL_FLOAT32, COLL_SUM, NULL, &q[0]);
+        for (int k = 2 - (o->rank == 1); e == COLL_OK && k >= 0; k--)
+            e = coll_wait(c, q[k], 20000);
+        if (e != COLL_OK) {
+            fprintf(stderr, "rank %d, round %d: %s (%s)\n", o->rank, round, coll_strerror(e),
+                    coll_last_error());
+            return 103;
+        }
+        for (size_t i = 0; i < 3 * (size_t)N; i++)
+            if (x[i] != (float)(3 + 2 * (i % 5))) return 104;
+    }
+    coll_mem_release(&b);
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void ops_of_several_groups_run_in_the_order_handed_over(void **state)
+{
+    (void)state;
+    int port = free_port();
+    struct agent a[2];
+    for (int i = 0; i < 2; i++) {
+        char body[1024];
+        snprintf(body, sizeof(body),
+                 "node:\n  index: %d\n  name: pod-%d\n"
+                 "discovery:\n  peers: [\"127.0.0.1:%d\"]\n"
+                 "groups:\n"
+                 "  - {name: a, backend: host, members: 2, timeouts: {op_ms: 20000}}\n"
+                 "  - {name: b, backend: host, members: 2, timeouts: {op_ms: 20000}}\n"
+                 "  - {name: c, backend: host, members: 2, timeouts: {op_ms: 20000}}\n",
+                 i, i, port);
+        assert_int_equal(agent_start(&a[i], NULL, body), 0);
+    }
+    agent_path(1); /* every op the agents': 8 MiB runs on the net thread anyway */
+    struct three jobs[2] = {{a[0].sock, 0}, {a[1].sock, 1}};
+    run_ranks(three_groups_main, jobs, sizeof(jobs[0]), 2, 120000);
+    agent_path(0);
+    stop_all(a, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -4108,6 +4186,7 @@ int main(void)
         cmocka_unit_test(mismatched_configs_are_rejected),
         cmocka_unit_test(garbage_frames_are_dropped),
         cmocka_unit_test(signed_sends_meet_their_receives),
+        cmocka_unit_test(ops_of_several_groups_run_in_the_order_handed_over),
         cmocka_unit_test(disagreements_between_pods_are_mismatches),
         cmocka_unit_test(early_large_send_waits_in_the_socket),
         cmocka_unit_test(receives_from_any_rank_across_pods),
