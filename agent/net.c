@@ -327,20 +327,7 @@ static void post_queued_p2p(struct net *n, struct ngroup *g)
 {
     if (!g->q_p2p || !g->ready || g->awaiting_mark) return;
     g->q_p2p = 0; /* it may count some the queue no longer holds (ended epochs): a look */
-    struct net_task *took = NULL, **end = &took, **pp = &g->q_head, *prev = NULL;
-    while (*pp) {
-        struct net_task *t = *pp;
-        if (!net_task_is_p2p(t)) {
-            prev = t;
-            pp = &t->next;
-            continue;
-        }
-        *pp = t->next;
-        if (g->q_tail == t) g->q_tail = prev;
-        t->next = NULL;
-        *end = t;
-        end = &t->next;
-    }
+    struct net_task *took = net_split_p2p(n, &g->q_head, &g->q_tail); /* (no marks here) */
     while (took) {
         struct net_task *t = took;
         took = t->next;

@@ -297,6 +297,9 @@ int net_task_is_p2p(const struct net_task *t);
  * to their groups' queues, in order, or handed back (an ended engine epoch); the rest
  * stays queued for the loop. */
 void net_take_p2p(struct net *n);
+/* The sends and receives of the list *head .. *tail (linked by next) up to its first group
+ * mark, taken out in their order and returned linked; the rest stays, in its order. */
+struct net_task *net_split_p2p(struct net *n, struct net_task **head, struct net_task **tail);
 /* Every task of the list *head (linked by next) back with status; the list is left empty
  * (*head and *tail NULL; tail may be NULL). */
 void net_return_list(struct net *n, struct net_task **head, struct net_task **tail, int status,

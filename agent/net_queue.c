@@ -25,11 +25,9 @@ void net_p2p_held(struct net *n, const struct net_task *t, int delta)
     if (net_task_is_p2p(t)) atomic_fetch_add_explicit(&n->p2p_live, delta, memory_order_relaxed);
 }
 
-void net_take_p2p(struct net *n)
+struct net_task *net_split_p2p(struct net *n, struct net_task **head, struct net_task **tail)
 {
-    struct net_task *took = NULL, **end = &took;
-    pthread_mutex_lock(&n->in_lock);
-    struct net_task **pp = &n->in_head, *prev = NULL;
+    struct net_task *took = NULL, **end = &took, **pp = head, *prev = NULL;
     while (*pp && (*pp)->type != NET_TASK_MARK) {
         struct net_task *t = *pp;
         if (!net_task_is_p2p(t) || t->group >= n->ngroups || !n->groups[t->group]) {
@@ -38,11 +36,18 @@ void net_take_p2p(struct net *n)
             continue;
         }
         *pp = t->next;
-        if (n->in_tail == t) n->in_tail = prev;
+        if (*tail == t) *tail = prev;
         t->next = NULL;
         *end = t;
         end = &t->next;
     }
+    return took;
+}
+
+void net_take_p2p(struct net *n)
+{
+    pthread_mutex_lock(&n->in_lock);
+    struct net_task *took = net_split_p2p(n, &n->in_head, &n->in_tail);
     pthread_mutex_unlock(&n->in_lock);
     while (took) {
         struct net_task *t = took;
