@@ -16,6 +16,7 @@
 #include "wire.h"
 
 _Static_assert(sizeof(struct rdv_hdr) == 88, "rendezvous header is frozen");
+_Static_assert(RDV_CHILD_MAX == WIRE_CHILD_MAX, "a child's list fits an ask");
 _Static_assert(sizeof(union rdv_msg) <= RDV_FRAME_MAX, "every frame fits ZMQ_MAXMSGSIZE");
 
 static size_t fixed_size(unsigned t)
@@ -31,6 +32,10 @@ static size_t fixed_size(unsigned t)
         return sizeof(struct rdv_abort);
     case RDV_LEAVE:
         return sizeof(struct rdv_leave);
+    case RDV_CHILD_ASK:
+        return sizeof(struct rdv_child_ask);
+    case RDV_CHILD_ID:
+        return sizeof(struct rdv_child_id);
     default:
         return 0;
     }
@@ -153,6 +158,39 @@ static int plain(const char *s)
     return 1;
 }
 
+uint64_t rdv_child_hash(const uint32_t *ranks, uint32_t n)
+{
+    return rdv_fnv1a(ranks, (size_t)n * sizeof(*ranks), RDV_FNV_INIT);
+}
+
+/* A child's list: 1..RDV_CHILD_MAX distinct ranks, zeros past them (whether they are
+ * the group's ranks is the coordinator's to check: it knows its size). */
+static int child_ask_check(const struct rdv_child_ask *a, char *why, size_t whylen)
+{
+    if (!a->nth || a->pad || a->n == 0 || a->n > RDV_CHILD_MAX) {
+        snprintf(why, whylen, "CHILD_ASK from index %u: child %u of %u ranks (1..%d)",
+                 a->node_index, a->nth, a->n, RDV_CHILD_MAX);
+        return -1;
+    }
+    for (uint32_t i = 0; i < RDV_CHILD_MAX; i++) {
+        if (i >= a->n) {
+            if (a->ranks[i]) {
+                snprintf(why, whylen, "CHILD_ASK from index %u: ranks[%u] past its %u ranks",
+                         a->node_index, i, a->n);
+                return -1;
+            }
+            continue;
+        }
+        for (uint32_t j = 0; j < i; j++)
+            if (a->ranks[j] == a->ranks[i]) {
+                snprintf(why, whylen, "CHILD_ASK from index %u: rank %u listed twice",
+                         a->node_index, a->ranks[i]);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t whylen)
 {
     struct rdv_hdr h;
@@ -254,6 +292,17 @@ int rdv_decode(const void *buf, size_t n, union rdv_msg *out, char *why, size_t 
         break;
     case RDV_REJECT:
         if (!terminated(out->reject.why, RDV_MSG_MAX)) goto unterminated;
+        break;
+    case RDV_CHILD_ASK:
+        return child_ask_check(&out->child_ask, why, whylen);
+    case RDV_CHILD_ID:
+        if (!terminated(out->child_id.why, RDV_MSG_MAX)) goto unterminated;
+        if (out->child_id.code < 0 || out->child_id.code > COLL_ERR_INTERNAL ||
+            !out->child_id.nth) {
+            snprintf(why, whylen, "CHILD_ID with code %d for child %u", out->child_id.code,
+                     out->child_id.nth);
+            return -1;
+        }
         break;
     case RDV_ABORT:
         if (!terminated(out->abort.why, RDV_MSG_MAX)) goto unterminated;

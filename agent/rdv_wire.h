@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define RDV_MAGIC 0x56445243u /* "CRDV" */
-#define RDV_VERSION 12        /* 12: a send's frames carry its collective's signature in root */
+#define RDV_VERSION 13        /* 13: CHILD_ASK and CHILD_ID (ids of GPU children across pods) */
 #define RDV_NAME_MAX 64
 #define RDV_POD_MAX 254 /* a pod's name: a DNS subdomain (253) and its NUL */
 #define RDV_ADDR_MAX 64
@@ -30,6 +30,8 @@ enum rdv_type {
     RDV_HEARTBEAT, /* both ways */
     RDV_ABORT,     /* both ways: this epoch is over (why) */
     RDV_LEAVE,     /* member -> coordinator: this pod is stopping (node_index) */
+    RDV_CHILD_ASK, /* member -> coordinator: the id of a child's communicator (GPU groups) */
+    RDV_CHILD_ID,  /* coordinator -> member: that id, or why there is none */
     RDV_TYPE_END
 };
 
@@ -135,8 +137,41 @@ struct rdv_leave {
     uint32_t pad;
 };
 
+/*
+ * A child across pods of a GPU group (group_child.c) runs on a communicator of its own
+ * members, made from one id that every member pod must get. A pod that makes such a
+ * child asks the coordinator for it, naming the child by its list of parent ranks (in
+ * the order given to coll_group_create) and by nth: it is the nth child of that list the
+ * pod made in the epoch (from 1). The coordinator gives every pod that asks for the same
+ * (list, nth) in its current epoch the same id, made for it, and forgets it once every
+ * pod that holds one of the ranks has asked (rendezvous_child.c).
+ */
+#define RDV_CHILD_MAX 96 /* ranks in a child: WIRE_CHILD_MAX */
+struct rdv_child_ask {
+    struct rdv_hdr h; /* the member's committed epoch */
+    uint32_t node_index;
+    uint32_t nth;
+    uint32_t n;
+    uint32_t pad;
+    uint32_t ranks[RDV_CHILD_MAX]; /* parent ranks, distinct; those past n are 0 */
+};
+
+struct rdv_child_id {
+    struct rdv_hdr h;
+    uint64_t hash; /* rdv_child_hash of the ask's list */
+    uint32_t nth;
+    int32_t code; /* COLL_OK: commid is the child's; else a coll_err, and why */
+    uint8_t commid[RDV_COMMID_BYTES];
+    char why[RDV_MSG_MAX];
+};
+
+/* The hash that names a child's list (FNV-1a of the ranks, in order). */
+uint64_t rdv_child_hash(const uint32_t *ranks, uint32_t n);
+
 union rdv_msg {
     struct rdv_hdr h;
+    struct rdv_child_ask child_ask;
+    struct rdv_child_id child_id;
     struct rdv_leave leave;
     struct rdv_join join;
     struct rdv_commit commit;

@@ -122,6 +122,7 @@ void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, i
     if (tell) send_abort(s, code, why, 0);
     s->committed = s->formed = s->ending = 0;
     s->ends++;
+    rendezvous_child_clear(s); /* its children's ids were of the epoch */
     if (s->me == 0) {
         /* every member must join again; we are present at once */
         for (int i = 1; i < s->nodes; i++)
@@ -350,6 +351,7 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
                 from = i;
         if (from < 0) return; /* not a member of this group (any more) */
         s->peers[from].last_heard = now;
+        if (m->h.type == RDV_CHILD_ASK) rendezvous_child_frame(s, from, m);
         if (m->h.type == RDV_ABORT && s->committed && m->h.inc == s->inc && m->h.epoch == s->epoch)
             rendezvous_fail(s, m->abort.code, m->abort.why, 1,
                             m->abort.silent ? RDV_DRAIN_SILENT : RDV_DRAIN);
@@ -389,6 +391,9 @@ void rendezvous_frame(struct rendezvous *s, const unsigned char *id, size_t idle
         }
         if (s->join_unanswered) back_off(s, now); /* once per JOIN, not per refusal */
         s->join_unanswered = 0;
+        break;
+    case RDV_CHILD_ID:
+        rendezvous_child_frame(s, 0, m);
         break;
     case RDV_ABORT:
         /* a pod went silent (the coordinator says): no op of ours waits for its bytes,
@@ -463,6 +468,7 @@ void rendezvous_tick(struct rendezvous *s, int64_t now)
     rendezvous_heartbeat(s, now);
     if (s->me == 0 && s->commit_waiting && !s->committed && all_present(s))
         coord_commit(s, now); /* its id may be there now */
+    rendezvous_child_tick(s);
     if (s->me == 0) {
         for (int i = 1; i < s->nodes; i++) {
             if (!s->peers[i].present || now - s->peers[i].last_heard < 3 * s->hb_ns) continue;

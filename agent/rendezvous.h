@@ -51,6 +51,25 @@ struct rendezvous_io {
      * waiting: 0; 1 when it is not made yet (the commit waits for a later tick); or -1
      * with why (the epoch then commits without one). May be NULL. */
     int (*commid)(void *ctx, uint8_t *id, char *why, size_t whylen);
+    /* The answer to a rendezvous_child_ask of this pod: code COLL_OK and the child's
+     * communicator id, or a coll_err and why. May be NULL (no GPU group). */
+    void (*child_id)(void *ctx, uint64_t hash, uint32_t nth, int code, const uint8_t *id,
+                     const char *why);
+};
+
+/* Coordinator: the children being formed in its epoch, one id each (rendezvous_child.c).
+ * An entry goes once every pod that holds one of its ranks has its answer, and they all
+ * go with the epoch; at most RDV_CHILD_TABLE at once (a pod whose members never ask
+ * leaves one behind until the epoch ends). */
+#define RDV_CHILD_TABLE 128
+struct rdv_child_entry {
+    int used, has_id, pods, answered;
+    uint64_t hash;
+    uint32_t nth, n;
+    uint32_t ranks[RDV_CHILD_MAX];
+    uint8_t id[RDV_COMMID_BYTES];
+    uint8_t asked[RDV_MAX_NODES / 8]; /* pods owed the answer */
+    uint8_t told[RDV_MAX_NODES / 8];  /* ... given it */
 };
 
 struct rendezvous_settings {
@@ -93,9 +112,11 @@ struct rendezvous {
     int64_t join_backoff; /* members: wait before the next JOIN after a failed epoch */
     int join_unanswered;  /* members: a JOIN went out since the last refusal */
     int64_t next_join, next_hb, coord_heard, form_deadline;
-    struct rdv_peer peers[RDV_MAX_NODES]; /* coordinator: who has joined */
-    char last_reject[RDV_MSG_MAX];        /* members: the last refusal, logged once */
-    uint64_t commits, ends;               /* counters for tests and metrics */
+    struct rdv_peer peers[RDV_MAX_NODES];             /* coordinator: who has joined */
+    char last_reject[RDV_MSG_MAX];                    /* members: the last refusal, logged once */
+    struct rdv_child_entry children[RDV_CHILD_TABLE]; /* coordinator */
+    int nchildren;
+    uint64_t commits, ends; /* counters for tests and metrics */
 };
 
 void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,
@@ -125,6 +146,22 @@ void rendezvous_end(struct rendezvous *s, int code, const char *why, int tell, i
 /* This pod is stopping: a member tells the coordinator (LEAVE), the coordinator tells
  * every member (ABORT), so nobody waits for silence. */
 void rendezvous_leave(struct rendezvous *s);
+/*
+ * Children across pods of a GPU group (rdv_wire.h: CHILD_ASK). This pod made the nth
+ * child of the list ranks[n] (parent ranks) in the committed epoch: ask the coordinator
+ * for its communicator id (the coordinator itself answers at once, or when its id
+ * thread has one). The answer comes through io.child_id, at most once per ask; asking
+ * again (a lost frame) is safe, and is the owner's to do, at most every heartbeat. Asks
+ * of an epoch that ended get no answer: the owner fails them with the epoch.
+ */
+void rendezvous_child_ask(struct rendezvous *s, const uint32_t *ranks, uint32_t n, uint32_t nth);
+/* rendezvous_frame's part for CHILD_ASK (coordinator, from member from) and CHILD_ID. */
+void rendezvous_child_frame(struct rendezvous *s, int from, const union rdv_msg *m);
+/* Coordinator: answer the asks whose id the id thread had not made yet (tick); forget
+ * every child of the epoch (its end). */
+void rendezvous_child_tick(struct rendezvous *s);
+void rendezvous_child_clear(struct rendezvous *s);
+
 /* Coordinator: answer a JOIN for a group it does not have. */
 void rendezvous_reject_unknown(const struct rendezvous_io *io, const unsigned char *id,
                                size_t idlen, const struct rdv_join *j, struct log_limit *limit);

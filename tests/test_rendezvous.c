@@ -41,6 +41,15 @@ struct node {
     int has_commid, commid0; /* the last COMMIT's id (its first byte) */
     char end_why[RDV_MSG_MAX];
     int sent[RDV_TYPE_END];
+    /* answers to its children's asks (io.child_id), in order */
+    int nanswers;
+    struct answer {
+        uint64_t hash;
+        uint32_t nth;
+        int code;
+        uint8_t id[RDV_COMMID_BYTES];
+        char why[RDV_MSG_MAX];
+    } answers[8];
 };
 
 struct frame {
@@ -111,7 +120,7 @@ static void io_end(void *ctx, int code, const char *why, int drain)
 
 /* GPU groups: the coordinator's ids come from a thread of the owner's; this one has
  * none ready for the first ids_late asks. */
-static int gpu_groups, ids_late, ids_asked;
+static int gpu_groups, ids_late, ids_asked, ids_made;
 static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
 {
     (void)ctx;
@@ -119,7 +128,21 @@ static int io_commid(void *ctx, uint8_t *id, char *why, size_t whylen)
     (void)whylen;
     if (ids_asked++ < ids_late) return 1;
     memset(id, 0x5a, RDV_COMMID_BYTES);
+    id[1] = (uint8_t)++ids_made; /* each one its own */
     return 0;
+}
+
+static void io_child_id(void *ctx, uint64_t hash, uint32_t nth, int code, const uint8_t *id,
+                        const char *why)
+{
+    struct node *x = ctx;
+    assert_true(x->nanswers < 8);
+    struct answer *a = &x->answers[x->nanswers++];
+    a->hash = hash;
+    a->nth = nth;
+    a->code = code;
+    if (id) memcpy(a->id, id, RDV_COMMID_BYTES);
+    snprintf(a->why, sizeof(a->why), "%s", why ? why : "");
 }
 
 static void io_random(void *ctx, void *buf, size_t n)
@@ -163,7 +186,8 @@ static void start_node_as(int i, int me, int nodes_total, uint64_t hash)
                                .commit = io_commit,
                                .end = io_end,
                                .random = io_random,
-                               .commid = gpu_groups ? io_commid : NULL};
+                               .commid = gpu_groups ? io_commid : NULL,
+                               .child_id = io_child_id};
     rendezvous_init(&x->sm, &st, &io);
 }
 
@@ -909,6 +933,200 @@ static void each_member_learns_where_the_others_run(void **state)
     assert_non_null(strstr(why, "member 1 has unknown flags 0x4"));
 }
 
+/* ---- children across pods of GPU groups (CHILD_ASK, CHILD_ID) ------------------------- */
+
+static void ask(int node, const uint32_t *ranks, uint32_t n, uint32_t nth)
+{
+    rendezvous_child_ask(&nodes[node].sm, ranks, n, nth);
+    deliver();
+}
+
+static const struct answer *last_answer(int node)
+{
+    assert_true(nodes[node].nanswers > 0);
+    return &nodes[node].answers[nodes[node].nanswers - 1];
+}
+
+/* Every pod that asks for one child (its list and its count of that list) gets one id,
+ * made for it: another list, or the same list's next child, gets another; the
+ * coordinator forgets a child once each of its pods has had the answer, and all of
+ * them with the epoch. */
+static void the_pods_of_a_child_get_one_id(void **state)
+{
+    (void)state;
+    gpu_groups = 1;
+    ids_late = ids_asked = ids_made = 0;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    const uint32_t a[] = {2, 1}, all[] = {0, 1, 2};
+    ask(1, a, 2, 1);
+    assert_int_equal(nodes[1].nanswers, 1);
+    assert_int_equal(nodes[0].sm.nchildren, 1); /* pod 2 has yet to ask */
+    ask(2, a, 2, 1);
+    assert_int_equal(nodes[2].nanswers, 1);
+    assert_int_equal(nodes[0].sm.nchildren, 0);
+    assert_int_equal(last_answer(1)->code, COLL_OK);
+    assert_int_equal(last_answer(1)->hash, rdv_child_hash(a, 2));
+    assert_int_equal(last_answer(1)->nth, 1);
+    assert_memory_equal(last_answer(1)->id, last_answer(2)->id, RDV_COMMID_BYTES);
+    /* all three pods, the coordinator among them (it answers itself) */
+    for (int i = 0; i < 3; i++)
+        ask(i, all, 3, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(last_answer(i)->code, COLL_OK);
+        assert_memory_equal(last_answer(i)->id, last_answer(0)->id, RDV_COMMID_BYTES);
+    }
+    assert_memory_not_equal(last_answer(0)->id, nodes[1].answers[0].id, RDV_COMMID_BYTES);
+    /* the same list again: the second child of it, a new id */
+    ask(1, a, 2, 2);
+    assert_int_equal(last_answer(1)->nth, 2);
+    assert_memory_not_equal(last_answer(1)->id, nodes[1].answers[0].id, RDV_COMMID_BYTES);
+    assert_int_equal(nodes[0].sm.nchildren, 1);
+    /* an ask whose answer was lost is answered again, with the same id */
+    uint8_t first[RDV_COMMID_BYTES];
+    memcpy(first, last_answer(1)->id, sizeof(first));
+    ask(1, a, 2, 2);
+    assert_memory_equal(last_answer(1)->id, first, RDV_COMMID_BYTES);
+    /* the epoch ends: the coordinator forgets what it held */
+    nodes[2].up = 0;
+    run_for(5 * HB_MS);
+    assert_int_equal(nodes[0].sm.nchildren, 0);
+    gpu_groups = 0;
+}
+
+/* The coordinator's id thread has none ready: the ask waits, the net thread is not held,
+ * and the answer goes out on a later tick. */
+static void an_ask_waits_for_its_id_without_blocking(void **state)
+{
+    (void)state;
+    gpu_groups = 1;
+    ids_late = ids_asked = ids_made = 0;
+    cluster(2);
+    run_for(50);
+    assert_formed(1);
+    ids_late = ids_asked + 2;
+    const uint32_t a[] = {0, 1};
+    ask(1, a, 2, 1);
+    assert_int_equal(nodes[1].nanswers, 0);
+    run_for(50);
+    assert_int_equal(nodes[1].nanswers, 1);
+    assert_int_equal(last_answer(1)->code, COLL_OK);
+    gpu_groups = 0;
+}
+
+/* Hostile or broken asks: none stores anything it should not, each is answered with what
+ * is wrong or dropped, and the pods that ask right are served throughout. */
+static void asks_that_lie_are_refused(void **state)
+{
+    (void)state;
+    gpu_groups = 1;
+    ids_late = ids_asked = ids_made = 0;
+    cluster(3);
+    run_for(50);
+    assert_formed(1);
+    /* a child none of whose ranks the asker holds: dropped, nothing kept */
+    const uint32_t others[] = {0, 2};
+    ask(1, others, 2, 1);
+    assert_int_equal(nodes[1].nanswers, 0);
+    assert_int_equal(nodes[0].sm.nchildren, 0);
+    /* a rank the group does not have */
+    const uint32_t far[] = {1, 7};
+    ask(1, far, 2, 1);
+    assert_int_equal(last_answer(1)->code, COLL_ERR_INVALID);
+    assert_non_null(strstr(last_answer(1)->why, "rank 7 of the child"));
+    /* an ask in another pod's name, and one of another epoch: dropped */
+    union rdv_msg m;
+    rdv_init(&m, RDV_CHILD_ASK, "g", nodes[1].sm.epoch);
+    m.h.inc = nodes[1].sm.inc;
+    m.child_ask.node_index = 2;
+    m.child_ask.nth = 1;
+    m.child_ask.n = 2;
+    m.child_ask.ranks[0] = 2;
+    m.child_ask.ranks[1] = 1;
+    io_send(&nodes[1], NULL, 0, &m);
+    m.child_ask.node_index = 1;
+    m.h.epoch--;
+    io_send(&nodes[1], NULL, 0, &m);
+    deliver();
+    assert_int_equal(nodes[1].nanswers, 1);
+    assert_int_equal(nodes[0].sm.nchildren, 0);
+    /* a flood of children pod 2 never makes: the table fills, the next is refused with
+     * LIMIT, and a child of the pods that do ask still forms once one goes */
+    uint32_t list[2] = {1, 2};
+    uint8_t first[RDV_COMMID_BYTES];
+    for (uint32_t k = 1; k <= RDV_CHILD_TABLE; k++) {
+        nodes[1].nanswers = 0;
+        ask(1, list, 2, k);
+        assert_int_equal(last_answer(1)->code, COLL_OK);
+        if (k == 1) memcpy(first, last_answer(1)->id, sizeof(first));
+    }
+    assert_int_equal(nodes[0].sm.nchildren, RDV_CHILD_TABLE);
+    ask(1, list, 2, RDV_CHILD_TABLE + 1);
+    assert_int_equal(last_answer(1)->code, COLL_ERR_LIMIT);
+    assert_non_null(strstr(last_answer(1)->why, "some pods never made theirs"));
+    ask(2, list, 2, 1); /* pod 2 makes the first: it goes */
+    assert_int_equal(last_answer(2)->code, COLL_OK);
+    assert_memory_equal(last_answer(2)->id, first, RDV_COMMID_BYTES);
+    assert_int_equal(nodes[0].sm.nchildren, RDV_CHILD_TABLE - 1);
+    nodes[1].nanswers = 0;
+    ask(1, list, 2, RDV_CHILD_TABLE + 1);
+    assert_int_equal(last_answer(1)->code, COLL_OK);
+    assert_formed(1); /* none of it ended the epoch */
+    gpu_groups = 0;
+    /* a host group's children across pods are libcoll's: the coordinator says so */
+    cluster(2);
+    run_for(50);
+    ask(1, list, 1, 1);
+    assert_int_equal(last_answer(1)->code, COLL_ERR_UNSUPPORTED);
+}
+
+/* The decoder's part: a list of 1..96 distinct ranks, zeros past it, a count from 1; an
+ * answer's code a coll_err and its reason terminated. */
+static void the_decoder_checks_child_frames(void **state)
+{
+    (void)state;
+    union rdv_msg m, out;
+    char why[160];
+    rdv_init(&m, RDV_CHILD_ASK, "g", 1);
+    m.h.inc = 5;
+    m.child_ask.node_index = 1;
+    m.child_ask.nth = 1;
+    m.child_ask.n = 3;
+    m.child_ask.ranks[0] = 4;
+    m.child_ask.ranks[1] = 0;
+    m.child_ask.ranks[2] = 9;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    assert_int_equal(out.child_ask.ranks[2], 9);
+    struct {
+        uint32_t field, value;
+        const char *says;
+    } bad[] = {{0, 0, "child 0 of 3 ranks"},
+               {1, 0, "child 1 of 0 ranks"},
+               {1, RDV_CHILD_MAX + 1, "of 97 ranks (1..96)"},
+               {2, 4, "rank 4 listed twice"},
+               {3, 8, "ranks[3] past its 3 ranks"},
+               {4, 1, "child 1 of 3 ranks"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        union rdv_msg b = m;
+        uint32_t *f[] = {&b.child_ask.nth, &b.child_ask.n, &b.child_ask.ranks[2],
+                         &b.child_ask.ranks[3], &b.child_ask.pad};
+        *f[bad[i].field] = bad[i].value;
+        assert_int_equal(rdv_decode(&b, rdv_size(&b), &out, why, sizeof(why)), -1);
+        assert_non_null(strstr(why, bad[i].says));
+    }
+    rdv_init(&m, RDV_CHILD_ID, "g", 1);
+    m.child_id.nth = 2;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), 0);
+    m.child_id.code = COLL_ERR_INTERNAL + 1;
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "CHILD_ID with code 18"));
+    m.child_id.code = COLL_OK;
+    memset(m.child_id.why, 'x', sizeof(m.child_id.why));
+    assert_int_equal(rdv_decode(&m, rdv_size(&m), &out, why, sizeof(why)), -1);
+    assert_non_null(strstr(why, "not terminated"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -930,6 +1148,10 @@ int main(void)
         cmocka_unit_test(the_coordinator_tells_which_pods_may_share_a_cpu),
         cmocka_unit_test(each_member_learns_where_the_others_run),
         cmocka_unit_test(send_frames_say_their_phase_and_payload),
+        cmocka_unit_test(the_pods_of_a_child_get_one_id),
+        cmocka_unit_test(an_ask_waits_for_its_id_without_blocking),
+        cmocka_unit_test(asks_that_lie_are_refused),
+        cmocka_unit_test(the_decoder_checks_child_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

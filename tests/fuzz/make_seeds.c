@@ -65,6 +65,18 @@ int main(int argc, char **argv)
     put("rdv", "abort", &r, rdv_size(&r));
     rdv_init(&r, RDV_HEARTBEAT, "g", 3);
     put("rdv", "heartbeat", &r, rdv_size(&r));
+    rdv_init(&r, RDV_CHILD_ASK, "g", 3);
+    r.h.inc = 1;
+    r.child_ask.node_index = 1;
+    r.child_ask.nth = 1;
+    r.child_ask.n = 2;
+    r.child_ask.ranks[0] = 3;
+    r.child_ask.ranks[1] = 1;
+    put("rdv", "child-ask", &r, rdv_size(&r));
+    rdv_init(&r, RDV_CHILD_ID, "g", 3);
+    r.h.inc = 1;
+    r.child_id.nth = 1;
+    put("rdv", "child-id", &r, rdv_size(&r));
     struct data_hello h = {.magic = DATA_MAGIC,
                            .version = RDV_VERSION,
                            .channel = 1,
