@@ -120,6 +120,9 @@ struct net_event;
 struct gpu_task;
 void tcp_group_done(struct group *g, struct net_task *t);
 void nccl_group_formed(struct group *g, const struct net_event *ev);
+/* A child across pods got its communicator's id from the coordinator (code COLL_OK), or
+ * will not (its held ops fail with code and why). */
+void nccl_child_formed(struct group *g, int code, const uint8_t *id, const char *why);
 struct gpu_job;
 void nccl_group_commid(struct group *g, const struct gpu_job *j);
 void nccl_group_done(struct group *g, struct gpu_task *t);

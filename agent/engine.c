@@ -327,6 +327,8 @@ static void net_results(struct engine *eng)
         struct group *g = &eng->groups[done->group];
         if (done == &g->mark)
             group_net_mark_done(g);
+        else if (done->type == NET_TASK_CHILD)
+            group_child_answer(eng->groups, eng->ngroups, done);
         else
             tcp_group_done(g, done);
         done = next;

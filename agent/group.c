@@ -82,6 +82,8 @@ void group_fini(struct group *g)
     free(g->rounds[0].present);
     free(g->p2p_pool);
     free(g->slots);
+    free(g->slot_rank);
+    free(g->seqs);
     memset(g, 0, sizeof(*g));
 }
 

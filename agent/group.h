@@ -143,6 +143,13 @@ struct group {
     int nchildren;
     int *parent_ranks;
     uint8_t *taken;
+    /* a child across pods (group_child.c): the child rank of each of its slots here (NULL:
+     * every group else, whose slot k is rank node_index * nslots + k); a root group: how
+     * many children of each list it made in its epoch (seqs_epoch) */
+    int *slot_rank;
+    struct group_child_seq *seqs;
+    int nseqs;
+    uint32_t seqs_epoch;
     uint32_t parent_epoch;
     int orphan;
     struct {
@@ -152,6 +159,28 @@ struct group {
         uint64_t sum_ns;
     } dc_seen;
 };
+
+struct group_child_seq {
+    uint64_t hash; /* rdv_child_hash of the list */
+    uint32_t n, nth;
+};
+#define GROUP_CHILD_LISTS_MAX 1024 /* lists of children across pods per root and epoch */
+
+/* The group rank of slot k, and the slot of a group rank (-1: another pod's). */
+static inline int group_slot_rank(const struct group *g, int k)
+{
+    return g->slot_rank ? g->slot_rank[k] : g->node_index * g->nslots + k;
+}
+static inline int group_rank_slot(const struct group *g, int rank)
+{
+    if (g->slot_rank) {
+        for (int k = 0; k < g->nslots; k++)
+            if (g->slot_rank[k] == rank) return k;
+        return -1;
+    }
+    int k = rank - g->node_index * g->nslots;
+    return k >= 0 && k < g->nslots ? k : -1;
+}
 
 /* Set up g for cfg; probes and picks the backend. Returns 0, or -1 (why in
  * g->backend_why) when the configured backend cannot run here; the group then
@@ -227,6 +256,10 @@ struct group *group_child_join(struct group *parent, const uint32_t *ranks, int 
  * fail with EPOCH), goes once no member and no child of its own holds it, and goes
  * with its parent; group_child.c only makes children and joins sessions to them. */
 void group_child_release(struct group *child);
+/* The root's coordinator answered a child's ask (NET_TASK_CHILD, t): its backend gets the
+ * id (or the failure); t is freed. Engine thread. */
+struct net_task;
+void group_child_answer(struct group *groups, int ngroups, struct net_task *t);
 
 /* Sends and receives paired in the pod, and receives from any rank (group_p2p.c, below
  * group.c). submit: op (a send or receive) paired or kept, or handed to the backend.

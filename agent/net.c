@@ -48,6 +48,7 @@ static void timers(struct net *n, struct ngroup *g, int64_t t)
                 g->rdv.epoch, LOG_Q(what));
     }
     rendezvous_tick(&g->rdv, t);
+    net_epoch_child_timers(n, g, t);
     char why[160];
     p2p_purge(n, g);
     if (p2p_oldest_deadline(g) <= t) {
@@ -290,9 +291,22 @@ static void take_engine_tasks(struct net *n)
             }
             g->q_head = keep_h;
             g->q_tail = keep_t;
+            for (struct net_task **a = &g->ask_head, *prev = NULL; *a;) {
+                struct net_task *x = *a;
+                if (x->lepoch >= g->floor) {
+                    prev = x;
+                    a = &x->next;
+                    continue;
+                }
+                *a = x->next;
+                if (g->ask_tail == x) g->ask_tail = prev;
+                net_return_task(n, x, COLL_ERR_EPOCH, "asked in an epoch that has ended");
+            }
             net_return_task(n, t, COLL_OK, NULL);
         } else if (t->lepoch < g->floor) {
             net_return_task(n, t, COLL_ERR_EPOCH, "submitted in an epoch that has ended");
+        } else if (t->type == NET_TASK_CHILD) {
+            net_epoch_child_ask(n, g, t);
         } else {
             t->next = NULL;
             if (g->q_tail)

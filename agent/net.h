@@ -25,6 +25,18 @@ enum net_task_kind {
     NET_TASK_OP = 0, /* a matched op (kind below) */
     NET_TASK_MARK,   /* the engine moved the group to epoch `lepoch`; abort says whether
                         the net must end the cluster-wide epoch too */
+    NET_TASK_CHILD,  /* a child across pods of a GPU group (child): the coordinator's id for
+                        its communicator, asked for once the group is formed, and again
+                        every heartbeat until it comes, the epoch ends or deadline_ns */
+};
+
+/* What NET_TASK_CHILD asks for (rdv_wire.h: CHILD_ASK), the engine's, lent with its task. */
+struct net_child {
+    uint32_t n, nth; /* the nth child of ranks[n] (parent ranks) this pod made in the epoch */
+    uint64_t hash;   /* rdv_child_hash(ranks, n) */
+    uint32_t ranks[WIRE_CHILD_MAX];
+    int index;           /* the engine's group index of the child */
+    uint8_t commid[128]; /* the answer (status COLL_OK) */
 };
 
 /* One op for the network. Owned by the engine; lent to the net thread between
@@ -42,11 +54,12 @@ struct net_task {
     uint8_t kind, dtype, redop;
     int root; /* global rank; send/recv: the remote peer's global rank */
     uint64_t count;
-    int local_slot;    /* send/recv: the local participant */
-    uint8_t p2p_phase; /* a send between pods: its frame (P2P_EAGER, P2P_RTS, P2P_DATA) */
-    uint8_t p2p_noack; /* ... that completes once written (WIRE_SQE_F_NOACK: no ack comes) */
-    uint16_t p2p_sig;  /* send/recv: wire_sqe_sig, in a send's frames, compared on arrival */
-    uint32_t p2p_no;   /* ... and its number among the frames to that pod (p2p.c) */
+    int local_slot;          /* send/recv: the local participant */
+    struct net_child *child; /* NET_TASK_CHILD */
+    uint8_t p2p_phase;       /* a send between pods: its frame (P2P_EAGER, P2P_RTS, P2P_DATA) */
+    uint8_t p2p_noack;       /* ... that completes once written (WIRE_SQE_F_NOACK: no ack comes) */
+    uint16_t p2p_sig;        /* send/recv: wire_sqe_sig, in a send's frames, compared on arrival */
+    uint32_t p2p_no;         /* ... and its number among the frames to that pod (p2p.c) */
     void *send[NET_MAX_LOCAL], *recv[NET_MAX_LOCAL]; /* per local slot */
     uint64_t premul[NET_MAX_LOCAL]; /* redop WIRE_REDOP_PREMUL: per local slot, its scalar */
     int64_t deadline_ns;

@@ -126,6 +126,9 @@ static uint64_t group_config_hash(const struct group_config *gc, int data_seal)
     return rdv_fnv1a(buf, (size_t)len, RDV_FNV_INIT);
 }
 
+static void io_child_id(void *ctx, uint64_t hash, uint32_t nth, int code, const uint8_t *id,
+                        const char *why);
+
 void net_epoch_group_init(struct net *n, struct ngroup *g)
 {
     struct rendezvous_settings st = {.group = g->cfg->name,
@@ -153,7 +156,8 @@ void net_epoch_group_init(struct net *n, struct ngroup *g)
                                .commit = io_commit,
                                .end = io_end,
                                .random = io_random,
-                               .commid = n->commid ? io_commid : NULL};
+                               .commid = n->commid ? io_commid : NULL,
+                               .child_id = io_child_id};
     g->net = n;
     g->wait_since = now_ns();
     g->joined = -1;
@@ -233,6 +237,67 @@ void net_epoch_formed(struct net *n, struct ngroup *g)
             g->cfg->name, g->rdv.epoch, g->nodes, g->me, dataconn_pairs(g),
             seals[g->seal_mode % 3]);
     net_post_event(n, g, 0, 0, "formed");
+    g->ask_next = 0; /* children's asks that waited for it go now */
+    net_epoch_child_timers(n, g, now_ns());
+}
+
+/* ---- children across pods (GPU groups) ------------------------------------------------ */
+
+/* The coordinator's answer to one of our asks: the task that asked goes back with it. An
+ * answer nobody waits for (asked twice, or its task failed meanwhile) is dropped. */
+static void io_child_id(void *ctx, uint64_t hash, uint32_t nth, int code, const uint8_t *id,
+                        const char *why)
+{
+    struct ngroup *g = ctx;
+    for (struct net_task **a = &g->ask_head, *prev = NULL; *a; prev = *a, a = &(*a)->next) {
+        struct net_task *t = *a;
+        if (t->child->hash != hash || t->child->nth != nth) continue;
+        *a = t->next;
+        if (g->ask_tail == t) g->ask_tail = prev;
+        if (code == COLL_OK) memcpy(t->child->commid, id, sizeof(t->child->commid));
+        net_return_task(g->net, t, code, why);
+        return;
+    }
+}
+
+void net_epoch_child_ask(struct net *n, struct ngroup *g, struct net_task *t)
+{
+    t->next = NULL;
+    if (!g->gpu) {
+        net_return_task(n, t, COLL_ERR_UNSUPPORTED, "not a GPU group");
+        return;
+    }
+    if (g->ask_tail)
+        g->ask_tail->next = t;
+    else
+        g->ask_head = t;
+    g->ask_tail = t;
+    g->ask_next = 0;
+    net_epoch_child_timers(n, g, now_ns());
+}
+
+void net_epoch_child_timers(struct net *n, struct ngroup *g, int64_t now)
+{
+    if (!g->ask_head) return;
+    for (struct net_task **a = &g->ask_head, *prev = NULL; *a;) {
+        struct net_task *t = *a;
+        if (t->deadline_ns > now) {
+            prev = t;
+            a = &t->next;
+            continue;
+        }
+        *a = t->next;
+        if (g->ask_tail == t) g->ask_tail = prev;
+        net_return_task(n, t, COLL_ERR_TIMEOUT,
+                        "the coordinator gave no id for the child's communicator within join_ms");
+    }
+    if (!g->ready || g->awaiting_mark || now < g->ask_next) return;
+    g->ask_next = now + (int64_t)g->cfg->heartbeat_ms * NS_PER_MS;
+    /* (the coordinator's own asks may be answered at once, taking t off the list) */
+    for (struct net_task *t = g->ask_head, *next; t; t = next) {
+        next = t->next;
+        rendezvous_child_ask(&g->rdv, t->child->ranks, t->child->n, t->child->nth);
+    }
 }
 
 /* ---- frames ------------------------------------------------------------------------- */

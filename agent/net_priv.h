@@ -143,8 +143,11 @@ struct ngroup {
     /* tiny ops the engine runs itself (net_inline); coll_lock guards these and the lease */
     struct tcp_tiny *tiny;
     struct net_task *handoff; /* started by the engine, to be finished here */
-    int inline_abort;         /* the engine's tiny op failed: end the epoch */
-    int lent;                 /* the collective connections are lent (net_lend) */
+    /* NET_TASK_CHILD: asks for children's ids, until their answers (net_epoch.c) */
+    struct net_task *ask_head, *ask_tail;
+    int64_t ask_next; /* when they go (again) */
+    int inline_abort; /* the engine's tiny op failed: end the epoch */
+    int lent;         /* the collective connections are lent (net_lend) */
     uint64_t lease_id;
     struct wire_lease_words *lease_w; /* the lease's words in the client's region, or NULL */
     int64_t drain_until;              /* abort_pending while lent: the client has until then */
@@ -324,6 +327,10 @@ void net_epoch_end_finish(struct net *n, struct ngroup *g);
 void net_epoch_op_failed(struct net *n, struct ngroup *g, int code, const char *why);
 /* The data connections are up: tell the state machine and the engine. */
 void net_epoch_formed(struct net *n, struct ngroup *g);
+/* A child's ask from the engine (NET_TASK_CHILD), and the asks' timer: sent once the
+ * group is formed, again every heartbeat, failed at their deadline. */
+void net_epoch_child_ask(struct net *n, struct ngroup *g, struct net_task *t);
+void net_epoch_child_timers(struct net *n, struct ngroup *g, int64_t now);
 /* The three above as dataconn.c and p2p.c reach them: through struct net's epoch
  * (net_setup.c sets it), never by name, as they sit below net_epoch.c. */
 struct net_epoch_calls {

@@ -212,4 +212,5 @@ void net_fail_queue(struct net *n, struct ngroup *g, int code, const char *why)
         g->handoff = NULL;
     }
     net_return_list(n, &g->q_head, &g->q_tail, code, why);
+    net_return_list(n, &g->ask_head, &g->ask_tail, code, why);
 }

@@ -234,7 +234,7 @@ static int reply_opened(struct session *s, uint32_t req_id, int h)
     wire_init(&m, WIRE_GROUP_OPEN_OK, req_id);
     m.group_open_ok.handle = (uint32_t)h;
     m.group_open_ok.epoch = g->epoch; /* the agent's own: ring entries carry it */
-    m.group_open_ok.rank = (uint32_t)(g->node_index * g->nslots + slot);
+    m.group_open_ok.rank = (uint32_t)group_slot_rank(g, slot);
     m.group_open_ok.size = (uint32_t)g->size;
     m.group_open_ok.local_slot = (uint32_t)slot;
     m.group_open_ok.local_slots = (uint32_t)g->nslots;
@@ -267,8 +267,8 @@ static int on_group_create(struct session *s, const struct wire_group_create *q)
                               SESSION_MAX_HANDLES);
     int slot = 0, err = 0;
     char why[WIRE_ERRMSG_MAX - 32];
-    struct group *c = group_child_join(p, q->ranks, (int)q->n, p->node_index * p->nslots + ph->slot,
-                                       s, &slot, &err, why, sizeof(why));
+    struct group *c = group_child_join(p, q->ranks, (int)q->n, group_slot_rank(p, ph->slot), s,
+                                       &slot, &err, why, sizeof(why));
     if (!c)
         return session_refuse(s, q->h.req_id, err, "a child of group '%s': %s", p->cfg->name, why);
     s->handles[h] = (struct session_handle){

@@ -134,7 +134,7 @@ static int sqe_validate(struct session *s, const struct wire_sqe *q, struct sess
         return session_violation(s, "%s names rank %d; the group has %d", wire_kind_name(k),
                                  q->peer, g->size);
     }
-    int rank = g->node_index * g->nslots + h->slot;
+    int rank = group_slot_rank(g, h->slot);
     int send_used =
         k != WIRE_OP_RECV && k != WIRE_OP_BARRIER && !(k == WIRE_OP_BROADCAST && rank != q->peer);
     int recv_used =
@@ -196,7 +196,7 @@ static int handle_sqe(struct session *s, const struct wire_sqe *q)
                          "the group was re-formed since this handle was opened");
         return 0;
     }
-    op.rank = g->node_index * g->nslots + h->slot;
+    op.rank = group_slot_rank(g, h->slot);
     if (wire_kind_reduces(q->kind) && q->redop >= WIRE_REDOP_PREMUL) { /* one value for
                                                                         * every rank */
         op.premul = h->premul[q->redop - WIRE_REDOP_PREMUL].scalar;

@@ -1015,6 +1015,107 @@ static void two_pods_one_gpu_each(void **state)
         assert_int_equal(agent_stop(&a[i]), 0);
 }
 
+/* ---- children across pods (decision 32) ------------------------------------------------ */
+
+/* On child k of two ranks: a broadcast from child rank 0 and an allgather of each rank's
+ * child rank, checked (the communicator's ranks are the child's, in its list's order). */
+static int span_ops(coll_conn *c, coll_group *k, int dev)
+{
+    enum { N = 256 };
+    coll_group_info info;
+    CHECK(coll_group_info_get(k, &info) == COLL_OK, 30);
+    coll_buffer *b;
+    CHECK(coll_mem_alloc(&b, c, 3 * N * sizeof(int32_t), dev) == COLL_OK, 31);
+    int32_t *x = coll_mem_ptr(b), h[2 * N];
+    for (int i = 0; i < N; i++)
+        h[i] = 100 + info.rank;
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess, 32);
+    CHECK(cudaMemcpyAsync(x, h, N * sizeof(int32_t), cudaMemcpyHostToDevice, st) == 0, 33);
+    coll_request r;
+    CHECK(coll_broadcast(k, x, x, N, COLL_INT32, 0, st, &r) == COLL_OK, 34);
+    CHECK(coll_wait_stream(c, r, st) == COLL_OK, 35);
+    int32_t mine = info.rank;
+    CHECK(cudaMemcpyAsync(x + N, &mine, sizeof(mine), cudaMemcpyHostToDevice, st) == 0, 36);
+    CHECK(coll_allgather(k, x + N, x + 2 * N, 1, COLL_INT32, st, &r) == COLL_OK, 37);
+    CHECK(coll_wait_stream(c, r, st) == COLL_OK, 38);
+    CHECK(cudaMemcpyAsync(h, x, N * sizeof(int32_t), cudaMemcpyDeviceToHost, st) == 0, 39);
+    CHECK(cudaMemcpyAsync(h + N, x + 2 * N, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, st) == 0,
+          40);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess, 41);
+    for (int i = 0; i < N; i++)
+        CHECK(h[i] == 100, 42);
+    CHECK(h[N] == 0 && h[N + 1] == 1, 43);
+    cudaStreamDestroy(st);
+    CHECK(coll_mem_release(&b) == COLL_OK, 44);
+    return 0;
+}
+
+/* Pod j->device's rank of the two-pod group g: a child of both ranks listed backwards
+ * (create), the same by split (the key reverses them), and the list again (its second
+ * child of the epoch); each runs checked ops, and the parent serves between them. */
+static int span_child_main(void *arg)
+{
+    struct job *j = arg;
+    int dev = j->device;
+    coll_conn *c;
+    coll_group *g, *k;
+    CHECK(coll_connect(&c, j->sock, 10000) == COLL_OK, 2);
+    CHECK(coll_group_open(&g, c, "g", 0) == COLL_OK, 3);
+    CHECK(cudaSetDevice(dev) == cudaSuccess, 4);
+    coll_group_info gi;
+    CHECK(coll_group_info_get(g, &gi) == COLL_OK && gi.size == 2, 5);
+    int me = gi.rank;
+    for (int round = 0; round < 3; round++) {
+        int list[2] = {1, 0};
+        if (round == 1)
+            CHECK(coll_group_split(g, 3, -me, &k) == COLL_OK, 10);
+        else
+            CHECK(coll_group_create(g, list, 2, &k) == COLL_OK, 11);
+        coll_group_info info;
+        CHECK(coll_group_info_get(k, &info) == COLL_OK, 12);
+        CHECK(info.size == 2 && info.rank == 1 - me && strcmp(info.backend, "nccl") == 0, 13);
+        int pr[2] = {-1, -1};
+        CHECK(coll_group_parent_ranks(k, pr, 2) == 2 && pr[0] == 1 && pr[1] == 0, 14);
+        int rc = small_allreduce(c, k, dev, 2);
+        if (rc) return 100 * (round + 1) + rc;
+        rc = span_ops(c, k, dev);
+        if (rc) return 100 * (round + 1) + rc;
+        rc = small_allreduce(c, g, dev, 2);
+        if (rc) return 100 * (round + 1) + 50 + rc;
+        coll_group_close(&k);
+    }
+    coll_disconnect(&c);
+    return 0;
+}
+
+static void children_across_pods_on_nccl(void **state)
+{
+    (void)state;
+    struct agent a[2];
+    int port = free_port();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(start_pod(&a[i], port, i), 0);
+    struct job jobs[2];
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        jobs[i] = (struct job){.sock = a[i].sock, .device = i % ngpu, .hold_fd = -1};
+        pids[i] = child_run(span_child_main, &jobs[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(child_wait(pids[i], 120000), 0);
+    for (int i = 0; i < 2; i++) {
+        /* three children, each its id from the coordinator, its communicator made and,
+         * when it went, destroyed; the parent's kept */
+        assert_int_equal(agent_log_count(&a[i], "group.child_ask"), 3);
+        assert_int_equal(agent_log_count(&a[i], "group.child_id"), 0);
+        assert_int_equal(agent_log_count(&a[i], "gpu.comm_init"), 4);
+        assert_int_equal(agent_log_count(&a[i], "gpu.comm_forget"), 3);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(agent_stop(&a[i]), 0);
+}
+
 /* ---- a communicator that cannot form holds up no other group on its GPU --------------- */
 
 /* Open the two-pod group g, submit an allreduce that pod 1 never joins (its NCCL
@@ -1236,6 +1337,7 @@ int main(void)
         cmocka_unit_test(ops_legacy_ipc_buffers),
         cmocka_unit_test(stuck_communicator_delays_no_other_group),
         cmocka_unit_test(two_pods_one_gpu_each),
+        cmocka_unit_test(children_across_pods_on_nccl),
         cmocka_unit_test(killed_pod_fails_survivor_then_reforms),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1518,6 +1518,46 @@ static void a_client_holding_the_connections_hurts_only_its_group(void **state)
     assert_int_equal(agent_stop(&a[1]), 0);
 }
 
+/* A host group's children across pods are libcoll's: a client that asks the agent for
+ * one anyway (a forged GROUP_CREATE) is told so, as is one that lists a rank the group
+ * lacks, and the agent serves on (the one-pod child of the same handle included). */
+static void a_host_child_across_pods_is_refused_by_the_agent(void **state)
+{
+    (void)state;
+    struct agent a;
+    assert_int_equal(start_duo(&a, free_port(), 0), 0);
+    struct raw r;
+    raw_hello(&r, a.sock);
+    uint32_t epoch;
+    uint32_t h = raw_open(&r, "duo", &epoch);
+    static const struct {
+        uint32_t n, ranks[2];
+        int code;
+        const char *why;
+    } bad[] = {
+        {2, {0, 1}, COLL_ERR_UNSUPPORTED, "1 of its 2 ranks are on other pods: the agent makes"},
+        {2, {1, 0}, COLL_ERR_UNSUPPORTED, "children across pods of GPU groups only"},
+        {2, {0, 5}, COLL_ERR_INVALID, "ranks[1] = 5: group 'duo' has ranks 0..1"},
+    };
+    union wire_msg m;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        wire_init(&m, WIRE_GROUP_CREATE, 20 + (uint32_t)i);
+        m.group_create.parent = h;
+        m.group_create.n = bad[i].n;
+        memcpy(m.group_create.ranks, bad[i].ranks, sizeof(bad[i].ranks));
+        expect_refused(r.fd, &m, bad[i].code, bad[i].why, i);
+    }
+    wire_init(&m, WIRE_GROUP_CREATE, 30);
+    m.group_create.parent = h;
+    m.group_create.n = 1;
+    raw_send(r.fd, &m, m.h.len, -1);
+    assert_int_equal(raw_recv(r.fd, &m, NULL, NULL, 3000), 0);
+    assert_int_equal(m.h.type, WIRE_GROUP_OPEN_OK);
+    assert_int_equal(m.group_open_ok.size, 1);
+    close(r.fd);
+    assert_int_equal(agent_stop(&a), 0);
+}
+
 /* Tried on purpose: a client that holds its group's connections says it is busy for
  * ever (the lease's busy word) and never gives them back. When the other pod leaves, its
  * agent waits for it a heartbeat interval (250 ms here) and no more: the lease ends, the
@@ -1691,6 +1731,7 @@ int main(void)
         cmocka_unit_test(a_client_holding_the_connections_hurts_only_its_group),
         cmocka_unit_test(a_client_busy_for_ever_holds_its_group_back_a_heartbeat),
         cmocka_unit_test(a_client_s_forged_counts_never_make_a_counter_go_back),
+        cmocka_unit_test(a_host_child_across_pods_is_refused_by_the_agent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

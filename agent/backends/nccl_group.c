@@ -33,7 +33,12 @@ struct nccl_group {
     size_t count;
     uint32_t comm_gen; /* one pod: bumped when a communicator breaks; several: the
                           net epoch whose id commid is */
-    int formed;        /* several pods: the net epoch is formed, commid is valid */
+    int formed;        /* several pods: the net epoch is formed, commid is valid (a child
+                          across pods: its id came) */
+    int ended;         /* a child across pods whose id failed or whose epoch ended: ops
+                          fail (why) until it is made again */
+    int ended_code;
+    char ended_why[160];
     struct gtask *wait_head, *wait_tail; /* matched before the epoch formed */
     uint32_t commid_gen;                 /* generation commid belongs to (0: none yet) */
     uint32_t commid_asked;               /* one pod: the generation the worker makes an id for */
@@ -112,6 +117,10 @@ static void to_gpu(struct group *g, struct op *op)
 {
     struct nccl_group *x = g->be_ctx;
     struct gtask *gt = x->free;
+    if (x->ended) {
+        g->op_done(g, op, x->ended_code, x->ended_why);
+        return;
+    }
     if (!gt || !g->gpu || !op->sync) {
         g->op_done(g, op, !gt ? COLL_ERR_LIMIT : COLL_ERR_INTERNAL,
                    !gt ? "too many GPU ops in flight in this group" : "no GPU launcher");
@@ -138,7 +147,7 @@ static void to_gpu(struct group *g, struct op *op)
     gt->op = *op;
     struct gpu_task *t = &gt->t;
     memset(t, 0, sizeof(*t));
-    int slot = op->rank - g->node_index * g->nslots;
+    int slot = group_rank_slot(g, op->rank);
     t->type = GPU_TASK_OP;
     t->group = g->index;
     t->gen = x->comm_gen;
@@ -232,6 +241,33 @@ void nccl_group_formed(struct group *g, const struct net_event *ev)
     release_waiting(g, x);
 }
 
+void nccl_child_formed(struct group *g, int code, const uint8_t *id, const char *why)
+{
+    struct nccl_group *x = g->be_ctx;
+    if (g->be != &backend_nccl || !x || !g->slot_rank || x->formed || x->ended) return;
+    if (code != COLL_OK) {
+        log_msg(LOG_ERROR, "group.child_id", "group=%s code=%s error=\"%s\"", g->cfg->name,
+                coll_strerror((coll_err)code), LOG_Q(why));
+        x->ended = 1;
+        x->ended_code = code;
+        snprintf(x->ended_why, sizeof(x->ended_why), "no communicator for the child: %s", why);
+        while (x->wait_head) {
+            struct gtask *gt = x->wait_head;
+            x->wait_head = gt->free_next;
+            x->inflight--;
+            g->op_done(g, &gt->op, code, x->ended_why);
+            recycle(x, gt);
+        }
+        x->wait_tail = NULL;
+        if (!x->inflight) g->idle(g); /* it may go now */
+        return;
+    }
+    x->comm_gen = x->commid_gen = 1; /* its index is its own: one generation */
+    memcpy(x->commid, id, sizeof(x->commid));
+    x->formed = 1;
+    release_waiting(g, x);
+}
+
 /* One pod: the worker made an id (job) for generation j->gen. */
 void nccl_group_commid(struct group *g, const struct gpu_job *j)
 {
@@ -269,6 +305,11 @@ static void nccl_epoch_over(struct group *g, int err, const char *why)
         recycle(x, gt);
     }
     x->wait_tail = NULL;
+    if (g->slot_rank && !x->ended) { /* a child across pods is made once */
+        x->ended = 1;
+        x->ended_code = err;
+        snprintf(x->ended_why, sizeof(x->ended_why), "%s", why);
+    }
     if (g->nodes == 1 || !x->formed) return;
     x->formed = 0;
     for (int k = 0; k < g->nslots; k++) {

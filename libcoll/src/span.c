@@ -203,13 +203,9 @@ int lc_span_create(coll_group *parent, const int *ranks, int n, coll_group **chi
         }
         return 0;
     }
-    if (root->gpu) {
+    if (root->gpu) { /* the agent's too: on NCCL, with an id from the coordinator */
         free(rr);
-        *rc = lc_fail(COLL_ERR_UNSUPPORTED,
-                      "a child across pods of GPU group '%s': not supported yet (host groups "
-                      "only)",
-                      root->info.name);
-        return 1;
+        return 0;
     }
     *rc = make(parent, root, rr, ranks, n, child);
     if (*rc != COLL_OK) free(rr);

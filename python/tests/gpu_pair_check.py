@@ -7,8 +7,9 @@ two_pods_one_gpu_each does the same in C). Where the host has two GPUs, rank i t
 
 Checks, on both ranks, each element exactly: all_reduce (staged and in coll memory),
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all_single, send/recv,
-a chain of 50 dependent all_reduces with no host wait, new_group([0, 1]) refused at its
-first op (a child across pods of a GPU group is not built), and DDP: 5 steps in coll memory (torch's pool) bit for bit equal to the same 5 steps on
+a chain of 50 dependent all_reduces with no host wait, new_group([0, 1]) (a child across
+pods on a communicator of its own, its id from the coordinator) with an all_reduce and a
+broadcast from rank 1, and DDP: 5 steps in coll memory (torch's pool) bit for bit equal to the same 5 steps on
 ProcessGroupNCCL. Then timings against ProcessGroupNCCL in the same processes, each op
 synchronized, interleaved rounds. Prints one line per check; exits 1 on a failure, 77
 without CUDA.
@@ -88,16 +89,15 @@ def rank_main(rank, sock, init, iters):
         c.div_(2)
     torch.cuda.synchronize()
     check("50 dependent all_reduces, no host wait", bool((c == 1.0).all()))
-    # a child across pods of a GPU group is not built yet: torch's new_group comes back,
-    # and its first op raises UNSUPPORTED on every member, saying why (no hang)
+    # a child across pods of a GPU group: its own communicator, ranks in the list's order
     sub = dist.new_group([0, 1])
-    try:
-        dist.all_reduce(torch.ones(9, device=cuda), group=sub)
-        said = None
-    except coll.CollError as e:
-        said = e
-    check("new_group([0, 1]) across pods of a GPU group: its first op refused (%s)" % said,
-          said is not None and said.name == "UNSUPPORTED" and "across pods" in str(said))
+    x = torch.full((9,), float(rank + 1), device=cuda)
+    dist.all_reduce(x, group=sub)
+    y = torch.full((9,), float(10 + rank), device=cuda)
+    dist.broadcast(y, src=1, group=sub)
+    torch.cuda.synchronize()
+    check("new_group([0, 1]) across pods of a GPU group: all_reduce and broadcast",
+          bool((x == 3.0).all()) and bool((y == 11.0).all()))
     dist.barrier()
 
     nccl = dist.new_group(backend="nccl")

@@ -247,8 +247,11 @@ COLL_API coll_err coll_group_wait(coll_group *group, int timeout_ms);
  * 256 requests (2 x (size - 1) each) and 64 such ops in flight. Making one blocks until
  * every member has called (within the root's op timeout) and fails with MISMATCH where
  * the lists differ. A child of a GPU group on this pod runs on NCCL, each rank on its
- * parent rank's GPU, with communicators of its own (made on its first op); children
- * across pods of GPU groups: UNSUPPORTED (not yet).
+ * parent rank's GPU, with communicators of its own (made on its first op). So does a
+ * child across pods of a GPU group, the agents' too: its communicator, of its members,
+ * is made on its first op from an id the root's coordinator gives each member pod
+ * (creating it does not wait for the other members; lists that differ between pods
+ * fail the first op with TIMEOUT within the root's join timeout).
  */
 
 /* Make the child of ranks[0..n) of parent (the child's rank i is parent rank ranks[i]).
