@@ -935,6 +935,16 @@ static void each_member_learns_where_the_others_run(void **state)
 
 /* ---- children across pods of GPU groups (CHILD_ASK, CHILD_ID) ------------------------- */
 
+/* n pods of a GPU group, formed in epoch 1, with ids made at once. */
+static void gpu_cluster(int n)
+{
+    gpu_groups = 1;
+    ids_late = ids_asked = ids_made = 0;
+    cluster(n);
+    run_for(50);
+    assert_formed(1);
+}
+
 static void ask(int node, const uint32_t *ranks, uint32_t n, uint32_t nth)
 {
     rendezvous_child_ask(&nodes[node].sm, ranks, n, nth);
@@ -954,11 +964,7 @@ static const struct answer *last_answer(int node)
 static void the_pods_of_a_child_get_one_id(void **state)
 {
     (void)state;
-    gpu_groups = 1;
-    ids_late = ids_asked = ids_made = 0;
-    cluster(3);
-    run_for(50);
-    assert_formed(1);
+    gpu_cluster(3);
     const uint32_t a[] = {2, 1}, all[] = {0, 1, 2};
     ask(1, a, 2, 1);
     assert_int_equal(nodes[1].nanswers, 1);
@@ -1000,11 +1006,7 @@ static void the_pods_of_a_child_get_one_id(void **state)
 static void an_ask_waits_for_its_id_without_blocking(void **state)
 {
     (void)state;
-    gpu_groups = 1;
-    ids_late = ids_asked = ids_made = 0;
-    cluster(2);
-    run_for(50);
-    assert_formed(1);
+    gpu_cluster(2);
     ids_late = ids_asked + 2;
     const uint32_t a[] = {0, 1};
     ask(1, a, 2, 1);
@@ -1020,11 +1022,7 @@ static void an_ask_waits_for_its_id_without_blocking(void **state)
 static void asks_that_lie_are_refused(void **state)
 {
     (void)state;
-    gpu_groups = 1;
-    ids_late = ids_asked = ids_made = 0;
-    cluster(3);
-    run_for(50);
-    assert_formed(1);
+    gpu_cluster(3);
     /* a child none of whose ranks the asker holds: dropped, nothing kept */
     const uint32_t others[] = {0, 2};
     ask(1, others, 2, 1);

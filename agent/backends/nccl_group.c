@@ -211,6 +211,19 @@ static int nccl_pair(struct group *g, struct op *snd, struct op *rcv)
     return COLL_ERR_INTERNAL; /* never called: nccl_p2p takes every op */
 }
 
+/* What waited for the generation's id fails with code and why. */
+static void fail_waiting(struct group *g, struct nccl_group *x, int code, const char *why)
+{
+    while (x->wait_head) {
+        struct gtask *gt = x->wait_head;
+        x->wait_head = gt->free_next;
+        x->inflight--;
+        g->op_done(g, &gt->op, code, why);
+        recycle(x, gt);
+    }
+    x->wait_tail = NULL;
+}
+
 /* Submit what waited for the generation's id. */
 static void release_waiting(struct group *g, struct nccl_group *x)
 {
@@ -251,14 +264,7 @@ void nccl_child_formed(struct group *g, int code, const uint8_t *id, const char 
         x->ended = 1;
         x->ended_code = code;
         snprintf(x->ended_why, sizeof(x->ended_why), "no communicator for the child: %s", why);
-        while (x->wait_head) {
-            struct gtask *gt = x->wait_head;
-            x->wait_head = gt->free_next;
-            x->inflight--;
-            g->op_done(g, &gt->op, code, x->ended_why);
-            recycle(x, gt);
-        }
-        x->wait_tail = NULL;
+        fail_waiting(g, x, code, x->ended_why);
         if (!x->inflight) g->idle(g); /* it may go now */
         return;
     }
@@ -276,14 +282,7 @@ void nccl_group_commid(struct group *g, const struct gpu_job *j)
     if (j->status != COLL_OK) {
         log_msg(LOG_ERROR, "group.commid", "group=%s error=\"%s\"", g->cfg->name, j->why);
         x->commid_asked = 0; /* the next op asks again */
-        while (x->wait_head) {
-            struct gtask *gt = x->wait_head;
-            x->wait_head = gt->free_next;
-            x->inflight--;
-            g->op_done(g, &gt->op, COLL_ERR_INTERNAL, j->why);
-            recycle(x, gt);
-        }
-        x->wait_tail = NULL;
+        fail_waiting(g, x, COLL_ERR_INTERNAL, j->why);
         return;
     }
     memcpy(x->commid, j->commid, sizeof(x->commid));
@@ -297,14 +296,7 @@ static void nccl_epoch_over(struct group *g, int err, const char *why)
 {
     struct nccl_group *x = g->be_ctx;
     if (!g->gpu) return;
-    while (x->wait_head) {
-        struct gtask *gt = x->wait_head;
-        x->wait_head = gt->free_next;
-        x->inflight--;
-        g->op_done(g, &gt->op, err, why);
-        recycle(x, gt);
-    }
-    x->wait_tail = NULL;
+    fail_waiting(g, x, err, why);
     if (g->slot_rank && !x->ended) { /* a child across pods is made once */
         x->ended = 1;
         x->ended_code = err;
