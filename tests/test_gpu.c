@@ -1106,11 +1106,12 @@ static void children_across_pods_on_nccl(void **state)
         assert_int_equal(child_wait(pids[i], 120000), 0);
     for (int i = 0; i < 2; i++) {
         /* three children, each its id from the coordinator, its communicator made and,
-         * when it went, destroyed; the parent's kept */
+         * when its member closed it, destroyed (not aborted); the parent's kept */
         assert_int_equal(agent_log_count(&a[i], "group.child_ask"), 3);
         assert_int_equal(agent_log_count(&a[i], "group.child_id"), 0);
         assert_int_equal(agent_log_count(&a[i], "gpu.comm_init"), 4);
         assert_int_equal(agent_log_count(&a[i], "gpu.comm_forget"), 3);
+        assert_int_equal(agent_log_count(&a[i], "gpu.comm_abort"), 0);
     }
     for (int i = 0; i < 2; i++)
         assert_int_equal(agent_stop(&a[i]), 0);

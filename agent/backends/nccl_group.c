@@ -304,6 +304,10 @@ static void nccl_epoch_over(struct group *g, int err, const char *why)
     }
     if (g->nodes == 1 || !x->formed) return;
     x->formed = 0;
+    /* a child across pods that its last member here closed (its parent's epoch stands):
+     * nothing of ours runs on its communicators, which go with it (FORGET: destroyed,
+     * not aborted) */
+    if (g->slot_rank && !g->attached && !g->orphan) return;
     for (int k = 0; k < g->nslots; k++) {
         struct gtask *gt = x->free;
         if (!gt) break; /* each op on the communicator still ends at its deadline */
