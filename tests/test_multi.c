@@ -1927,7 +1927,15 @@ static void garbage_frames_are_dropped(void **state)
     zmq_send(d, hdr, sizeof(hdr), 0);
     zmq_send(d, junk, 10, ZMQ_SNDMORE); /* two frames */
     zmq_send(d, junk, 10, 0);
-    assert_true(agent_log_wait(&a[0], "rendezvous.bad_frame", 4, 5000));
+    union rdv_msg ask; /* a child's ask that lists a rank twice */
+    rdv_init(&ask, RDV_CHILD_ASK, "g", 1);
+    ask.child_ask.node_index = 1;
+    ask.child_ask.nth = 1;
+    ask.child_ask.n = 2;
+    ask.child_ask.ranks[0] = ask.child_ask.ranks[1] = 1;
+    zmq_send(d, &ask, rdv_size(&ask), 0);
+    assert_true(agent_log_wait(&a[0], "rendezvous.bad_frame", 5, 5000));
+    assert_int_equal(agent_log_count(&a[0], "CHILD_ASK from index 1: rank 1 listed twice"), 1);
     char other[64];
     snprintf(other, sizeof(other), "rendezvous version %d", RDV_VERSION + 1);
     assert_true(agent_log_wait(&a[0], other, 1, 1000));
