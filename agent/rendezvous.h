@@ -57,13 +57,15 @@ struct rendezvous_io {
                      const char *why);
 };
 
-/* Coordinator: the children being formed in its epoch, one id each (rendezvous_child.c).
- * An entry goes once every pod that holds one of its ranks has its answer, and they all
- * go with the epoch; at most RDV_CHILD_TABLE at once (a pod whose members never ask
- * leaves one behind until the epoch ends). */
+/* Coordinator: the children of its epoch, one id each (rendezvous_child.c). An entry is
+ * done once every pod that holds one of its ranks has its answer, and stays (a pod that
+ * lost its answer and asks again gets the same id) until its room is needed; they all go
+ * with the epoch. At most RDV_CHILD_TABLE are being made at once (a pod whose members
+ * never ask leaves one behind until the epoch ends). */
 #define RDV_CHILD_TABLE 128
 struct rdv_child_entry {
     int used, has_id, pods, answered;
+    uint64_t done; /* made (every pod told): when, counted; kept until its room is needed */
     uint64_t hash;
     uint32_t nth, n;
     uint32_t ranks[RDV_CHILD_MAX];
@@ -115,8 +117,9 @@ struct rendezvous {
     struct rdv_peer peers[RDV_MAX_NODES];             /* coordinator: who has joined */
     char last_reject[RDV_MSG_MAX];                    /* members: the last refusal, logged once */
     struct rdv_child_entry children[RDV_CHILD_TABLE]; /* coordinator */
-    int nchildren;
-    uint64_t commits, ends; /* counters for tests and metrics */
+    int nchildren;                                    /* ... being made (not done) */
+    uint64_t children_done;                           /* ... made so far (done's clock) */
+    uint64_t commits, ends;                           /* counters for tests and metrics */
 };
 
 void rendezvous_init(struct rendezvous *s, const struct rendezvous_settings *st,

@@ -45,8 +45,13 @@ static void serve(struct rendezvous *s, struct rdv_child_entry *e, int code, con
         e->answered++;
         answer(s, i, e->hash, e->nth, code, code == COLL_OK ? e->id : NULL, why);
     }
-    if (code != COLL_OK || e->answered >= e->pods) {
+    if (code != COLL_OK) {
         e->used = 0;
+        s->nchildren--;
+    } else if (e->answered >= e->pods) {
+        /* made: kept while the table has room, so that a pod whose answer was lost (a
+         * reconnect) and asks again gets the same id, not a new one */
+        e->done = ++s->children_done;
         s->nchildren--;
     }
 }
@@ -101,14 +106,19 @@ static void coord_on_ask(struct rendezvous *s, int from, const struct rdv_child_
                     s->group, from, dropped);
         return;
     }
+    /* its entry; else a free one, else the one made longest ago */
     struct rdv_child_entry *e = NULL, *free_e = NULL;
-    for (int i = 0; i < RDV_CHILD_TABLE && !e; i++) {
+    for (int i = 0; i < RDV_CHILD_TABLE; i++) {
         struct rdv_child_entry *x = &s->children[i];
-        if (!x->used) {
-            if (!free_e) free_e = x;
-        } else if (x->hash == hash && x->nth == a->nth && x->n == a->n &&
-                   memcmp(x->ranks, a->ranks, a->n * sizeof(uint32_t)) == 0) {
+        if (x->used && x->hash == hash && x->nth == a->nth && x->n == a->n &&
+            memcmp(x->ranks, a->ranks, a->n * sizeof(uint32_t)) == 0) {
             e = x;
+            break;
+        }
+        if (!x->used) {
+            if (!free_e || free_e->used) free_e = x;
+        } else if (x->done && (!free_e || (free_e->used && x->done < free_e->done))) {
+            free_e = x;
         }
     }
     if (!e) {
@@ -183,7 +193,7 @@ void rendezvous_child_tick(struct rendezvous *s)
 
 void rendezvous_child_clear(struct rendezvous *s)
 {
-    if (!s->nchildren) return;
+    if (s->me != 0) return;
     for (int i = 0; i < RDV_CHILD_TABLE; i++)
         s->children[i].used = 0;
     s->nchildren = 0;

@@ -994,10 +994,19 @@ static void the_pods_of_a_child_get_one_id(void **state)
     memcpy(first, last_answer(1)->id, sizeof(first));
     ask(1, a, 2, 2);
     assert_memory_equal(last_answer(1)->id, first, RDV_COMMID_BYTES);
+    /* ... and so is one whose child every pod has (its answer lost in a reconnect), as
+     * long as the table has room for it */
+    memcpy(first, nodes[1].answers[0].id, sizeof(first));
+    ask(1, a, 2, 1);
+    assert_int_equal(last_answer(1)->code, COLL_OK);
+    assert_memory_equal(last_answer(1)->id, first, RDV_COMMID_BYTES);
+    assert_int_equal(nodes[0].sm.nchildren, 1);
     /* the epoch ends: the coordinator forgets what it held */
     nodes[2].up = 0;
     run_for(5 * HB_MS);
     assert_int_equal(nodes[0].sm.nchildren, 0);
+    for (int i = 0; i < RDV_CHILD_TABLE; i++)
+        assert_false(nodes[0].sm.children[i].used);
     gpu_groups = 0;
 }
 
