@@ -44,6 +44,7 @@ struct nccl_group {
     uint32_t commid_asked;               /* one pod: the generation the worker makes an id for */
     uint8_t commid[GPU_COMMID_BYTES];
     uint64_t inflight, comms_created, graph_replays, graphs_captured;
+    uint32_t drops; /* DROPs out on the launchers: a child stays until they are back */
 };
 
 static int nccl_init(struct group *g)
@@ -265,7 +266,7 @@ void nccl_child_formed(struct group *g, int code, const uint8_t *id, const char 
         x->ended_code = code;
         snprintf(x->ended_why, sizeof(x->ended_why), "no communicator for the child: %s", why);
         fail_waiting(g, x, code, x->ended_why);
-        if (!x->inflight) g->idle(g); /* it may go now */
+        if (!x->inflight && !x->drops) g->idle(g); /* it may go now */
         return;
     }
     x->comm_gen = x->commid_gen = 1; /* its index is its own: one generation */
@@ -319,6 +320,7 @@ static void nccl_epoch_over(struct group *g, int err, const char *why)
         gt->t.group = g->index;
         gt->t.gen = x->comm_gen;
         gt->t.device = x->dev[k];
+        x->drops++;
         gpu_submit(g->gpu, &gt->t);
     }
 }
@@ -343,15 +345,18 @@ void nccl_group_done(struct group *g, struct gpu_task *t)
             x->comm_gen++;
             g->fail(g, t->status, t->why);
         }
+    } else if (t->type == GPU_TASK_DROP) {
+        x->drops--;
     }
     recycle(x, gt);
-    if (g->parent && !x->inflight) g->idle(g); /* a child that waited for them may go now */
+    /* a child that waited for them may go now */
+    if (g->parent && !x->inflight && !x->drops) g->idle(g);
 }
 
 static int nccl_busy(const struct group *g)
 {
     const struct nccl_group *x = g->be_ctx;
-    return x && x->inflight > 0;
+    return x && (x->inflight > 0 || x->drops > 0);
 }
 
 static int64_t nccl_held_deadline(const struct group *g)
